@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _requirements() -> list[str]:
+    lines = _read("requirements.txt").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+setup(
+    name="tuning-bench",
+    version="0.1.0",
+    description="fms-hf-tuning compatible fine-tuning CLI with benchmark-grade tracking and error reports",
+    long_description=_read("README.md"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["tuning", "tuning.*"]),
+    package_data={"tuning": ["config/*.json", "data/samples/*"]},
+    install_requires=_requirements(),
+    extras_require={
+        "aim": ["aim==3.29.1"],
+        "nvml": ["nvidia-ml-py>=12"],
+        "plots": ["matplotlib>=3.7"],
+        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7"],
+    },
+    entry_points={"console_scripts": ["sft_trainer=tuning.sft_trainer:main"]},
+)

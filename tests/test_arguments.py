@@ -1,0 +1,134 @@
+"""Argument parsing: fms-hf-tuning flags, aliases, JSON job configs."""
+
+import base64
+import json
+
+import pytest
+
+from tests.conftest import RESPONSE_TEMPLATE
+from tuning.config.peft_config import LoraConfig, PromptTuningConfig
+from tuning.sft_trainer import get_parser, parse_arguments
+from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, read_job_config
+from tuning.utils.error_reporting import UserInputError
+
+
+def parse(argv: list[str], monkeypatch):
+    monkeypatch.setattr("sys.argv", ["sft_trainer.py", *argv])
+    return parse_arguments(get_parser())
+
+
+BASE = ["--model_name_or_path", "m", "--output_dir", "out", "--dataset_text_field", "output"]
+
+
+def test_seed_spellings_map_to_current_fields(monkeypatch):
+    args = parse(
+        BASE
+        + ["--data_path", "d.jsonl", "--use_peft", "--evaluation_strategy", "no", "--warmup_ratio", "0.03"]
+        + ["--tracker", "aim", "--response_template", "\\n### Response:", "--experiment", "123"],
+        monkeypatch,
+    )
+    assert args.data_args.training_data_path == "d.jsonl"
+    assert isinstance(args.peft_config, LoraConfig)
+    assert args.training_args.eval_strategy == "no"
+    assert args.training_args.warmup_steps == pytest.approx(0.03)
+    assert args.training_args.trackers == ["aim"]
+    assert args.data_args.response_template == RESPONSE_TEMPLATE
+    assert args.tracker_configs.aim.experiment == "123"
+
+
+def test_result_unpacks_and_has_names(monkeypatch):
+    args = parse(
+        BASE + ["--peft_method", "pt", "--num_virtual_tokens", "4", "--exp_metadata", '{"a": {"b": 1}}'], monkeypatch
+    )
+    model_args, data_args, training_args, peft_config, tracker_configs, exp_metadata = args
+    assert model_args is args.model_args and model_args.model_name_or_path == "m"
+    assert isinstance(peft_config, PromptTuningConfig) and peft_config.num_virtual_tokens == 4
+    assert exp_metadata == {"a": {"b": 1}}
+    assert training_args.trackers == ["file_logger"]
+    assert tracker_configs.file_logger.training_logs_filename == "training_logs.jsonl"
+
+
+def test_defaults_follow_fms_hf_tuning(monkeypatch):
+    args = parse(BASE, monkeypatch)
+    assert args.peft_config is None
+    assert args.model_args.torch_dtype == "bfloat16" and args.model_args.use_flash_attn
+    assert args.training_args.max_seq_length == 4096 and not args.training_args.packing
+    assert args.training_args.save_strategy == "epoch" and args.training_args.logging_strategy == "epoch"
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--peft_method", "qlora"], "qlora"),
+        (["--exp_metadata", "{not json"], "exp_metadata"),
+        (["--exp_metadata", "[1, 2]"], "JSON object"),
+        (["--num_train_epochz", "2"], "num_train_epochz"),
+        (["--warmup_ratio", "1.5"], "warmup_ratio"),
+    ],
+)
+def test_bad_flags_name_the_culprit(argv, culprit, monkeypatch):
+    with pytest.raises(UserInputError, match=culprit):
+        parse(BASE + argv, monkeypatch)
+
+
+JOB = {
+    "model_name_or_path": "m",
+    "data_path": "d.jsonl",
+    "output_dir": "out",
+    "dataset_text_field": "output",
+    "response_template": "\n### Response:",
+    "peft_method": "lora",
+    "r": 4,
+    "tracker": "aim",
+    "aim_repo": "/tmp/aim",
+    "evaluation_strategy": "no",
+    "exp_metadata": {"gpu_model": "A100-80GB"},
+}
+
+
+def check_job(args):
+    assert args.data_args.training_data_path == "d.jsonl"
+    assert isinstance(args.peft_config, LoraConfig) and args.peft_config.r == 4
+    assert args.training_args.trackers == ["aim"]
+    assert args.tracker_configs.aim.aim_repo == "/tmp/aim"
+    assert args.exp_metadata == {"gpu_model": "A100-80GB"}
+
+
+def test_job_config_from_file(tmp_path, monkeypatch):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(JOB))
+    monkeypatch.setenv(CONFIG_PATH_ENV, str(path))
+    check_job(parse_arguments(get_parser(), read_job_config()))
+
+
+def test_job_config_from_base64_env(monkeypatch):
+    metadata_as_string = dict(JOB, exp_metadata=json.dumps(JOB["exp_metadata"]))
+    monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
+    monkeypatch.setenv(CONFIG_BASE64_ENV, base64.b64encode(json.dumps(metadata_as_string).encode()).decode())
+    check_job(parse_arguments(get_parser(), read_job_config()))
+
+
+def test_no_job_config_means_argv(monkeypatch):
+    monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
+    monkeypatch.delenv(CONFIG_BASE64_ENV, raising=False)
+    assert read_job_config() is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "culprit"),
+    [
+        (lambda tmp, mp: mp.setenv(CONFIG_PATH_ENV, str(tmp / "missing.json")), "missing.json"),
+        (lambda tmp, mp: mp.setenv(CONFIG_BASE64_ENV, "%%%not-base64"), CONFIG_BASE64_ENV),
+        (lambda tmp, mp: mp.setenv(CONFIG_BASE64_ENV, base64.b64encode(b"[1]").decode()), "JSON object"),
+    ],
+)
+def test_bad_job_config(setup, culprit, tmp_path, monkeypatch):
+    monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
+    setup(tmp_path, monkeypatch)
+    with pytest.raises(UserInputError, match=culprit):
+        read_job_config()
+
+
+def test_unknown_job_config_key(monkeypatch):
+    with pytest.raises(UserInputError, match="not_a_flag"):
+        parse_arguments(get_parser(), dict(JOB, not_a_flag=1))

@@ -1,0 +1,197 @@
+"""Real training on the tiny model: full fine-tuning, LoRA, prompt tuning, callbacks, CLI, torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from transformers import TrainerCallback
+
+import tuning
+from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, free_port, run_sft_trainer, subprocess_env
+from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
+from tuning.config.peft_config import LoraConfig, PromptTuningConfig
+from tuning.sft_trainer import train
+from tuning.utils.error_reporting import UserInputError
+
+
+def make_args(model: str, output_dir: str, data: str, **training):
+    model_args = ModelArguments(model_name_or_path=model, torch_dtype="float32", use_flash_attn=False)
+    data_args = DataArguments(training_data_path=data, dataset_text_field="output", response_template=RESPONSE_TEMPLATE)
+    options = dict(
+        output_dir=output_dir,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        logging_strategy="steps",
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+    )
+    options.update(training)
+    return model_args, data_args, TrainingArguments(**options)
+
+
+class SpyCallback(TrainerCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.append("train_begin")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append("step_end")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.events.append("log")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append("train_end")
+
+
+def test_package_exports_train():
+    assert tuning.train is train
+
+
+def test_full_fine_tuning_calls_given_callbacks(tiny_model, sample_train, tmp_path):
+    spy = SpyCallback()
+    output, metrics = train(*make_args(tiny_model, str(tmp_path), sample_train), callbacks=[spy])
+    assert output.global_step == 2
+    assert metrics["model_load_time"] > 0
+    assert spy.events[0] == "train_begin" and spy.events[-1] == "train_end"
+    assert spy.events.count("step_end") == 2 and "log" in spy.events
+    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "tokenizer.json").exists()
+
+
+def test_lora_writes_an_adapter(tiny_model, sample_train, tmp_path):
+    train(
+        *make_args(tiny_model, str(tmp_path), sample_train), peft_config=LoraConfig(r=4, target_modules=["all-linear"])
+    )
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert (tmp_path / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_prompt_tuning_writes_an_adapter(tiny_model, sample_train, tmp_path):
+    train(
+        *make_args(tiny_model, str(tmp_path), sample_train),
+        peft_config=PromptTuningConfig(num_virtual_tokens=4, prompt_tuning_init_text="Answer the question"),
+    )
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["peft_type"] == "PROMPT_TUNING" and config["num_virtual_tokens"] == 4
+
+
+def test_template_validation_data_and_packing(tiny_model, sample_train, sample_validation, tmp_path):
+    model_args, data_args, train_args = make_args(
+        tiny_model,
+        str(tmp_path),
+        sample_train,
+        packing=True,
+        max_seq_length=64,
+        eval_strategy="steps",
+        eval_steps=2,
+        per_device_eval_batch_size=4,
+    )
+    data_args.dataset_text_field = None
+    data_args.data_formatter_template = "Q: {{input}}\nA: {{response}}"
+    data_args.response_template = None
+    data_args.validation_data_path = sample_validation
+    spy = SpyCallback()
+    output, _ = train(model_args, data_args, train_args, callbacks=[spy])
+    assert output.global_step == 2
+
+
+class ExtraMetricsTracker(tuning.trackers.Tracker):
+    def __init__(self):
+        self.tracked, self.params = {}, {}
+
+    def track(self, metric, name, stage="additional_metrics"):
+        self.tracked[name] = metric
+
+    def set_params(self, params, name="experiment_metadata"):
+        self.params[name] = params
+
+
+def test_trackers_receive_additional_metrics_and_metadata(tiny_model, sample_train, tmp_path):
+    tracker = ExtraMetricsTracker()
+    _, metrics = train(
+        *make_args(tiny_model, str(tmp_path), sample_train, max_steps=1),
+        trackers=[tracker],
+        exp_metadata={"dataset_id": "sample"},
+    )
+    assert tracker.tracked == metrics
+    assert tracker.params == {"experiment_metadata": {"dataset_id": "sample"}}
+
+
+@pytest.mark.parametrize(
+    ("change", "culprit"),
+    [
+        (lambda m, d, t: setattr(m, "model_name_or_path", "/nonexistent/model"), "/nonexistent/model"),
+        (lambda m, d, t: setattr(m, "model_name_or_path", None), "model_name_or_path"),
+        (lambda m, d, t: setattr(d, "training_data_path", "/nonexistent/data.jsonl"), "/nonexistent/data.jsonl"),
+        (lambda m, d, t: setattr(d, "dataset_text_field", "text"), "'text'"),
+        (
+            lambda m, d, t: (setattr(d, "dataset_text_field", None), setattr(d, "data_formatter_template", "{{nope}}")),
+            "nope",
+        ),
+        (lambda m, d, t: setattr(d, "data_formatter_template", "{{input}}"), "exactly one"),
+        (lambda m, d, t: setattr(d, "response_template", None), "response_template"),
+        (lambda m, d, t: (setattr(t, "num_train_epochs", 0), setattr(t, "max_steps", -1)), "num_train_epochs"),
+    ],
+)
+def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sample_train, tmp_path):
+    args = make_args(tiny_model, str(tmp_path), sample_train)
+    change(*args)
+    tracker = ExtraMetricsTracker()
+    with pytest.raises(UserInputError, match=culprit):
+        train(*args, trackers=[tracker])
+    assert "model_load_time" not in tracker.tracked
+
+
+def test_cli_script_writes_training_logs(tiny_model, tmp_path):
+    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
+    losses = [r for r in records if r["name"] == "training_loss"]
+    assert [r["data"]["step"] for r in losses] == [1, 2, 3]
+    assert all(set(r["data"]) == {"epoch", "step", "value", "timestamp"} for r in records)
+    assert [r["name"] for r in records].count("model_load_time") == 1
+    assert (tmp_path / "adapter_model.safetensors").exists()
+
+
+def test_module_entry_point_shows_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "tuning.sft_trainer", "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0
+    for flag in ("--training_data_path", "--peft_method", "--trackers", "--aim_repo", "--exp_metadata", "--r"):
+        assert flag in result.stdout
+
+
+SEED_COMMAND = (
+    "torchrun --nnodes=1 --nproc_per_node=2 --master_port={port} tuning/sft_trainer.py "
+    "--tokenizer_name_or_path {model} --model_name_or_path {model} --data_path {data} --use_peft --bf16 True "
+    "--output_dir {output} --num_train_epochs 1 --per_device_train_batch_size 1 --per_device_eval_batch_size 1 "
+    '--gradient_accumulation_steps 8 --evaluation_strategy "no" --save_strategy "steps" --save_steps 2000 '
+    '--save_total_limit 1 --learning_rate 2e-5 --weight_decay 0. --warmup_ratio 0.03 --lr_scheduler_type "cosine" '
+    '--logging_steps 1 --fsdp "full_shard auto_wrap" --fsdp_config tuning/config/fsdp_config.json --bf16 True '
+    '--response_template "\\n### Response:" --dataset_text_field "output" '
+)
+
+
+def test_seed_torchrun_command_with_two_ranks(tiny_model, sample_train, tmp_path):
+    """The design notes' command, with the file logger (the Aim variant lives with the Aim tests)."""
+    command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=tmp_path)
+    env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run(command, shell=True, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records].count("model_load_time") == 1  # rank 0 only
+    assert any(r["name"] == "training_loss" for r in records)
+    assert (tmp_path / "adapter_model.safetensors").exists()

@@ -1,0 +1,107 @@
+"""Argument dataclasses of the sft_trainer CLI.
+
+Field names, defaults and aliases follow fms-hf-tuning's ``sft_trainer`` so that existing job scripts keep
+working; every transformers ``TrainingArguments`` flag is available through the subclass below.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+import transformers
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+from tuning.utils.error_reporting import UserInputError
+
+DEFAULT_TRACKERS = ["file_logger"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Local path (or hub id, when online) of the causal LM to tune."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer path; defaults to --model_name_or_path."}
+    )
+    use_flash_attn: bool = field(
+        default=True,
+        metadata={"help": "Use flash attention 2 when installed on a GPU; falls back to sdpa with a warning."},
+    )
+    torch_dtype: str = field(
+        default="bfloat16", metadata={"help": "dtype the model is loaded in: bfloat16, float16 or float32."}
+    )
+    embedding_size_multiple_of: int = field(
+        default=8, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
+    )
+
+
+@dataclass
+class DataArguments:
+    training_data_path: str | None = field(
+        default=None,
+        metadata={"help": "Training data: a JSON array or JSON lines file.", "aliases": ["--data_path"]},
+    )
+    validation_data_path: str | None = field(
+        default=None, metadata={"help": "Validation data, same formats as the training data."}
+    )
+    dataset_text_field: str | None = field(
+        default=None, metadata={"help": "Record field holding the full training text."}
+    )
+    data_formatter_template: str | None = field(
+        default=None,
+        metadata={"help": "Template building the text from record fields, e.g. '### Input: {{input}}'."},
+    )
+    response_template: str | None = field(
+        default=None,
+        metadata={"help": "Marks where the response starts; the loss covers only what follows it."},
+    )
+
+
+@dataclass
+class TrainingArguments(transformers.TrainingArguments):
+    # Redeclared only to accept the name that fms-hf-tuning era scripts still type.
+    eval_strategy: IntervalStrategy | str = field(
+        default="no",
+        metadata={"help": "Evaluation strategy: no, steps or epoch.", "aliases": ["--evaluation_strategy"]},
+    )
+    # fms-hf-tuning logs and saves once per epoch unless told otherwise.
+    logging_strategy: IntervalStrategy | str = field(
+        default="epoch", metadata={"help": "Logging strategy: no, steps or epoch."}
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="epoch", metadata={"help": "Checkpoint strategy: no, steps, epoch or best."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for model loading."})
+    max_seq_length: int = field(
+        default=4096, metadata={"help": "Maximum sequence length; capped at the tokenizer's maximum."}
+    )
+    packing: bool = field(default=False, metadata={"help": "Pack several examples into each sequence."})
+    # transformers 5 folded warmup_ratio into warmup_steps (a float below 1 is a ratio); keep the old flag.
+    warmup_ratio: float | None = field(
+        default=None, metadata={"help": "Fraction of total steps used for linear warmup (sets warmup_steps)."}
+    )
+    trackers: list[str] = field(
+        default_factory=lambda: list(DEFAULT_TRACKERS),
+        metadata={"help": "Trackers to use (file_logger, aim, none).", "aliases": ["--tracker"]},
+    )
+
+    def __post_init__(self):
+        # fms-hf-tuning scripts pass --bf16 True; transformers 5 rejects that without an accelerator unless use_cpu
+        # is set. On a machine with no accelerator at all, CPU bf16 is what the user gets, so say so and go on.
+        if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not _has_accelerator():
+            logger.warning("no accelerator found: training on the CPU (use_cpu=True) with bf16 autocast")
+            self.use_cpu = True
+        if self.warmup_ratio is not None:
+            if not 0 <= self.warmup_ratio < 1:
+                raise UserInputError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            self.warmup_steps = self.warmup_ratio
+        super().__post_init__()
+
+
+def _has_accelerator() -> bool:
+    import torch
+    from transformers.utils import is_torch_xla_available
+
+    return torch.cuda.is_available() or is_torch_xla_available() or torch.accelerator.is_available()

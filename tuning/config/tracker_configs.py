@@ -1,0 +1,42 @@
+"""Tracker argument dataclasses: each tracker's flags are plain CLI flags and JSON job-config keys."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FileLoggerConfig:
+    training_logs_filename: str = field(
+        default="training_logs.jsonl",
+        metadata={"help": "File in output_dir receiving one JSON line per logged loss."},
+    )
+
+
+@dataclass
+class AimConfig:
+    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name."})
+    aim_repo: str | None = field(
+        default=None, metadata={"help": "Local Aim repository directory (created if missing)."}
+    )
+    aim_remote_server_ip: str | None = field(default=None, metadata={"help": "Remote Aim server host."})
+    aim_remote_server_port: int | None = field(default=None, metadata={"help": "Remote Aim server port."})
+    aim_url: str | None = field(default=None, metadata={"help": "Remote Aim server as aim://host:port."})
+    aim_run_id_export_path: str | None = field(
+        default=None,
+        metadata={"help": "Directory receiving aimstack_tracker.json with the run hash; default output_dir."},
+    )
+    aim_system_tracking_interval: int | None = field(
+        default=None,
+        metadata={"help": "Seconds between Aim's own system-metric samples; unset disables them."},
+    )
+    aim_close_timeout: float = field(
+        default=10.0,
+        metadata={"help": "Seconds to wait for Aim to close its run before giving up on it."},
+    )
+
+
+@dataclass
+class TrackerConfigs:
+    """All tracker configs of one job, as parsed from the CLI or a JSON job config."""
+
+    file_logger: FileLoggerConfig = field(default_factory=FileLoggerConfig)
+    aim: AimConfig = field(default_factory=AimConfig)

@@ -1,0 +1,47 @@
+"""file_logger: the default tracker, one JSON line per logged loss in ``output_dir``."""
+
+import json
+import os
+import time
+
+from transformers import TrainerCallback
+
+from tuning.config.tracker_configs import FileLoggerConfig
+from tuning.trackers.tracker import Tracker, is_main_process
+
+# Trainer log keys → record names in training_logs.jsonl (the fms-hf-tuning names).
+_LOSS_NAMES = {"loss": "training_loss", "eval_loss": "validation_loss"}
+
+
+def append_record(path: str, name: str, value: float, step: int | None, epoch: float | None) -> None:
+    """Append one record and flush it, so a killed job keeps everything logged before the kill."""
+    record = {"name": name, "data": {"epoch": epoch, "step": step, "value": value, "timestamp": time.time()}}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+class FileLoggingCallback(TrainerCallback):
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        for key, name in _LOSS_NAMES.items():
+            if key in logs:
+                append_record(self.path, name, logs[key], state.global_step, state.epoch)
+
+
+class FileLoggingTracker(Tracker):
+    name = "file_logger"
+
+    def __init__(self, config: FileLoggerConfig, output_dir: str):
+        self.path = os.path.join(output_dir, config.training_logs_filename)
+
+    def get_hf_callback(self) -> TrainerCallback:
+        return FileLoggingCallback(self.path)
+
+    def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
+        if is_main_process():
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            append_record(self.path, name, metric, step=None, epoch=None)

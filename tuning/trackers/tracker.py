@@ -1,0 +1,30 @@
+"""The tracker interface every backend implements."""
+
+import os
+
+from transformers import TrainerCallback
+
+
+def is_main_process() -> bool:
+    """True on global rank 0 (or without torchrun): trackers act there only, so a job makes one tracker run."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class Tracker:
+    """A tracking backend: a transformers callback for the training loop plus a side channel for extra data.
+
+    ``track`` and ``set_params`` may be called before training starts (``model_load_time`` is measured while the
+    model loads); a backend whose run only exists once training begins must buffer them.
+    """
+
+    name: str = "base"
+
+    def get_hf_callback(self) -> TrainerCallback | None:
+        """The callback to hand to ``train(callbacks=…)``; None when the backend needs none."""
+        return None
+
+    def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
+        """Record one scalar that is not part of the trainer's logs."""
+
+    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
+        """Attach a dict of searchable parameters to the run."""

@@ -1,0 +1,40 @@
+"""JSON job configs for Kubernetes launchers: the same keys as the CLI flags, from a file or a base64 env var."""
+
+import base64
+import binascii
+import json
+import os
+
+from tuning.utils.error_reporting import UserInputError
+
+CONFIG_PATH_ENV = "SFT_TRAINER_CONFIG_JSON_PATH"
+CONFIG_BASE64_ENV = "SFT_TRAINER_CONFIG_JSON_ENV_VAR"
+
+
+def _as_object(text: str, source: str) -> dict:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"job config from {source} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise UserInputError(f"job config from {source} must be a JSON object, got {type(config).__name__}")
+    return config
+
+
+def read_job_config() -> dict | None:
+    """The job config named by the environment, or None when neither variable is set (then argv is used)."""
+    path = os.environ.get(CONFIG_PATH_ENV)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return _as_object(handle.read(), path)
+        except OSError as exc:
+            raise UserInputError(f"cannot read job config {path} ({CONFIG_PATH_ENV}): {exc}") from exc
+    encoded = os.environ.get(CONFIG_BASE64_ENV)
+    if encoded:
+        try:
+            text = base64.b64decode(encoded, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise UserInputError(f"{CONFIG_BASE64_ENV} is not base64-encoded UTF-8 JSON: {exc}") from exc
+        return _as_object(text, CONFIG_BASE64_ENV)
+    return None

@@ -1,0 +1,75 @@
+"""Build a tiny Llama checkpoint and BPE tokenizer from nothing, offline, in seconds.
+
+Tests, the demo and the benchmarks train this model instead of downloading one. The tokenizer is trained on the
+sample data the package ships, so tokenisation of that data is realistic (multi-character merges, offsets).
+
+    python -m tuning.utils.tiny_model OUTPUT_DIR
+"""
+
+import argparse
+import os
+
+from tuning.data.loading import load_records
+
+SAMPLE_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "samples")
+SAMPLE_TRAIN_PATH = os.path.join(SAMPLE_DATA_DIR, "train.jsonl")
+SAMPLE_VALIDATION_PATH = os.path.join(SAMPLE_DATA_DIR, "validation.json")
+
+BOS, EOS, UNK = "<s>", "</s>", "<unk>"
+
+
+def build_tokenizer(output_dir: str, vocab_size: int = 512):
+    """A byte-level BPE tokenizer with BOS/EOS/UNK and deliberately no pad token (train() must add one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [record["output"] for record in load_records(SAMPLE_TRAIN_PATH)]
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[UNK, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, model_max_length=512
+    )
+    wrapped.save_pretrained(output_dir)
+    return wrapped
+
+
+def build_tiny_model(output_dir: str, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
+    """Write a randomly initialised ~100k-parameter Llama and its tokenizer to ``output_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    os.makedirs(output_dir, exist_ok=True)
+    tokenizer = build_tokenizer(output_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(output_dir)
+    return output_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir")
+    print(build_tiny_model(parser.parse_args().output_dir))
+
+
+if __name__ == "__main__":
+    main()
