@@ -1,0 +1,323 @@
+"""Does the tool distort what it measures? The same training as bare TRL, as sft_trainer and as bench_train.
+
+Each arm runs the identical work (the tiny Llama of ``tuning.utils.tiny_model``, the shipped sample data, fixed
+steps, batch size, sequence length and seed; float32, bf16 and gradient checkpointing off, one logged loss per step)
+as a separate process, alternating arms run by run (trl, sft_trainer, bench_train, trl, …):
+
+  trl          ``benchmarks/bare_trl.py``: TRL's SFTTrainer with no callbacks, the baseline
+  sft_trainer  ``tuning/sft_trainer.py`` with the default file logger
+  bench_train  ``wrappers/bench_train.py`` with a local Aim repo, its journal and system metrics
+
+Every arm is timed the same way, from outside and by the trainer itself:
+  process  spawn to exit (imports, data, model load, training, saving)
+  startup  spawn to the first step's log line on stdout (everything before training, plus one step)
+  loop     the trainer's own ``train_runtime`` from its final log line (the training loop, callbacks included)
+Ratios are medians of per-round ratios against the trl run of the same round, so slow drift of a shared machine
+cancels out. The per-step losses must agree across arms (the ``same work`` column): proof the work was identical.
+
+    python benchmarks/overhead.py                      # the full measurement (a few minutes on a quiet machine)
+    python benchmarks/overhead.py --pairs 1 --max_steps 20 --arms trl,sft_trainer   # a quick check
+"""
+
+import argparse
+import ast
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_TRAIN_PATH = REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"
+RESPONSE_TEMPLATE = "\n### Response:"
+BASELINE = "trl"
+TARGETS = {"process": 1.05, "loop": 1.01}
+
+
+@dataclass
+class Settings:
+    """The training every arm repeats; flags of the same names on the command line."""
+
+    max_steps: int = 300
+    batch_size: int = 4
+    max_seq_length: int = 128
+    seed: int = 42
+    learning_rate: float = 5e-5
+    threads: int = 1
+    hidden_size: int = 64
+    num_layers: int = 2
+    system_metrics_interval: float = 1.0
+
+
+@dataclass
+class Run:
+    """One process of one arm, timed from outside (process, startup) and by the trainer (loop)."""
+
+    arm: str
+    round: int
+    process_s: float
+    startup_s: float
+    loop_s: float
+    losses: list[str] = field(repr=False)
+
+
+def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[str]:
+    """Flags every arm understands with the same meaning (bare TRL's SFTConfig and our TrainingArguments)."""
+    flags = {
+        "model_name_or_path": model_dir,
+        "training_data_path": str(SAMPLE_TRAIN_PATH),
+        "dataset_text_field": "output",
+        "response_template": RESPONSE_TEMPLATE,
+        "torch_dtype": "float32",
+        "output_dir": output_dir,
+        "max_steps": settings.max_steps,
+        "per_device_train_batch_size": settings.batch_size,
+        "learning_rate": settings.learning_rate,
+        "seed": settings.seed,
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+    }
+    return [item for key, value in flags.items() for item in (f"--{key}", str(value))]
+
+
+def trl_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks" / "bare_trl.py"),
+        *training_flags(settings, model_dir, str(run_dir / "out")),
+        "--max_length",
+        str(settings.max_seq_length),
+    ]
+
+
+def sft_trainer_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        str(REPO_ROOT / "tuning" / "sft_trainer.py"),
+        *training_flags(settings, model_dir, str(run_dir / "out")),
+        "--max_seq_length",
+        str(settings.max_seq_length),
+        "--use_flash_attn",
+        "False",
+        "--trackers",
+        "file_logger",
+    ]
+
+
+def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+    # One Aim repo for all runs, as a benchmarking team keeps one.
+    return [
+        sys.executable,
+        str(REPO_ROOT / "wrappers" / "bench_train.py"),
+        *training_flags(settings, model_dir, str(run_dir / "out")),
+        "--max_seq_length",
+        str(settings.max_seq_length),
+        "--use_flash_attn",
+        "False",
+        "--trackers",
+        "aim",
+        "--aim_repo",
+        str(run_dir.parent / "aim"),
+        "--experiment",
+        "overhead",
+        "--metrics_path",
+        str(run_dir / "metrics.json"),
+        "--system_metrics_interval",
+        str(settings.system_metrics_interval),
+    ]
+
+
+ARMS = {"trl": trl_command, "sft_trainer": sft_trainer_command, "bench_train": bench_train_command}
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The same environment for every arm: offline, unbuffered stdout (line arrival = log time), fixed threads."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=str(settings.threads),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+    )
+    return env
+
+
+def parse_log_line(line: str) -> dict | None:
+    """The dict transformers' progress callback prints for each log event, or None for any other line."""
+    line = line.strip()
+    if not line.startswith("{'"):
+        return None
+    try:
+        logs = ast.literal_eval(line)
+    except (ValueError, SyntaxError):
+        return None
+    return logs if isinstance(logs, dict) else None
+
+
+def run_once(arm: str, round_index: int, command: list[str], run_dir: Path, env: dict[str, str]) -> Run:
+    """Run one process, timestamping its stdout lines as they arrive; stderr goes to a file beside it."""
+    run_dir.mkdir(parents=True)
+    stderr_path = run_dir / "stderr.log"
+    losses, first_step_at, runtime = [], None, None
+    with stderr_path.open("w") as stderr:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=REPO_ROOT)
+        for line in process.stdout:
+            logs = parse_log_line(line)
+            if logs is None:
+                continue
+            if "loss" in logs:
+                first_step_at = first_step_at or time.perf_counter()
+                losses.append(logs["loss"])
+            if "train_runtime" in logs:
+                runtime = float(logs["train_runtime"])
+        returncode = process.wait()
+        process_s = time.perf_counter() - start
+    if returncode != 0 or first_step_at is None or runtime is None:
+        tail = stderr_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
+    return Run(arm, round_index, process_s, first_step_at - start, runtime, losses)
+
+
+def summarise(runs: list[Run], arms: list[str], max_steps: int) -> dict[str, dict]:
+    """Per arm: medians and spreads of each timing, and median per-round ratios against the baseline arm."""
+    baseline = {run.round: run for run in runs if run.arm == BASELINE}
+    summary = {}
+    for arm in arms:
+        own = [run for run in runs if run.arm == arm]
+        row = {"runs": len(own), "same_work": all(run.losses == baseline[run.round].losses for run in own)}
+        for metric in ("process", "startup", "loop"):
+            values = [getattr(run, f"{metric}_s") for run in own]
+            ratios = [getattr(run, f"{metric}_s") / getattr(baseline[run.round], f"{metric}_s") for run in own]
+            row[metric] = {
+                "median_s": statistics.median(values),
+                "min_s": min(values),
+                "max_s": max(values),
+                "ratio": statistics.median(ratios),
+            }
+        base_loop = statistics.median(run.loop_s for run in baseline.values())
+        row["loop_ms_per_step_over_baseline"] = (row["loop"]["median_s"] - base_loop) / max_steps * 1000
+        summary[arm] = row
+    return summary
+
+
+def verdict(ratio: float, target: float | None) -> str:
+    if target is None:
+        return f"{ratio:.3f}×"
+    return f"{ratio:.3f}× {'✓' if ratio <= target else '✗'}"
+
+
+def markdown_table(summary: dict[str, dict]) -> str:
+    lines = [
+        "| arm | runs | process s | × trl (≤ 1.05) | loop s | × trl (≤ 1.01) | loop ms/step over trl "
+        "| startup s | × trl | same work |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, row in summary.items():
+        process, loop, startup = row["process"], row["loop"], row["startup"]
+        lines.append(
+            f"| {arm} | {row['runs']} | {process['median_s']:.2f} | {verdict(process['ratio'], TARGETS['process'])} "
+            f"| {loop['median_s']:.3f} | {verdict(loop['ratio'], TARGETS['loop'])} "
+            f"| {row['loop_ms_per_step_over_baseline']:+.3f} | {startup['median_s']:.2f} "
+            f"| {verdict(startup['ratio'], None)} | {'yes' if row['same_work'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def measure(settings: Settings, arms: list[str], pairs: int, warmup: bool, workdir: Path) -> list[Run]:
+    """Build the model once, warm caches with one short untimed round, then alternate the arms ``pairs`` times."""
+    from tuning.utils.tiny_model import build_tiny_model
+
+    model_dir = build_tiny_model(
+        str(workdir / "model"), hidden_size=settings.hidden_size, num_layers=settings.num_layers
+    )
+    env = child_env(settings)
+    if warmup:
+        short = Settings(**{**asdict(settings), "max_steps": 2})
+        for arm in arms:
+            print(f"warm-up: {arm}", flush=True)
+            run_once(arm, -1, ARMS[arm](short, model_dir, workdir / f"warmup-{arm}"), workdir / f"warmup-{arm}", env)
+    runs = []
+    for round_index in range(pairs):
+        for arm in arms:
+            run_dir = workdir / f"{round_index}-{arm}"
+            run = run_once(arm, round_index, ARMS[arm](settings, model_dir, run_dir), run_dir, env)
+            print(
+                f"round {round_index + 1}/{pairs} {arm}: process {run.process_s:.2f} s, startup {run.startup_s:.2f} s, "
+                f"loop {run.loop_s:.3f} s",
+                flush=True,
+            )
+            runs.append(run)
+    return runs
+
+
+SETTING_HELP = {
+    "max_steps": "optimizer steps per run",
+    "batch_size": "per-device train batch size",
+    "max_seq_length": "truncation length of each example",
+    "seed": "training seed (data order)",
+    "learning_rate": "learning rate",
+    "threads": "OMP_NUM_THREADS of every run; 1 keeps runs comparable on a shared machine",
+    "hidden_size": "hidden size of the tiny Llama",
+    "num_layers": "layers of the tiny Llama",
+    "system_metrics_interval": "bench_train's system-metrics sampling interval, seconds",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    summary, details = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(
+        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="rounds of alternating runs, one run per arm (4)")
+    parser.add_argument(
+        "--arms", default="all", help=f"comma-separated subset of {','.join(ARMS)} (all); {BASELINE} always runs"
+    )
+    parser.add_argument("--no_warmup", action="store_true", help="skip the untimed 2-step round that warms caches")
+    parser.add_argument("--output", default="bench_output/overhead.json", help="JSON results file (%(default)s)")
+    parser.add_argument("--workdir", default=None, help="keep model, run outputs and stderr logs in this new folder")
+    for name, value in asdict(Settings()).items():
+        parser.add_argument(f"--{name}", type=type(value), default=value, help=f"{SETTING_HELP[name]} ({value})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    settings = Settings(**{name: getattr(args, name) for name in asdict(Settings())})
+    arms = list(ARMS) if args.arms == "all" else [BASELINE, *(a for a in args.arms.split(",") if a != BASELINE)]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise SystemExit(f"unknown arm(s) {sorted(unknown)}; choose from {list(ARMS)}")
+    with tempfile.TemporaryDirectory(prefix="overhead-") as scratch:
+        workdir = Path(args.workdir or scratch)
+        runs = measure(settings, arms, args.pairs, not args.no_warmup, workdir)
+    summary = summarise(runs, arms, settings.max_steps)
+    results = {
+        "command": shlex.join(["python", "benchmarks/overhead.py", *(sys.argv[1:] if argv is None else argv)]),
+        "settings": asdict(settings),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "summary": summary,
+        "runs": [asdict(run) for run in runs],
+    }
+    print(markdown_table(summary))
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2))
+    print(f"results: {output}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
