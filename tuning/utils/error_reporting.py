@@ -1,5 +1,570 @@
-"""Error reporting shared by sft_trainer and every wrapper."""
+"""Error reporting shared by sft_trainer and every wrapper.
+
+A failed run must be diagnosable by a machine without grepping logs: every failure is classified into a stable
+category with its own exit code, summarised in one line of the Kubernetes termination log, announced by one greppable
+stderr line and, for wrappers, described by a JSON report. This module imports neither torch nor transformers, so a
+supervisor process can use it cheaply; torch exceptions are recognised by class name.
+
+Categories and default exit codes. User faults use 1-127, system faults 128-254. Override a code with
+``TUNING_EXIT_CODE_<CATEGORY>`` (e.g. ``TUNING_EXIT_CODE_GPU_OOM=250``); a value that is not an integer in the
+category's range is ignored with a warning.
+
+=============  ======  ======================================================================================
+category       code    meaning
+=============  ======  ======================================================================================
+user_error     1       bad arguments, files, data or model path: fix the input, retrying will not help
+gpu_oom        204     accelerator memory exhausted
+host_oom       205     host (CPU) memory exhausted
+communication  206     NCCL / gloo / c10d failure, collective or watchdog timeout, rendezvous or store failure
+device_error   207     transient accelerator fault: illegal memory access, ECC error, launch failure
+hang           208     a stall watchdog saw no progress (``TrainingStalled`` or an explicit category)
+interrupted    128+N   stopped by signal N: 143 for SIGTERM, 130 for SIGINT
+internal       203     anything else (the code fms-hf-tuning uses)
+=============  ======  ======================================================================================
+
+A "CUDA error: device-side assert triggered" is ``internal``, not ``device_error``: it is a deterministic kernel check
+(usually an out-of-range index from a data, tokenizer or model mismatch) that fails the same way on healthy hardware.
+
+Report written by wrappers (``build_error_report``); a stable on-disk interface: keys may be added, never renamed
+or dropped.
+
+==============  ============  ====================================================================================
+key             type          value
+==============  ============  ====================================================================================
+category        str           one of the categories above
+exit_code       int           the exit status the process ends with
+exception_type  str           qualified class name (``torch.OutOfMemoryError``; builtins bare: ``ValueError``) of
+                              the exception in the chain that decided the category
+message         str           that exception's message (for argparse errors, the message argparse printed)
+rank            int           ``RANK`` (0 when unset)
+local_rank      int           ``LOCAL_RANK`` (0 when unset)
+world_size      int           ``WORLD_SIZE`` (1 when unset)
+host            str           ``socket.gethostname()``
+pid             int           process id
+global_step     int | null    optimizer steps completed when the error happened; null before training started
+timestamp       str           UTC ISO-8601 with milliseconds and ``Z``
+traceback       str           the formatted traceback of the whole exception chain
+==============  ============  ====================================================================================
+"""
+
+import enum
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class UserInputError(ValueError):
     """A problem with what the user supplied (arguments, files, data): exits with a user-fault code."""
+
+
+class TrainingInterrupted(Exception):
+    """Raised after training stopped early on a signal, so the run ends as ``interrupted`` with 128+signal."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"training stopped by {signal.Signals(signum).name}")
+
+
+class TrainingStalled(RuntimeError):
+    """Raised or reported by a stall watchdog when training makes no progress: category ``hang``."""
+
+
+class ErrorCategory(enum.StrEnum):
+    """Why a run failed; the values are stable strings that reports and termination logs carry."""
+
+    USER_ERROR = "user_error"
+    GPU_OOM = "gpu_oom"
+    HOST_OOM = "host_oom"
+    COMMUNICATION = "communication"
+    DEVICE_ERROR = "device_error"
+    HANG = "hang"
+    INTERRUPTED = "interrupted"
+    INTERNAL = "internal"
+
+
+_C = ErrorCategory
+
+
+def _qualified_name(cls: type) -> str:
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+# When several exceptions of a chain match, the most specific root cause wins, and any system fault beats a user
+# error (an OOM wrapped in a ValueError is still an OOM).
+_PRIORITY = (
+    _C.GPU_OOM,
+    _C.HOST_OOM,
+    _C.DEVICE_ERROR,
+    _C.COMMUNICATION,
+    _C.HANG,
+    _C.INTERRUPTED,
+    _C.USER_ERROR,
+    _C.INTERNAL,
+)
+
+# Matched against the qualified names of an exception's classes (its MRO), so torch need not be imported.
+_TYPE_CATEGORIES = {
+    "torch.OutOfMemoryError": _C.GPU_OOM,
+    "torch.cuda.OutOfMemoryError": _C.GPU_OOM,
+    "MemoryError": _C.HOST_OOM,
+    "torch.AcceleratorError": _C.DEVICE_ERROR,
+    "torch.distributed.DistError": _C.COMMUNICATION,
+    "torch.distributed.elastic.rendezvous.api.RendezvousError": _C.COMMUNICATION,
+    _qualified_name(TrainingStalled): _C.HANG,
+    "KeyboardInterrupt": _C.INTERRUPTED,
+    _qualified_name(TrainingInterrupted): _C.INTERRUPTED,
+    "torch.distributed.elastic.multiprocessing.api.SignalException": _C.INTERRUPTED,
+    "argparse.ArgumentError": _C.USER_ERROR,
+    "argparse.ArgumentTypeError": _C.USER_ERROR,
+    "FileNotFoundError": _C.USER_ERROR,
+    "IsADirectoryError": _C.USER_ERROR,
+    "NotADirectoryError": _C.USER_ERROR,
+    "PermissionError": _C.USER_ERROR,
+    # Also covers json.JSONDecodeError, HF argument validation and huggingface_hub's HFValidationError.
+    "ValueError": _C.USER_ERROR,
+    "TypeError": _C.USER_ERROR,
+}
+
+_MESSAGE_PATTERNS = (
+    (
+        _C.GPU_OOM,
+        re.compile(
+            r"(CUDA|HIP|XPU) out of memory|MPS backend out of memory|(CUDA|HIP) error: out of memory"
+            r"|Cuda failure '?out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+            r"|CUDNN_STATUS_ALLOC_FAILED",
+            re.I,
+        ),
+    ),
+    (_C.HOST_OOM, re.compile(r"DefaultCPUAllocator|Cannot allocate memory|std::bad_alloc", re.I)),
+    (
+        _C.DEVICE_ERROR,
+        re.compile(
+            r"illegal memory access|illegal instruction was encountered|ECC error|unspecified launch failure"
+            r"|launch timed out|fallen off the bus|uncorrectable NVLink|CUDA error: unknown error"
+            r"|CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR|CUDNN_STATUS_EXECUTION_FAILED",
+            re.I,
+        ),
+    ),
+    (
+        _C.COMMUNICATION,
+        re.compile(
+            r"nccl[\s_-]*(error|timeout|warn|communicator|operation)|nccl\w*Error|collective operation timeout"
+            r"|watchdog\b.{0,80}\b(timeout|timed out|stuck)|rendezvous|TCPStore"
+            r"|(client|server) socket has (timed out|failed)",
+            re.I,
+        ),
+    ),
+    # Peer and socket failures only count as communication when gloo or c10d raised them: the same words come
+    # from a failed download too.
+    (
+        _C.COMMUNICATION,
+        re.compile(r"\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))", re.I | re.S),
+    ),
+    (
+        _C.USER_ERROR,
+        re.compile(
+            r"is not a valid model identifier|is not a local folder|does not appear to have a file named"
+            r"|Can't load (the )?(tokenizer|config|configuration|model)|Incorrect path_or_model_id",
+            re.I,
+        ),
+    ),
+)
+_DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+
+DEFAULT_EXIT_CODES = {
+    _C.USER_ERROR: 1,
+    _C.INTERNAL: 203,
+    _C.GPU_OOM: 204,
+    _C.HOST_OOM: 205,
+    _C.COMMUNICATION: 206,
+    _C.DEVICE_ERROR: 207,
+    _C.HANG: 208,
+    _C.INTERRUPTED: 128 + signal.SIGTERM,
+}
+EXIT_CODE_ENV_PREFIX = "TUNING_EXIT_CODE_"
+
+TERMINATION_LOG_ENV = "TERMINATION_LOG_FILE"
+K8S_TERMINATION_LOG = "/dev/termination-log"
+# Kubernetes keeps at most 4 KiB of the termination log and every rank of a pod may append a line.
+TERMINATION_LOG_MAX_BYTES = 1024
+ERROR_MARKER = "TUNING_ERROR"
+_MARKER_MESSAGE_MAX_BYTES = 300
+
+_last_global_step: int | None = None
+
+
+def _safe_str(exc: BaseException) -> str:
+    """str(exc), which a broken ``__str__`` must not turn into a second error while reporting the first."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, then what it was raised from or while handling, each once: chains can be cyclic.
+
+    A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author chose to replace it.
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        linked = [current.__cause__, None if current.__suppress_context__ else current.__context__]
+        if isinstance(current, BaseExceptionGroup):
+            linked.extend(current.exceptions)
+        pending.extend(link for link in reversed(linked) if link is not None)
+
+
+def _categories(exc: BaseException) -> set[ErrorCategory]:
+    """Every category a single exception (not its chain) gives evidence of."""
+    if isinstance(exc, UserInputError):
+        # Our own code decided; a quoted path or value in its message is no evidence of anything else.
+        return {_C.USER_ERROR}
+    if isinstance(exc, SystemExit):
+        # argparse exits with 2 after printing its usage error; other exits carry no diagnosis.
+        return {_C.USER_ERROR} if exc.code == 2 else set()
+    names = {_qualified_name(cls) for cls in type(exc).__mro__}
+    found = {category for name, category in _TYPE_CATEGORIES.items() if name in names}
+    text = _safe_str(exc)
+    found.update(category for category, pattern in _MESSAGE_PATTERNS if pattern.search(text))
+    if _DEVICE_ASSERT.search(text):
+        found.discard(_C.DEVICE_ERROR)
+    return found
+
+
+def _diagnose(exc: BaseException) -> tuple[ErrorCategory, BaseException]:
+    """The category of a failure and the exception in its chain that decided it."""
+    best, culprit = _C.INTERNAL, exc
+    for link in _chain(exc):
+        for category in _categories(link):
+            if _PRIORITY.index(category) < _PRIORITY.index(best):
+                best, culprit = category, link
+    return best, culprit
+
+
+def classify(exc: BaseException) -> ErrorCategory:
+    """The category of a failure, judged from the types and messages of its whole exception chain."""
+    return _diagnose(exc)[0]
+
+
+def _signal_number(exc: BaseException) -> int | None:
+    if isinstance(exc, TrainingInterrupted):
+        return exc.signum
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    sigval = getattr(exc, "sigval", None)  # torch.distributed.elastic's SignalException
+    return int(sigval) if sigval is not None else None
+
+
+def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> int:
+    """The exit status for a category: ``TUNING_EXIT_CODE_<CATEGORY>`` if valid, else the documented default.
+
+    ``signum`` only matters for ``interrupted``, whose default follows the shell convention 128+signal.
+    """
+    category = ErrorCategory(category)
+    low, high = (1, 127) if category is _C.USER_ERROR else (128, 254)
+    name = EXIT_CODE_ENV_PREFIX + category.name
+    raw = os.environ.get(name, "").strip()
+    if raw:
+        try:
+            code = int(raw)
+        except ValueError:
+            code = -1
+        if low <= code <= high:
+            return code
+        logger.warning("Ignoring %s=%r: it must be an integer from %d to %d", name, raw, low, high)
+    if category is _C.INTERRUPTED and signum is not None:
+        return 128 + int(signum)
+    return DEFAULT_EXIT_CODES[category]
+
+
+def _one_line(text: str, max_bytes: int) -> str:
+    """Whitespace (newlines included) collapsed to single spaces, cut to ``max_bytes`` of UTF-8."""
+    line = " ".join(text.split())
+    data = line.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return line
+    return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
+
+
+def termination_log_path() -> str | None:
+    """``TERMINATION_LOG_FILE`` if set, else Kubernetes' default file when it exists and is writable."""
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if path:
+        return path
+    if os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK):
+        return K8S_TERMINATION_LOG
+    return None
+
+
+def write_termination_log(text: str) -> str | None:
+    """Append ``text`` to the termination log as one line of at most 1 KiB; return the path, or None if not written.
+
+    Never raises: the log is a best-effort summary and must not mask the error being reported.
+    """
+    path = termination_log_path()
+    if path is None:
+        return None
+    try:
+        line = _one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # One write of a short line with O_APPEND: lines of ranks sharing the file do not interleave.
+            os.write(fd, line.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except Exception as exc:
+        logger.warning("Could not write the termination log %s: %s", path, exc)
+        return None
+    return path
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        # argparse printed the real message before exiting; it is still in the error() frame of the traceback.
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
+                return str(frame.f_locals.get("message", ""))
+            tb = tb.tb_next
+    return _safe_str(exc)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def build_error_report(
+    exc: BaseException,
+    *,
+    global_step: int | None = None,
+    category: ErrorCategory | str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The structured description of a failure (keys in the module docstring), ready for ``write_json_atomic``.
+
+    ``category`` overrides the classification, e.g. ``hang`` from a watchdog; ``extra`` adds caller keys, which may
+    not shadow the stable ones.
+    """
+    found, culprit = _diagnose(exc)
+    if category is not None and ErrorCategory(category) is not found:
+        found, culprit = ErrorCategory(category), exc
+    signum = _signal_number(culprit) if found is _C.INTERRUPTED else None
+    report: dict[str, Any] = {
+        "category": found.value,
+        "exit_code": exit_code_for(found, signum),
+        "exception_type": _qualified_name(type(culprit)),
+        "message": _message(culprit),
+        "rank": _env_int("RANK", 0),
+        "local_rank": _env_int("LOCAL_RANK", 0),
+        "world_size": _env_int("WORLD_SIZE", 1),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "global_step": global_step,
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    if extra:
+        clash = report.keys() & extra.keys()
+        if clash:
+            raise ValueError(f"extra keys {sorted(clash)} would shadow stable report keys")
+        report.update(extra)
+    return report
+
+
+def _summary(report: dict[str, Any]) -> str:
+    short_type = report["exception_type"].rsplit(".", 1)[-1]
+    return f"{short_type}: {report['message']}" if report["message"] else short_type
+
+
+def termination_line(report: dict[str, Any]) -> str:
+    """``<category>: <reason>`` for the termination log; the rank is named when there are several."""
+    rank = f"rank {report['rank']}: " if report["world_size"] > 1 else ""
+    return f"{report['category']}: {rank}{_summary(report)}"
+
+
+def error_marker(report: dict[str, Any]) -> str:
+    """One stderr line that log scrapers can grep for ``TUNING_ERROR``."""
+    step = "-" if report["global_step"] is None else report["global_step"]
+    first_line = _summary(report).splitlines()[0]
+    return (
+        f"{ERROR_MARKER} category={report['category']} rank={report['rank']} step={step} "
+        f"exit_code={report['exit_code']} type={_one_line(first_line, _MARKER_MESSAGE_MAX_BYTES)}"
+    )
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON through a temporary file in the same directory and ``os.replace``: readers never see half a file."""
+    path = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def last_global_step() -> int | None:
+    """The optimizer step a GracefulStopCallback saw last in this process (None before training)."""
+    return _last_global_step
+
+
+def _record_step(step: int) -> None:
+    global _last_global_step
+    _last_global_step = step
+
+
+def run_with_error_reporting(
+    fn: Callable[[], Any],
+    *,
+    on_error: Callable[[dict[str, Any]], None] | None = None,
+    global_step: Callable[[], int | None] = last_global_step,
+) -> int:
+    """Run a script's main function and turn any failure into a classified exit status.
+
+    Use as ``sys.exit(run_with_error_reporting(main))``. Returns fn's int result (0 for anything else). On failure
+    (any exception, including an argparse exit, but not ``SystemExit(0)``) it appends the termination log line,
+    prints the traceback and the ``TUNING_ERROR`` marker to stderr, hands the report to ``on_error`` (where a
+    wrapper writes its own report file) and returns the category's exit code.
+    """
+    try:
+        result = fn()
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return 0
+        report = build_error_report(exc, global_step=global_step())
+        write_termination_log(termination_line(report))
+        if not isinstance(exc, SystemExit):  # argparse already printed usage and message
+            traceback.print_exception(exc, file=sys.stderr)
+        print(error_marker(report), file=sys.stderr, flush=True)
+        if on_error is not None:
+            try:
+                on_error(report)
+            except Exception:  # a failing hook must not change how the run ends
+                logger.exception("on_error hook failed")
+        return report["exit_code"]
+    return result if isinstance(result, int) else 0
+
+
+def _build_graceful_stop_callback() -> type:
+    import torch
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    class GracefulStopCallback(TrainerCallback):
+        """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary.
+
+        The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks
+        ``received_signal`` and raises ``TrainingInterrupted``. A second signal gets the handler that was installed
+        before, so the user can still force a stop. Checkpoints and evaluations are skipped once stopping: the grace
+        period before SIGKILL (30 s by default on Kubernetes) is short and half a checkpoint is worse than none.
+        With several ranks the decision is agreed every step (an all-reduce on a CPU group, no device sync), since a
+        rank that stops alone leaves the others blocked in a collective. Also records the global step for reports.
+        """
+
+        signals = (signal.SIGTERM, signal.SIGINT)
+
+        def __init__(self) -> None:
+            self.received_signal: int | None = None  # caught here or, with several ranks, by another rank
+            self._caught: int | None = None
+            self._previous: dict[int, Any] = {}
+            self._stopping = False  # agreed by all ranks, unlike received_signal which may be local
+            self._agree = False
+            self._group: Any = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            _record_step(state.global_step)
+            if threading.current_thread() is threading.main_thread() and not self._previous:
+                self._previous = {signum: signal.signal(signum, self._handle) for signum in self.signals}
+            self._agree = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            if self._agree and "gloo" not in str(dist.get_backend()):
+                self._group = dist.new_group(backend="gloo")
+
+        def _handle(self, signum: int, frame: Any) -> None:
+            if self._caught is None:
+                self._caught = signum
+                self.received_signal = self.received_signal or signum
+                logger.warning(
+                    "Received %s: stopping after the current step (send it again to stop now)",
+                    signal.Signals(signum).name,
+                )
+                return
+            previous = self._previous.get(signum)
+            self.restore_signal_handlers()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous in (signal.SIG_DFL, None):
+                signal.raise_signal(signum)
+
+        def restore_signal_handlers(self) -> None:
+            """Put back the handlers found at train begin (SIG_DFL for ones installed outside Python)."""
+            for signum, previous in self._previous.items():
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            self._previous = {}
+
+        def _should_stop(self) -> bool:
+            if not self._agree:
+                return self.received_signal is not None
+            flag = torch.tensor([self.received_signal or 0], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            agreed = int(flag.item())
+            if agreed and self.received_signal is None:
+                self.received_signal = agreed
+            return agreed != 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            _record_step(state.global_step)
+            if self._should_stop():
+                self._stopping = True
+                control.should_training_stop = True
+                control.should_save = False
+                control.should_evaluate = False
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            if self._stopping:
+                control.should_save = False
+                control.should_evaluate = False
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.restore_signal_handlers()
+
+    GracefulStopCallback.__module__ = __name__
+    GracefulStopCallback.__qualname__ = "GracefulStopCallback"
+    return GracefulStopCallback
+
+
+def __getattr__(name: str) -> Any:
+    # GracefulStopCallback subclasses transformers' TrainerCallback; building it on first use keeps this module's
+    # import free of transformers and torch (about ten seconds on a small CPU).
+    if name == "GracefulStopCallback":
+        cls = _build_graceful_stop_callback()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
