@@ -1,0 +1,178 @@
+"""tuning.benchmarking without training: journal, record → dump, aggregates, rebuild, schema, stop rule, watchdog,
+system metrics. Real files, threads and psutil; the training end to end lives in test_bench_train.py."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from tuning.benchmarking.dump import build_dump, percentile, rank_report_path
+from tuning.benchmarking.journal import Journal, journal_path, read_journal
+from tuning.benchmarking.rebuild import default_output
+from tuning.benchmarking.rebuild import main as rebuild_main
+from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, validate_dump
+from tuning.benchmarking.stopping import StopRule
+from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
+from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
+from tuning.utils.error_reporting import UserInputError
+
+ENVIRONMENT = {
+    "python": "3.11",
+    "torch": "2",
+    "transformers": "5",
+    "trl": "1",
+    "peft": "0.21",
+    "aim": None,
+    "cuda": None,
+    "cuda_driver": None,
+    "gpus": [],
+}
+HEADER = {"experiment": "e", "host": "h", "rank": 0, "world_size": 1, "environment": ENVIRONMENT}
+
+
+def simulated_run(path, steps: int = 6, warmup: int = 2) -> RunRecord:
+    """A run of ``steps`` steps of 0.5 s + 0.1 s * step, 100 tokens and 4 samples each, warmup ``warmup`` steps."""
+    record = RunRecord(Journal(str(path), sync_interval=0.0), HEADER)
+    record.note(metadata={"dataset": "d"}, train_start=time.time())
+    record.track(1.5, "model_load_time")
+    for step in range(1, steps + 1):
+        record.record(STEP_TIME, 0.5 + 0.1 * step, step=step)
+        record.record(STEP_TOKENS, 100, step=step)
+        record.record(STEP_SAMPLES, 4, step=step)
+        record.record("loss", float("nan") if step == 3 else 1.0 / step, step=step)
+        record.record("cpu_percent", 10.0 * step, step=step, context={})
+        if step == warmup:
+            record.note(warmup_steps=warmup)
+    return record
+
+
+def test_dump_from_a_finished_run(tmp_path):
+    record = simulated_run(tmp_path / "run.journal.jsonl")
+    dump = record.finish("ok", training_steps=6, peak_rss_bytes=123)
+    assert validate_dump(dump) == []
+    assert dump["status"] == "ok" and dump["training_steps"] == 6 and dump["warmup_steps"] == 2
+    assert dump["metadata"] == {"dataset": "d"}
+    summary = dump["summary"]
+    measured = [0.5 + 0.1 * step for step in (3, 4, 5, 6)]
+    assert summary["measured_steps"] == 4
+    assert summary["tokens_per_second"] == pytest.approx(400 / sum(measured))
+    assert summary["samples_per_second"] == pytest.approx(16 / sum(measured))
+    assert summary["step_time_p50"] == pytest.approx(percentile(measured, 50))
+    assert summary["model_load_time"] == 1.5 and summary["peak_rss_bytes"] == 123
+    loss = next(m for m in dump["metrics"] if m["name"] == "loss")
+    assert loss["steps"] == [1, 2, 3, 4, 5, 6] and loss["values"][2] is None  # NaN kept as null
+    aggregates = {a["name"]: a for a in dump["aggregates"]}
+    assert aggregates["cpu_percent"] == {
+        "name": "cpu_percent",
+        "context": {},
+        "min": 30.0,
+        "avg": 45.0,
+        "max": 60.0,
+        "count": 4,
+    }
+    assert aggregates["loss"]["count"] == 3  # warmup steps and the NaN left out
+    assert aggregates["model_load_time"]["count"] == 1  # no step: never warmup
+    json.dumps(dump, allow_nan=False)  # strict JSON
+
+
+def test_journal_rebuilds_the_same_dump_and_survives_a_torn_line(tmp_path):
+    path = tmp_path / "run.journal.jsonl"
+    live = simulated_run(path).finish("stopped", training_steps=6, stop_reason="auto_stop")
+    rebuilt = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
+    assert rebuilt == {**live, "rebuilt_from_journal": True}
+
+    cut = tmp_path / "cut.journal.jsonl"
+    lines = path.read_text().splitlines()
+    cut.write_text("\n".join(lines[:12]) + "\n" + lines[12][:20])  # died in the middle of a write, no end record
+    dump = build_dump(read_journal(str(cut)), rebuilt_from_journal=True)
+    assert validate_dump(dump) == []
+    assert dump["status"] == "error" and dump["error"]["category"] is None and "killed" in dump["error"]["message"]
+    assert dump["training_steps"] == max(s for m in dump["metrics"] if m["name"] == STEP_TIME for s in m["steps"])
+
+    broken = tmp_path / "broken.journal.jsonl"
+    broken.write_text(lines[0] + "\n{oops\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=":2: not a journal record"):
+        read_journal(str(broken))
+
+
+def test_rebuild_command(tmp_path, capsys):
+    path = tmp_path / "run.journal.jsonl"
+    simulated_run(path)  # never finished: as after SIGKILL
+    assert rebuild_main([str(path)]) == 0
+    output = tmp_path / "run.rebuilt.json"
+    assert default_output(str(path)) == str(output)
+    dump = json.loads(output.read_text())
+    assert dump["rebuilt_from_journal"] and dump["status"] == "error" and validate_dump(dump) == []
+    assert "status error, 6 steps" in capsys.readouterr().out
+    assert rebuild_main([str(tmp_path / "missing.journal.jsonl")]) == 1
+    assert "cannot rebuild" in capsys.readouterr().err
+
+
+def test_file_names():
+    assert journal_path("out/bench.json") == "out/bench.journal.jsonl"
+    assert journal_path("out/bench.json", rank=8) == "out/bench.rank8.journal.jsonl"
+    assert rank_report_path("out/bench.json", 3) == "out/bench.json.rank3.error.json"
+
+
+def test_validate_dump_reports_every_problem(tmp_path):
+    dump = simulated_run(tmp_path / "j.jsonl").finish("ok", training_steps=6)
+    assert validate_dump({**dump, "status": "error"}) == ["$.error: must be set exactly when status is 'error'"]
+    problems = validate_dump({**dump, "training_steps": "6", "rank": True, "summary": {}})
+    assert "$.training_steps: expected integer, got str" in problems
+    assert "$.rank: expected integer, got bool" in problems
+    assert "$.summary: missing key 'tokens_per_second'" in problems
+    del dump["metrics"]
+    assert validate_dump(dump) == ["$: missing key 'metrics'"]
+
+
+def test_stop_rule():
+    budget = StopRule(stop_after_seconds=10)
+    assert budget.reason(9.9, []) is None and budget.reason(10, []) == "stop_after_seconds"
+    auto = StopRule(auto_stop=True, min_steps=3, min_seconds=1.0, tolerance=0.05)
+    assert auto.reason(100, [0.5, 0.5]) is None  # too few steps
+    assert auto.reason(100, [0.2, 0.2, 0.2]) is None  # too few seconds
+    assert auto.reason(100, [1.0, 0.5, 0.9]) is None  # not settled
+    assert auto.reason(100, [3.0, 0.5, 0.51, 0.5]) == "auto_stop"  # the last window settled
+    assert not StopRule().active
+    for bad in (dict(stop_after_seconds=0), dict(min_steps=1), dict(tolerance=-1)):
+        with pytest.raises(UserInputError):
+            StopRule(**bad)
+
+
+def test_watchdog_fires_once_with_every_stack():
+    fired: list[float] = []
+    stuck = threading.Event()
+
+    def stuck_worker():
+        stuck.wait(10)
+
+    worker = threading.Thread(target=stuck_worker, name="stuck-worker", daemon=True)
+    worker.start()
+    watchdog = StallWatchdog(0.4, fired.append)
+    watchdog.arm()
+    for _ in range(3):  # beats keep it quiet
+        time.sleep(0.2)
+        watchdog.beat()
+    assert fired == []
+    time.sleep(1.2)
+    assert len(fired) == 1 and fired[0] >= 0.4
+    stacks = thread_stacks()
+    assert stacks.startswith("Thread MainThread") and "stuck-worker" in stacks and "stuck_worker" in stacks
+    stuck.set()
+
+
+def test_system_metrics_sampler():
+    points: list[tuple[str, float, dict]] = []
+    sampler = SystemMetricsSampler(0.05, lambda name, value, context: points.append((name, value, context)))
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    names = {name for name, _, _ in points}
+    assert {"cpu_percent", "memory_percent", "process_rss_bytes"} <= names
+    rss = [value for name, value, _ in points if name == "process_rss_bytes"]
+    assert 0 < max(rss) <= peak_rss_bytes() * 1.05  # the kernel's high-water mark lags a little behind
+    count = len(points)
+    time.sleep(0.15)
+    assert len(points) == count  # stopped means stopped

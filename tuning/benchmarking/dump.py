@@ -1,0 +1,190 @@
+"""Journal records → the benchmark dump. The live run and the rebuild command share this one code path, so a dump
+rebuilt from a complete journal equals the dump the run wrote.
+
+Warmup: the first ``warmup_steps`` optimizer steps (a ``note`` record; every step so far while the run never left
+warmup). A point belongs to the warmup when its ``step`` is at most that; points without a step (``model_load_time``)
+never do. Aggregates leave warmup points out; so do the summary's step statistics and throughputs, unless no step
+came after the warmup, in which case they cover every step and ``summary.measured_steps`` is 0.
+"""
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from tuning.benchmarking.schema import (
+    MODEL_LOAD_TIME,
+    PROCESS_RSS,
+    SCHEMA_VERSION,
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+)
+from tuning.utils.error_reporting import write_json_atomic
+
+INCOMPLETE_RUN_MESSAGE = (
+    "the run ended without finishing its journal (killed by a signal, the OOM killer or a node failure); "
+    "this dump was rebuilt from the points it had logged"
+)
+
+
+def rank_report_path(metrics_path: str, rank: int) -> str:
+    """Where a rank other than 0 writes its error report: ``<metrics_path>.rank<N>.error.json``, one file per rank."""
+    return f"{metrics_path}.rank{rank}.error.json"
+
+
+def utc_iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks, as numpy's default."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _series(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points grouped into ``{name, context, steps, values, timestamps}`` series, in order of first appearance."""
+    by_key: dict[tuple[str, str], dict[str, Any]] = {}
+    for point in points:
+        key = (point["name"], json.dumps(point["context"], sort_keys=True))
+        series = by_key.get(key)
+        if series is None:
+            series = by_key[key] = {
+                "name": point["name"],
+                "context": point["context"],
+                "steps": [],
+                "values": [],
+                "timestamps": [],
+            }
+        series["steps"].append(point["step"])
+        series["values"].append(point["value"])
+        series["timestamps"].append(point["time"])
+    return list(by_key.values())
+
+
+def _measured(series: dict[str, Any], warmup_steps: int) -> list[float]:
+    return [
+        value
+        for step, value in zip(series["steps"], series["values"], strict=True)
+        if value is not None and (step is None or step > warmup_steps)
+    ]
+
+
+def aggregate(series: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
+    """min/avg/max/count of every series, warmup excluded (all null with count 0 when nothing is left)."""
+    result = []
+    for one in series:
+        values = _measured(one, warmup_steps)
+        result.append(
+            {
+                "name": one["name"],
+                "context": one["context"],
+                "min": min(values) if values else None,
+                "avg": sum(values) / len(values) if values else None,
+                "max": max(values) if values else None,
+                "count": len(values),
+            }
+        )
+    return result
+
+
+def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
+    found = next((one for one in series if one["name"] == name and not one["context"]), None)
+    if found is None:
+        return {}
+    pairs = zip(found["steps"], found["values"], strict=True)
+    return {step: value for step, value in pairs if step is not None and value is not None}
+
+
+def _last_value(series: list[dict[str, Any]], name: str) -> float | None:
+    values = [value for one in series if one["name"] == name for value in one["values"] if value is not None]
+    return values[-1] if values else None
+
+
+def _summary(
+    series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any] | None, warmup_steps: int, last_time: float
+) -> dict[str, Any]:
+    step_times = _per_step(series, STEP_TIME)
+    measured = [step for step in step_times if step > warmup_steps]
+    steps = measured or list(step_times)
+    busy = sum(step_times[step] for step in steps)
+
+    def throughput(name: str) -> float | None:
+        counts = _per_step(series, name)
+        if busy <= 0 or not counts:
+            return None
+        return sum(counts.get(step, 0.0) for step in steps) / busy
+
+    train_start = notes.get("train_start")
+    train_end = notes.get("train_end", last_time)
+    rss = [value for one in series if one["name"] == PROCESS_RSS for value in one["values"] if value is not None]
+    end = end or {}
+    return {
+        "train_runtime": train_end - train_start if train_start is not None else None,
+        "model_load_time": _last_value(series, MODEL_LOAD_TIME),
+        "tokens_per_second": throughput(STEP_TOKENS),
+        "samples_per_second": throughput(STEP_SAMPLES),
+        "step_time_p50": percentile([step_times[step] for step in steps], 50),
+        "step_time_p90": percentile([step_times[step] for step in steps], 90),
+        "measured_steps": len(measured),
+        "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
+        "cuda": end.get("cuda"),
+    }
+
+
+def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
+    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records."""
+    header = records[0]
+    notes: dict[str, Any] = {}
+    points: list[dict[str, Any]] = []
+    end: dict[str, Any] | None = None
+    for record in records[1:]:
+        kind = record["type"]
+        if kind == "point":
+            points.append(record)
+        elif kind == "note":
+            notes.update({key: value for key, value in record.items() if key != "type"})
+        elif kind == "end":
+            end = record
+    series = _series(points)
+    training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
+    warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
+    last_time = end["time"] if end else max((record.get("time", 0.0) for record in records), default=0.0)
+    if end is None:
+        status, stop_reason = "error", None
+        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}
+    else:
+        status, stop_reason, error = end["status"], end.get("stop_reason"), end.get("error")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "stop_reason": stop_reason,
+        "run_hash": notes.get("run_hash"),
+        "experiment": header.get("experiment"),
+        "metadata": notes.get("metadata", {}),
+        "host": header["host"],
+        "rank": header["rank"],
+        "world_size": header["world_size"],
+        "start_time": utc_iso(header["time"]),
+        "stop_time": utc_iso(last_time or header["time"]),
+        "training_steps": training_steps,
+        "warmup_steps": warmup_steps,
+        "summary": _summary(series, notes, end, warmup_steps, last_time),
+        "metrics": series,
+        "aggregates": aggregate(series, warmup_steps),
+        "environment": header["environment"],
+        "error": error,
+        "aim_degraded_reason": notes.get("aim_degraded_reason"),
+        "rebuilt_from_journal": rebuilt_from_journal,
+    }
+
+
+def write_dump(path: str, dump: dict[str, Any]) -> None:
+    """Atomically: a reader sees the previous file or the complete new one, never half of it."""
+    write_json_atomic(path, dump)

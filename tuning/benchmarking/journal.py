@@ -1,0 +1,99 @@
+"""The journal: an append-only JSON-lines file that holds every point of a run while it trains.
+
+It exists because the dump is written once, at the end: a run killed with SIGKILL (or by the OOM killer) never gets
+there. Each record is written and flushed on its own, so it is in the kernel's page cache, and survives the death of
+the process, as soon as ``write`` returns. ``fsync`` (which survives a node crash too) costs milliseconds, so it runs
+at most every ``sync_interval`` seconds and at ``close``, never once per record.
+
+Records are JSON objects with a ``type``:
+
+- ``start``: the run's header (schema version, experiment, host, rank, world size, start time, environment)
+- ``point``: one tracked value: ``name``, ``context``, ``step`` (or null), ``value`` (null for NaN/inf), ``time``
+- ``note``: facts learnt while running (``metadata`` once read and checked, ``train_start``, ``warmup_steps``,
+  ``run_hash``, ``train_end``, ...); a later note of the same key wins
+- ``end``: how the run ended (``status``, ``stop_reason``, ``error``, ``training_steps``, ``summary`` values measured
+  only at the end)
+
+``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
+"""
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, TextIO
+
+logger = logging.getLogger(__name__)
+
+
+def journal_path(metrics_path: str, rank: int = 0) -> str:
+    """Where the journal of ``metrics_path`` lives: ``run.json`` → ``run.journal.jsonl`` (``run.rank3.journal.jsonl``
+    for the system metrics of another node's local rank 0)."""
+    stem = os.path.splitext(metrics_path)[0]
+    return f"{stem}.journal.jsonl" if rank == 0 else f"{stem}.rank{rank}.journal.jsonl"
+
+
+class Journal:
+    """Thread-safe JSON-lines writer; a new run truncates what an earlier run left at the same path.
+
+    Opening fails loudly (the caller checks its output location before training); a write that fails later (disk
+    full) is logged once and ends journaling, not training.
+    """
+
+    def __init__(self, path: str, sync_interval: float = 5.0):
+        self.path = path
+        self.sync_interval = sync_interval
+        self._lock = threading.Lock()
+        self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
+        self._last_sync = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, allow_nan=False, default=str) + "\n"
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.write(line)
+                self._file.flush()
+                if time.monotonic() - self._last_sync >= self.sync_interval:
+                    os.fsync(self._file.fileno())
+                    self._last_sync = time.monotonic()
+            except OSError as exc:
+                logger.warning("journal %s stopped: %s; the dump at the end still gets every point", self.path, exc)
+                self._file = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            except OSError as exc:
+                logger.warning("journal %s could not be closed cleanly: %s", self.path, exc)
+            self._file = None
+
+
+def read_journal(path: str) -> list[dict[str, Any]]:
+    """The records of a journal. A torn last line (the process died while writing it) is dropped; damage anywhere
+    else means the file is not a journal and raises ``ValueError``."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number >= len(lines) - 1:  # the last line, with or without its newline
+                break
+            raise ValueError(f"{path}:{number}: not a journal record ({exc})") from exc
+        if not isinstance(record, dict) or "type" not in record:
+            raise ValueError(f"{path}:{number}: not a journal record (no 'type')")
+        records.append(record)
+    if not records or records[0]["type"] != "start":
+        raise ValueError(f"{path}: a journal starts with a 'start' record")
+    return records

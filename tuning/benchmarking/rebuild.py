@@ -1,0 +1,50 @@
+"""Rebuild a benchmark dump from its journal, e.g. after the run was killed before writing the dump:
+
+    python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl            # → out/benchmark.rebuilt.json
+    python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl -o x.json
+
+A journal without an ``end`` record gives a dump with ``status: error``, ``error.category: null`` and a message
+saying the run died; everything it logged before dying is there. Needs neither torch nor Aim.
+"""
+
+import argparse
+import sys
+
+from tuning.benchmarking.dump import build_dump, write_dump
+from tuning.benchmarking.journal import read_journal
+from tuning.benchmarking.schema import validate_dump
+
+_SUFFIX = ".journal.jsonl"
+
+
+def default_output(journal: str) -> str:
+    stem = journal[: -len(_SUFFIX)] if journal.endswith(_SUFFIX) else journal
+    return f"{stem}.rebuilt.json"
+
+
+def rebuild(journal: str, output: str) -> dict:
+    dump = build_dump(read_journal(journal), rebuilt_from_journal=True)
+    write_dump(output, dump)
+    return dump
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuning.benchmarking.rebuild", description=__doc__.split("\n")[0])
+    parser.add_argument("journal", help="the *.journal.jsonl file written beside the dump")
+    parser.add_argument("-o", "--output", help="dump to write (default: <journal stem>.rebuilt.json)")
+    args = parser.parse_args(argv)
+    output = args.output or default_output(args.journal)
+    try:
+        dump = rebuild(args.journal, output)
+    except (OSError, ValueError) as exc:
+        print(f"cannot rebuild from {args.journal}: {exc}", file=sys.stderr)
+        return 1
+    problems = validate_dump(dump)
+    for problem in problems:
+        print(f"schema problem: {problem}", file=sys.stderr)
+    print(f"{output}: status {dump['status']}, {dump['training_steps']} steps, {len(dump['metrics'])} series")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The run record: what a benchmark measured, in memory for the final dump and mirrored into the journal."""
+
+import math
+import threading
+import time
+from typing import Any
+
+from tuning.benchmarking.dump import build_dump
+from tuning.benchmarking.journal import Journal
+from tuning.benchmarking.schema import SCHEMA_VERSION
+from tuning.trackers import Tracker
+
+
+class RunRecord(Tracker):
+    """Journal records of one run (format in ``tuning.benchmarking.journal``); thread-safe.
+
+    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it.
+    """
+
+    name = "benchmark_record"
+
+    def __init__(self, journal: Journal, header: dict[str, Any]):
+        self.journal = journal
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._finished = False
+        self._append({"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header})
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self._finished:
+                return  # e.g. a last system-metrics sample racing the end of the run
+            self.records.append(record)
+            self.journal.write(record)
+
+    def record(self, name: str, value: float, step: int | None = None, context: dict | None = None) -> None:
+        """One point of the series ``name``/``context``; NaN and infinities are kept as null (JSON has neither)."""
+        value = float(value)
+        self._append(
+            {
+                "type": "point",
+                "name": name,
+                "context": dict(context or {}),
+                "step": step,
+                "value": value if math.isfinite(value) else None,
+                "time": time.time(),
+            }
+        )
+
+    def note(self, **facts: Any) -> None:
+        """Facts learnt while running (``run_hash``, ``warmup_steps``, ...): later notes override earlier ones."""
+        self._append({"type": "note", "time": time.time(), **facts})
+
+    def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
+        self.record(name, metric, context={"subset": stage})
+
+    def finish(
+        self,
+        status: str,
+        training_steps: int,
+        stop_reason: str | None = None,
+        error: dict[str, Any] | None = None,
+        peak_rss_bytes: int | None = None,
+        cuda: list[dict[str, int]] | None = None,
+    ) -> dict[str, Any] | None:
+        """Close the journal with an ``end`` record and return the dump; None if the run was already finished
+        (a stall report and the main thread can both get here)."""
+        with self._lock:
+            if self._finished:
+                return None
+            end = {
+                "type": "end",
+                "time": time.time(),
+                "status": status,
+                "stop_reason": stop_reason,
+                "error": error,
+                "training_steps": training_steps,
+                "peak_rss_bytes": peak_rss_bytes,
+                "cuda": cuda,
+            }
+            self.records.append(end)
+            self.journal.write(end)
+            self.journal.close()
+            self._finished = True
+        return build_dump(self.records)
