@@ -1,0 +1,193 @@
+"""The training-loop side of a benchmark: one transformers callback that measures every optimizer step.
+
+Per step (global rank 0 records them; series names in ``tuning.benchmarking.schema``): ``step_time_seconds`` (wall
+time since the previous step ended, so data loading, logging, evaluation and checkpoints in between count),
+``step_tokens`` (non-padding tokens of the step over all ranks, from the trainer's ``num_input_tokens_seen``, which
+``include_num_input_tokens_seen="non_padding"`` turns on and which the trainer gathers across ranks),
+``step_samples`` (the global batch: per-device batch x gradient accumulation x world size) and ``tokens_per_second``.
+Trainer logs are recorded as Aim names them: ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``.
+
+It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
+the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
+all-reduced (MAX, on a CPU group) at every step end, so every rank stops after the same step.
+"""
+
+import numbers
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback
+
+from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
+from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
+from tuning.benchmarking.system_metrics import SystemMetricsSampler
+from tuning.benchmarking.watchdog import StallWatchdog
+
+Mirror = Callable[[str, float, int | None, dict[str, Any]], None]
+_LOG_PREFIXES = ("train_", "eval_", "test_")
+
+
+def log_series(key: str) -> tuple[str, dict[str, str]]:
+    """A trainer log key as a series name and context, the way the Aim tracker names it."""
+    for prefix in _LOG_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :], {"subset": prefix[:-1]}
+    return key, {}
+
+
+class BenchmarkCallback(TrainerCallback):
+    """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
+
+    ``mirror(name, value, step, context)`` also receives every benchmark series point (not the trainer logs, which
+    trackers see themselves), e.g. to send them to Aim; system samples reach it with step None. With
+    ``system_metrics_interval`` a sampler runs from train begin to train end, its points labelled with the step in
+    progress.
+    """
+
+    def __init__(
+        self,
+        record: RunRecord | None,
+        stop_rule: StopRule,
+        warmup_steps: int = 5,
+        warmup_seconds: float = 0.0,
+        system_metrics_interval: float | None = None,
+        watchdog: StallWatchdog | None = None,
+        mirror: Mirror | None = None,
+    ):
+        self.record = record
+        self.stop_rule = stop_rule
+        self.warmup_steps = warmup_steps
+        self.warmup_seconds = warmup_seconds
+        self.watchdog = watchdog
+        self.mirror = mirror
+        self.sampler = None
+        if system_metrics_interval:
+            self.sampler = SystemMetricsSampler(system_metrics_interval, self._system_point)
+        self.global_step = 0
+        self.stop_reason: str | None = None
+        self._first_step = 0
+        self._train_start = 0.0
+        self._last_step_end = 0.0
+        self._tokens_seen = 0
+        self._last_warmup_step: int | None = None
+        self._measured: list[float] = []
+        self._main = False
+        self._group: Any = None
+        self._joint = False
+
+    # ---- recording ----
+
+    def _point(self, name: str, value: float, step: int | None, context: dict[str, Any] | None = None) -> None:
+        if self.record is not None:
+            self.record.record(name, value, step=step, context=context)
+        if self.mirror is not None:
+            self.mirror(name, value, step, context or {})
+
+    def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
+        if self.record is not None:
+            self.record.record(name, value, step=self.global_step + 1, context=context)
+        if self.mirror is not None and self._main:
+            self.mirror(name, value, None, context)
+
+    # ---- hooks ----
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import torch.distributed as dist
+
+        self._main = state.is_world_process_zero
+        self.global_step = self._first_step = state.global_step
+        self._tokens_seen = state.num_input_tokens_seen
+        self._train_start = self._last_step_end = time.time()
+        if self._main and self.record is not None:
+            self.record.note(train_start=self._train_start)
+        self._end_warmup_if_over(state.global_step, 0.0)
+        self._joint = self.stop_rule.active and dist.is_available() and dist.is_initialized()
+        self._joint = self._joint and dist.get_world_size() > 1
+        if self._joint and "gloo" not in str(dist.get_backend()):
+            self._group = dist.new_group(backend="gloo")  # the flag is a CPU tensor; no device sync per step
+        if self.sampler is not None:
+            self.sampler.start()
+        if self.watchdog is not None:
+            self.watchdog.arm()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.time()
+        step, duration = state.global_step, now - self._last_step_end
+        self._last_step_end, self.global_step = now, step
+        tokens, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
+        if self._main:
+            self._point(STEP_TIME, duration, step)
+            global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            self._point(STEP_SAMPLES, global_batch, step)
+            if args.include_num_input_tokens_seen != "no":
+                self._point(STEP_TOKENS, tokens, step)
+                self._point(TOKENS_PER_SECOND, tokens / duration if duration > 0 else float("nan"), step)
+        if self._last_warmup_step is not None:
+            self._measured.append(duration)
+        self._end_warmup_if_over(step, now - self._train_start)
+        if self.stop_rule.active:
+            self._decide_stop(control, now - self._train_start)
+        self._beat()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._beat()
+        if not self._main or self.record is None or not logs:
+            return
+        for key, value in logs.items():
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                name, context = log_series(key)
+                self.record.record(name, value, step=state.global_step, context=context)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._beat()
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self._beat()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._beat()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._beat()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._main and self.record is not None:
+            self.record.note(train_end=time.time())
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sampler and the watchdog; also called by the wrapper when training raised."""
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    # ---- helpers ----
+
+    def _beat(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat()
+
+    def _end_warmup_if_over(self, step: int, elapsed: float) -> None:
+        """Warmup ends with the first step at which both thresholds are passed; that step is its last."""
+        if self._last_warmup_step is not None:
+            return
+        if step - self._first_step >= self.warmup_steps and elapsed >= self.warmup_seconds:
+            self._last_warmup_step = step
+            if self._main and self.record is not None:
+                self.record.note(warmup_steps=step, warmup_seconds=elapsed)
+
+    def _decide_stop(self, control, elapsed: float) -> None:
+        code = reason_code(self.stop_rule.reason(elapsed, self._measured))
+        if self._joint:
+            import torch
+            import torch.distributed as dist
+
+            flag = torch.tensor([code], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            code = int(flag.item())
+        if code:
+            self.stop_reason = reason_from_code(code)
+            control.should_training_stop = True

@@ -1,0 +1,58 @@
+"""When a benchmark may end before ``max_steps``: a time budget, or throughput that has settled (auto-stop).
+
+Both count from the start of training (model loading excluded). Auto-stop waits for the warmup to pass, then stops
+once at least ``min_steps`` steps and ``min_seconds`` seconds were measured after it and the last ``min_steps`` step
+times vary by at most ``tolerance`` (coefficient of variation: standard deviation / mean). A run whose step times
+never settle trains to its natural end.
+"""
+
+import statistics
+from dataclasses import dataclass
+
+from tuning.benchmarking.schema import STOP_REASONS
+from tuning.utils.error_reporting import UserInputError
+
+
+@dataclass(frozen=True)
+class StopRule:
+    stop_after_seconds: float | None = None
+    auto_stop: bool = False
+    min_steps: int = 10
+    min_seconds: float = 60.0
+    tolerance: float = 0.1
+
+    def __post_init__(self):
+        if self.stop_after_seconds is not None and self.stop_after_seconds <= 0:
+            raise UserInputError(f"--stop_after_seconds must be positive, got {self.stop_after_seconds}")
+        if self.min_steps < 2:
+            raise UserInputError(f"--auto_stop_min_steps must be at least 2, got {self.min_steps}")
+        if self.min_seconds < 0 or self.tolerance < 0:
+            raise UserInputError("--auto_stop_min_seconds and --auto_stop_tolerance must not be negative")
+
+    @property
+    def active(self) -> bool:
+        return self.stop_after_seconds is not None or self.auto_stop
+
+    def reason(self, elapsed: float, measured_step_times: list[float]) -> str | None:
+        """Why training should stop now (one of ``STOP_REASONS``), or None to go on."""
+        if self.stop_after_seconds is not None and elapsed >= self.stop_after_seconds:
+            return "stop_after_seconds"
+        if self.auto_stop and self._settled(measured_step_times):
+            return "auto_stop"
+        return None
+
+    def _settled(self, times: list[float]) -> bool:
+        if len(times) < self.min_steps or sum(times) < self.min_seconds:
+            return False
+        window = times[-self.min_steps :]
+        mean = statistics.fmean(window)
+        return mean > 0 and statistics.pstdev(window) / mean <= self.tolerance
+
+
+def reason_code(reason: str | None) -> int:
+    """A stop reason as a number that ranks can all-reduce (0: go on)."""
+    return 0 if reason is None else STOP_REASONS.index(reason) + 1
+
+
+def reason_from_code(code: int) -> str | None:
+    return None if code == 0 else STOP_REASONS[code - 1]
