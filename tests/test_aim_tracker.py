@@ -1,0 +1,412 @@
+"""The aim tracker against real Aim: a local repo, a real ``aim server``, and the ways they fail.
+
+Hooks are driven with real transformers ``TrainingArguments``/``TrainerState`` objects; everything about process exit
+runs in a child process, since a hang there is exactly the failure under test.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
+from tuning.utils.error_reporting import UserInputError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+AIM_CLI = str(Path(sys.executable).with_name("aim"))
+METADATA = {"gpu_model": "A100-80GB", "dataset_id": "my-amazing-dataset"}
+METADATA_QUERY = 'run.experiment_metadata.dataset_id == "my-amazing-dataset"'
+
+
+# ---- helpers shared with test_aim_e2e.py ----
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(overrides)
+    return env
+
+
+class AimServer:
+    """A real ``aim server`` on 127.0.0.1 in its own process group (it forks uvicorn, which owns the socket)."""
+
+    def __init__(self, repo: Path, startup_timeout: float = 90.0):
+        self.repo, self.port = repo, free_port()
+        self.url = f"aim://127.0.0.1:{self.port}"
+        repo.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + startup_timeout
+        while not self.accepts():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"aim server on port {self.port} did not start")
+            time.sleep(0.2)
+
+    def accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole server, as a crashed or evicted server dies: nothing gets flushed or closed."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        self.process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while self.accepts() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def read_runs(repo: Path, query: str = "True") -> list[dict]:
+    """Runs matching ``query`` in a local repo, after rebuilding its index (SDK reads see nothing otherwise)."""
+    from aim import Repo
+
+    subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
+    runs = []
+    for found in Repo(str(repo)).query_runs(query, report_mode=0).iter_runs():
+        run = found.run
+        metrics = {}
+        for metric in run.metrics():
+            key = (metric.name, json.dumps(metric.context.to_dict(), sort_keys=True))
+            metrics[key] = {step: value for step, (value, _epoch, _time) in metric.data.items()}
+        runs.append({"hash": run.hash, "experiment": run.experiment, "params": run[...], "metrics": metrics})
+    return runs
+
+
+def series(run: dict, name: str, context: dict | None = None) -> dict:
+    return run["metrics"].get((name, json.dumps(context or {}, sort_keys=True)), {})
+
+
+# ---- in-process helpers ----
+
+
+def drive(callback: SafeAimCallback, output_dir: Path, steps: int = 5) -> TrainerState:
+    """The hook sequence of a short training run, with real transformers objects."""
+    args = TrainingArguments(output_dir=str(output_dir), report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    callback.on_init_end(args, state, control)
+    callback.on_train_begin(args, state, control)
+    for step in range(1, steps + 1):
+        state.global_step, state.epoch = step, step / steps
+        callback.on_log(args, state, control, logs={"loss": 1.0 / step, "learning_rate": 1e-5, "epoch": state.epoch})
+    callback.on_log(args, state, control, logs={"train_runtime": 1.5, "train_loss": 0.4})
+    callback.on_train_end(args, state, control)
+    return state
+
+
+def degraded_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
+
+
+# ---- configuration ----
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (AimConfig(), "--aim_repo DIR or an Aim server"),
+        (AimConfig(aim_url="http://127.0.0.1:53800"), "aim://host:port"),
+        (AimConfig(aim_url="aim://127.0.0.1"), "aim://host:port"),
+        (AimConfig(aim_url="aim://127.0.0.1:99999"), "port 1-65535"),
+        (AimConfig(aim_remote_server_ip="127.0.0.1"), "must be given together"),
+        (AimConfig(aim_remote_server_port=53800), "must be given together"),
+        (AimConfig(aim_url="aim://h:1", aim_remote_server_ip="h", aim_remote_server_port=1), "not both"),
+        (AimConfig(aim_repo="r", aim_close_timeout=0), "--aim_close_timeout"),
+        (AimConfig(aim_repo="r", aim_system_tracking_interval=0), "--aim_system_tracking_interval"),
+    ],
+)
+def test_bad_config_is_a_clear_user_error(config, message, tmp_path):
+    with pytest.raises(UserInputError) as caught:
+        AimStackTracker(config, str(tmp_path))
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"aim_remote_server_ip": "127.0.0.1", "aim_remote_server_port": 53800},
+        {"aim_remote_server_ip": "127.0.0.1", "aim_remote_server_port": "53800"},
+        {"aim_url": "aim://127.0.0.1:53800/"},
+    ],
+)
+def test_configured_server_wins_over_repo_path(server, tmp_path):
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo"), **server), str(tmp_path))
+    assert tracker.callback.repo == "aim://127.0.0.1:53800"
+    assert not (tmp_path / "repo").exists()
+
+
+def test_constructor_touches_nothing(tmp_path):
+    AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- a local repo ----
+
+
+def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplog):
+    repo, output_dir, export_dir = tmp_path / "new" / "repo", tmp_path / "out", tmp_path / "export"
+    config = AimConfig(aim_repo=str(repo), experiment="sft-llama7b-test", aim_run_id_export_path=str(export_dir))
+    tracker = AimStackTracker(config, str(output_dir))
+    # train() reports these before the trainer (and so the run) exists.
+    tracker.set_params(METADATA, "experiment_metadata")
+    tracker.track(1.25, "model_load_time")
+    drive(tracker.get_hf_callback(), output_dir)
+
+    assert not tracker.degraded and not degraded_warnings(caplog)
+    assert json.loads((export_dir / RUN_HASH_FILENAME).read_text()) == {"run_hash": tracker.run_hash}
+    assert not (output_dir / RUN_HASH_FILENAME).exists()
+    (run,) = read_runs(repo, METADATA_QUERY)
+    assert run["hash"] == tracker.run_hash and run["experiment"] == "sft-llama7b-test"
+    assert run["params"]["experiment_metadata"] == METADATA
+    assert run["params"]["hparams"]["output_dir"] == str(output_dir)
+    assert {"aim", "transformers", "torch"} <= set(run["params"]["__system_params"]["packages"])
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
+    assert series(run, "model_load_time", {"subset": "additional_metrics"}) == {0: 1.25}
+    assert series(run, "loss", {"subset": "train"}) == {5: 0.4}  # the trainer's final train_loss
+    assert read_runs(repo, 'run.experiment_metadata.dataset_id == "another-dataset"') == []
+
+
+def test_run_hash_goes_to_output_dir_by_default(tmp_path):
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    drive(tracker.get_hf_callback(), tmp_path / "out", steps=1)
+    assert json.loads((tmp_path / "out" / RUN_HASH_FILENAME).read_text()) == {"run_hash": tracker.run_hash}
+
+
+def test_other_ranks_track_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    tracker.set_params(METADATA)
+    tracker.track(1.0, "model_load_time")
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert tracker.run_hash is None and tracker.callback._worker is None
+    assert not (tmp_path / "repo").exists()
+
+
+class BenchCallback(SafeAimCallback):
+    """What the benchmarking wrapper does: searchable labels plus a per-step series, through the safe API."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        super().on_train_begin(args, state, control, model=model, **kwargs)
+        self.set_params({"name": "bench-1"}, "benchmark")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        super().on_log(args, state, control, logs=logs, **kwargs)
+        self.track(0.01 * state.global_step, "optimization_step_duration", step=state.global_step)
+
+
+def test_subclass_adds_data_through_the_safe_api(tmp_path):
+    callback = BenchCallback(str(tmp_path / "repo"), experiment="bench")
+    drive(callback, tmp_path / "out", steps=3)
+    (run,) = read_runs(tmp_path / "repo", 'run.benchmark.name == "bench-1"')
+    assert run["hash"] == callback.run_hash
+    assert series(run, "optimization_step_duration") == {step: pytest.approx(0.01 * step) for step in (1, 2, 3)}
+
+
+def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    tracker = AimStackTracker(AimConfig(aim_repo=str(blocker / "repo"), aim_close_timeout=5), str(tmp_path / "out"))
+    tracker.track(1.0, "model_load_time")
+    start = time.monotonic()
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert time.monotonic() - start < 5
+    assert tracker.degraded and "creating the Aim run" in tracker.degraded_reason
+    assert len(degraded_warnings(caplog)) == 1
+
+
+def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
+    from filelock import SoftFileLock
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run([AIM_CLI, "init", "--repo", str(repo)], check=True, capture_output=True)
+    callback = SafeAimCallback(str(repo), timeout=2)
+    # Another live process (this one) holds the repo's lock, as a concurrent writer would: Aim waits 5 minutes.
+    with SoftFileLock(str(repo / ".aim" / "locks" / "structured_db_lock")):
+        start = time.monotonic()
+        drive(callback, tmp_path / "out")
+        assert time.monotonic() - start < 4
+    assert "more than 2s" in callback.degraded_reason and callback.run_hash is None
+    assert len(degraded_warnings(caplog)) == 1
+
+
+# ---- a real Aim server ----
+
+
+@pytest.fixture(scope="module")
+def aim_server(tmp_path_factory):
+    server = AimServer(tmp_path_factory.mktemp("aim-server"))
+    yield server
+    server.stop()
+
+
+def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
+    config = AimConfig(aim_remote_server_ip="127.0.0.1", aim_remote_server_port=aim_server.port, experiment="remote")
+    tracker = AimStackTracker(config, str(tmp_path / "out"))
+    tracker.set_params(METADATA)
+    tracker.track(2.5, "model_load_time")
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert tracker.run_hash and not tracker.degraded and not degraded_warnings(caplog)
+    aim_server.stop()
+    (run,) = read_runs(aim_server.repo, METADATA_QUERY)
+    assert run["hash"] == tracker.run_hash and run["experiment"] == "remote"
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
+    assert series(run, "model_load_time", {"subset": "additional_metrics"}) == {0: 2.5}
+
+
+def test_server_that_never_existed(tmp_path, caplog):
+    tracker = AimStackTracker(AimConfig(aim_url=f"aim://127.0.0.1:{free_port()}"), str(tmp_path / "out"))
+    tracker.set_params(METADATA)
+    start = time.monotonic()
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert time.monotonic() - start < 5
+    assert tracker.run_hash is None and "unreachable" in tracker.degraded_reason
+    assert len(degraded_warnings(caplog)) == 1
+
+
+# ---- failures that must not keep the process alive: each in a child process ----
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from tuning.config.tracker_configs import AimConfig
+    from tuning.trackers.aimstack import AimStackTracker
+
+    config, output_dir, marker = json.loads(sys.argv[1]), sys.argv[2], sys.argv[5]
+    steps, pause_at = int(sys.argv[3]), int(sys.argv[4])
+    tracker = AimStackTracker(AimConfig(**config), output_dir)
+    callback = tracker.get_hf_callback()
+    args, state, control = TrainingArguments(output_dir=output_dir, report_to="none"), TrainerState(), TrainerControl()
+    tracker.set_params({"dataset_id": "my-amazing-dataset"})
+    callback.on_init_end(args, state, control)
+    tracker.track(0.5, "model_load_time")
+    callback.on_train_begin(args, state, control)
+    slowest = 0.0
+    for step in range(1, steps + 1):
+        state.global_step = step
+        start = time.monotonic()
+        callback.on_log(args, state, control, logs={"loss": 1.0 / step})
+        slowest = max(slowest, time.monotonic() - start)
+        if step == pause_at:  # let the test break Aim now, once the run exists
+            while tracker.run_hash is None and not tracker.degraded:
+                time.sleep(0.05)
+            open(marker + ".paused", "w").close()
+            while not os.path.exists(marker + ".go"):
+                time.sleep(0.05)
+        time.sleep(0.1)
+    start = time.monotonic()
+    callback.on_train_end(args, state, control)
+    print(json.dumps({"close_s": time.monotonic() - start, "slowest_call_s": slowest, "ended_at": time.time(),
+                      "degraded_reason": tracker.degraded_reason, "run_hash": tracker.run_hash}), flush=True)
+    """
+)
+
+
+def run_driver(tmp_path: Path, config: dict, steps: int = 10, pause_at: int = 0, on_pause=None) -> dict:
+    """Drive the tracker in a child; returns its report plus how long it took to exit after training ended."""
+    script, marker = tmp_path / "driver.py", str(tmp_path / "marker")
+    script.write_text(DRIVER)
+    argv = [sys.executable, str(script), json.dumps(config), str(tmp_path / "out"), str(steps), str(pause_at), marker]
+    child = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if pause_at:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(marker + ".paused"):
+                assert child.poll() is None and time.monotonic() < deadline, "driver never reached the pause"
+                time.sleep(0.1)
+            on_pause()
+            Path(marker + ".go").touch()
+        stdout, stderr = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    exited_at = time.time()
+    assert child.returncode == 0, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
+    report["exit_s"] = exited_at - report["ended_at"]
+    report["warnings"] = stderr.count(DEGRADED_WARNING)
+    return report
+
+
+def test_server_killed_mid_run_costs_a_warning_not_the_job(tmp_path):
+    server = AimServer(tmp_path / "server-repo")
+    try:
+        config = {"aim_url": server.url, "aim_close_timeout": 10}
+        report = run_driver(tmp_path, config, steps=12, pause_at=4, on_pause=server.kill)
+    finally:
+        server.kill()
+    assert report["run_hash"] and "unreachable" in report["degraded_reason"]
+    assert report["warnings"] == 1
+    assert report["slowest_call_s"] < 0.5
+    assert report["close_s"] < 3
+    assert report["exit_s"] < 15
+
+
+def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tmp_path):
+    with socket.socket() as silent:  # the kernel completes connections; nobody ever reads them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        config = {"aim_url": f"aim://127.0.0.1:{silent.getsockname()[1]}", "aim_close_timeout": 2}
+        report = run_driver(tmp_path, config, steps=30)
+    assert "blocked for more than 2s" in report["degraded_reason"] and report["run_hash"] is None
+    assert report["warnings"] == 1
+    assert report["slowest_call_s"] < 0.5 and report["close_s"] < 3
+    assert report["exit_s"] < 15
+
+
+def test_missing_aim_names_the_extra_to_install(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
+    code = textwrap.dedent(
+        f"""
+        from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+        from tuning.trackers.registry import build_trackers
+        from tuning.utils.error_reporting import UserInputError
+        try:
+            build_trackers(["aim"], TrackerConfigs(aim=AimConfig(aim_repo={str(tmp_path / "r")!r})), "out")
+        except UserInputError as exc:
+            print(exc)
+        """
+    )
+    env = child_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'tuning-bench[aim]'" in done.stdout
+
+
+def test_registry_builds_the_aim_tracker(tmp_path):
+    from tuning.trackers.registry import build_trackers
+
+    configs = TrackerConfigs(aim=AimConfig(aim_repo=str(tmp_path / "repo")))
+    (tracker,) = build_trackers(["aim"], configs, str(tmp_path))
+    assert isinstance(tracker, AimStackTracker)
