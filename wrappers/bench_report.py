@@ -1,0 +1,399 @@
+"""Many benchmark runs → one table, one CSV and plots, with the root cause of every failed run across its ranks.
+
+    python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
+
+Inputs are paths, globs, or directories (searched recursively for ``*.json`` and ``*.journal.jsonl``) of the files
+``wrappers/bench_train.py`` writes for a run with ``--metrics_path NAME.json``; files of one run share ``NAME``:
+
+  NAME.json                     the dump (rank 0): status, summary, metrics (schema: tuning.benchmarking.schema)
+  NAME.json.rank<N>.error.json  the error report of failing rank N (any other error report counts as its own run)
+  NAME.journal.jsonl            rank 0's journal: without a dump, the only trace of the run
+
+One row per run: the chosen metadata labels (dotted keys reach into nested metadata; ``experiment``, ``host``,
+``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, error, or killed: a journal left without a dump
+or any error report, as after SIGKILL or the OOM killer), the root cause, throughput and step-time percentiles
+(warmup excluded), peak memory (process RSS; GPU: the most any device reserved), model load time and training steps.
+A run without a dump is summarised from its journal, up to where it ends.
+
+Root cause: the earliest failure by timestamp across all the run's reports (rank 0's is inside the dump), named with
+its category, rank and step, so an OOM on one rank is not drowned by the communication errors and interruptions it
+then causes on the others.
+
+Unreadable, cut-short and old-schema files are skipped with one line each on stderr; JSON files found in directories
+that are not benchmark files at all (model configs, tokenizers) are ignored silently.
+
+Outputs in ``--output_dir``: report.md, report.csv (raw numbers) and, with ``--x``, throughput.png and
+peak_memory.png (runs that ended ok or stopped, one line per ``--group`` value). Their paths are printed last.
+"""
+
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fire
+
+from tuning.benchmarking.dump import build_dump
+from tuning.benchmarking.journal import read_journal
+from tuning.benchmarking.schema import SCHEMA_VERSION, validate_dump
+
+RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
+JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
+REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
+TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
+PLOTTED_STATUSES = ("ok", "stopped")
+GB = 1e9
+MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
+
+
+@dataclass
+class Failure:
+    """One rank's failure, from its error report (or the dump's ``error`` for rank 0)."""
+
+    rank: int
+    category: str
+    step: int | None
+    time: datetime | None
+    message: str
+
+
+@dataclass
+class Run:
+    """Everything read for one run identity (``NAME``)."""
+
+    name: str
+    dump: dict[str, Any] | None = None
+    journal_dump: dict[str, Any] | None = None
+    journal_finished: bool = False
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.dump is not None:
+            return self.dump["status"]
+        if self.journal_dump is not None and self.journal_finished:
+            return self.journal_dump["status"]
+        return "error" if self.failures else "killed"
+
+    @property
+    def root_cause(self) -> Failure | None:
+        """The earliest failure; reports without a readable timestamp count after all timed ones."""
+        timed = sorted((f for f in self.failures if f.time is not None), key=lambda failure: failure.time)
+        untimed = [failure for failure in self.failures if failure.time is None]
+        return (timed + untimed)[0] if self.failures else None
+
+
+class Skipped(Exception):
+    """A file that cannot be used; the message says why, in one line."""
+
+
+def _parse_time(value: Any) -> datetime | None:
+    """Reports carry UTC ISO-8601 timestamps; one without a zone is taken as UTC too."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _failure(report: dict[str, Any]) -> Failure:
+    return Failure(
+        rank=report.get("rank", 0),
+        category=report["category"],
+        step=report.get("global_step"),
+        time=_parse_time(report.get("timestamp")),
+        message=str(report.get("message", "")).splitlines()[0] if report.get("message") else "",
+    )
+
+
+def find_files(inputs: list[str]) -> list[tuple[Path, bool]]:
+    """``(path, named)`` for every input file, ``named`` when given directly rather than found in a directory."""
+    found: dict[Path, bool] = {}
+    for item in inputs:
+        matches = [item] if os.path.exists(item) else sorted(glob.glob(item, recursive=True))
+        if not matches:
+            print(f"skipped {item}: no such file, directory or glob match", file=sys.stderr)
+        for match in map(Path, matches):
+            if match.is_dir():
+                for path in sorted([*match.rglob("*.json"), *match.rglob("*.journal.jsonl")]):
+                    if path.is_file():
+                        found.setdefault(path, False)
+            else:
+                found[match] = True
+    return list(found.items())
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise Skipped(f"not a text file ({exc.reason})") from exc
+    except json.JSONDecodeError as exc:
+        raise Skipped(f"not valid JSON, cut short or damaged ({exc.msg} at line {exc.lineno})") from exc
+
+
+def _check_report(report: dict[str, Any]) -> dict[str, Any]:
+    missing = [key for key in REPORT_KEYS if key not in report]
+    if missing:
+        raise Skipped(f"incomplete error report: missing {', '.join(missing)}")
+    return report
+
+
+def _check_dump(dump: dict[str, Any]) -> dict[str, Any]:
+    if dump["schema_version"] != SCHEMA_VERSION:
+        raise Skipped(f"dump schema_version {dump['schema_version']!r}; this report reads {SCHEMA_VERSION}")
+    problems = validate_dump(dump)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise Skipped(f"incomplete dump: {problems[0]}{more}")
+    return dump
+
+
+def _old_schema(data: dict[str, Any]) -> str | None:
+    """What an older benchmarking format looks like, so users learn why their file is not read."""
+    if {"error", "exception"} <= data.keys():
+        return "old-schema error file ({error, exception, ...}, no category): not read"
+    if "run_hash" in data and ({"train_time_start", "hostname"} & data.keys()):
+        return "old-schema dump (Aim-callback format without schema_version): not read"
+    return None
+
+
+def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> None:
+    """A dump or an error report, filed under its run; anything else is skipped (silently when found in a
+    directory and not benchmark-like at all)."""
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        if named:
+            raise Skipped(f"not a benchmark dump or error report (a JSON {type(data).__name__})")
+        return
+    rank_report = RANK_REPORT.match(path.name)
+    if rank_report or "category" in data:
+        metrics_name = rank_report["metrics_path"] if rank_report else path.name
+        run_for(str(path.parent / os.path.splitext(metrics_name)[0])).failures.append(_failure(_check_report(data)))
+    elif "schema_version" in data:
+        run_for(str(path.with_suffix(""))).dump = _check_dump(data)
+    elif old := _old_schema(data):
+        raise Skipped(old)
+    elif named:
+        raise Skipped("not a benchmark dump or error report (no schema_version or category)")
+
+
+def _read_journal(path: Path, run: Run) -> None:
+    try:
+        records = read_journal(str(path))
+        run.journal_dump = build_dump(records, rebuilt_from_journal=True)
+    except OSError as exc:
+        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Skipped(f"not a usable journal ({exc})") from exc
+    run.journal_finished = any(record["type"] == "end" for record in records)
+
+
+def load(files: list[tuple[Path, bool]]) -> list[Run]:
+    """Group the files by run identity and read them; each unusable file is named on stderr with the reason.
+
+    Journals are read last and only for runs without a readable dump: the dump already holds what they hold.
+    """
+    runs: dict[str, Run] = {}
+
+    def run_for(name: str) -> Run:
+        return runs.setdefault(name, Run(name))
+
+    journals = []
+    for path, named in files:
+        journal = JOURNAL.match(path.name)
+        try:
+            if journal is None:
+                _read_json_file(path, named, run_for)
+            elif journal["rank"] is None:  # other ranks' journals hold another node's system metrics only
+                journals.append((path, str(path.parent / journal["stem"])))
+        except Skipped as exc:
+            print(f"skipped {path}: {exc}", file=sys.stderr)
+    for path, name in journals:
+        run = run_for(name)
+        if run.dump is None:
+            try:
+                _read_journal(path, run)
+            except Skipped as exc:
+                print(f"skipped {path}: {exc}", file=sys.stderr)
+    for run in runs.values():
+        dump = run.dump or run.journal_dump
+        if dump is not None and dump["error"] and dump["error"].get("category"):
+            run.failures.append(_failure({"rank": dump["rank"], **dump["error"]}))
+    return [run for run in runs.values() if run.dump or run.journal_dump or run.failures]
+
+
+def label_value(run: Run, key: str) -> Any:
+    """A metadata value by dotted key (``model.name``), else one of the dump's top-level identity keys."""
+    dump = run.dump or run.journal_dump
+    if dump is None:
+        return None
+    value: Any = dump["metadata"]
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return dump.get(key) if key in TOP_LEVEL_LABELS else None
+        value = value[part]
+    return value
+
+
+def row(run: Run, labels: list[str]) -> dict[str, Any]:
+    """The table row of a run: raw values, formatted only when rendered."""
+    dump = run.dump or run.journal_dump
+    summary = dump["summary"] if dump else {}
+    cuda = summary.get("cuda") or []
+    cause = run.root_cause
+    return {
+        "run": run.name,
+        **{label: label_value(run, label) for label in labels},
+        "status": run.status,
+        "error_category": cause.category if cause else None,
+        "error_rank": cause.rank if cause else None,
+        "error_step": cause.step if cause else None,
+        "failed_ranks": " ".join(str(rank) for rank in sorted({f.rank for f in run.failures})) or None,
+        "tokens_per_second": summary.get("tokens_per_second"),
+        "step_time_p50_s": summary.get("step_time_p50"),
+        "step_time_p90_s": summary.get("step_time_p90"),
+        "peak_rss_bytes": summary.get("peak_rss_bytes"),
+        "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in cuda), default=None),
+        "model_load_time_s": summary.get("model_load_time"),
+        "training_steps": dump["training_steps"] if dump else None,
+        "error_message": cause.message if cause else None,
+    }
+
+
+def _format(key: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if key == "error_message" and len(value) > MESSAGE_WIDTH:
+        value = value[: MESSAGE_WIDTH - 1] + "…"
+    if key.endswith("_bytes"):
+        return f"{value / GB:.2f}"
+    if isinstance(value, float):
+        return f"{value:.1f}" if key == "tokens_per_second" else f"{value:.4g}"
+    text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table; byte columns shown in GB."""
+    columns = list(rows[0])
+    headers = [column.replace("_bytes", "_gb") for column in columns]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_format(key, r[key]) for key in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
+    """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when nothing to
+    draw."""
+    points = [r for r in rows if r["status"] in PLOTTED_STATUSES and r[metric] is not None and r[x] is not None]
+    if not points:
+        print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numeric = all(isinstance(r[x], int | float) and not isinstance(r[x], bool) for r in points)
+    categories = sorted({str(r[x]) for r in points})
+
+    def position(value: Any) -> float:
+        return value if numeric else categories.index(str(value))
+
+    scale = GB if metric.endswith("_bytes") else 1
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in points:
+        groups.setdefault(str(r[group]) if group else "", []).append(r)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, members in sorted(groups.items()):
+        xs = sorted({position(r[x]) for r in members})
+        medians = [statistics.median(r[metric] / scale for r in members if position(r[x]) == at) for at in xs]
+        line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
+        axes.scatter([position(r[x]) for r in members], [r[metric] / scale for r in members], color=line.get_color())
+    if not numeric:
+        axes.set_xticks(range(len(categories)), categories)
+    axes.set_xlabel(x)
+    axes.set_ylabel(ylabel)
+    axes.set_title(f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
+    axes.grid(alpha=0.3)
+    if group:
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+def _sort_key(value: Any) -> tuple[int, float, str]:
+    """Numbers in numeric order, then text, then missing values."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0.0, str(value)) if value is not None else (2, 0.0, "")
+
+
+def _names(value: Any) -> list[str]:
+    """fire hands ``a,b`` over as a tuple and ``a`` as a string."""
+    if value is None or value == ():
+        return []
+    if isinstance(value, list | tuple):
+        return [str(item) for item in value]
+    return [part for part in str(value).split(",") if part]
+
+
+def main(
+    *inputs: str, labels: Any = (), x: str | None = None, group: str | None = None, output_dir: str = "bench_report"
+) -> None:
+    """Report on benchmark runs: INPUTS are dumps, error reports and journals (files, directories or globs).
+
+    --labels: metadata keys shown as columns (comma-separated; dotted keys reach into nested metadata)
+    --x: metadata key on the plots' x axis (no plots without it); --group: one line per value of this key
+    --output_dir: where report.md, report.csv and the PNGs go (bench_report)
+    """
+    if not inputs:
+        raise SystemExit("give dumps, error reports or journals: files, directories or globs")
+    columns = list(dict.fromkeys([*_names(labels), *_names(x), *_names(group)]))
+    runs = load(find_files([str(item) for item in inputs]))
+    if not runs:
+        raise SystemExit("no readable runs in the inputs")
+    rows = sorted(
+        (row(run, columns) for run in runs), key=lambda r: [*map(_sort_key, (r[c] for c in columns)), r["run"]]
+    )
+    common = os.path.commonpath([os.path.abspath(os.path.dirname(r["run"])) for r in rows])
+    for r in rows:
+        r["run"] = os.path.relpath(r["run"], common)
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows)
+    print(table)
+    outputs = [out / "report.md", out / "report.csv"]
+    outputs[0].write_text(table, encoding="utf-8")
+    with outputs[1].open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    if x:
+        group_key = str(group) if group else None
+        memory = ("peak_rss_bytes", "peak process RSS (GB)")
+        if any(r["peak_gpu_memory_bytes"] is not None for r in rows):
+            memory = ("peak_gpu_memory_bytes", "peak GPU memory reserved (GB)")
+        for metric, ylabel, name in (("tokens_per_second", "tokens/s", "throughput.png"), (*memory, "peak_memory.png")):
+            if plot(rows, str(x), group_key, metric, ylabel, out / name):
+                outputs.append(out / name)
+    for path in outputs:
+        print(path)
+
+
+if __name__ == "__main__":
+    fire.Fire(main)
