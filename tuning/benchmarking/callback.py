@@ -40,8 +40,8 @@ def log_series(key: str) -> tuple[str, dict[str, str]]:
 class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
 
-    ``mirror(name, value, step, context)`` also receives every benchmark series point (not the trainer logs, which
-    trackers see themselves), e.g. to send them to Aim; system samples reach it with step None. With
+    ``mirror(name, value, step, context)`` also receives the step time, token throughput and system series (not the
+    trainer logs, which trackers see themselves), e.g. to send them to Aim; system samples reach it with step None. With
     ``system_metrics_interval`` a sampler runs from train begin to train end, its points labelled with the step in
     progress.
     """
@@ -65,7 +65,7 @@ class BenchmarkCallback(TrainerCallback):
         self.sampler = None
         if system_metrics_interval:
             self.sampler = SystemMetricsSampler(system_metrics_interval, self._system_point)
-        self.global_step = 0
+        self.global_step: int | None = None  # optimizer steps done; None until training begins
         self.stop_reason: str | None = None
         self._first_step = 0
         self._train_start = 0.0
@@ -79,15 +79,15 @@ class BenchmarkCallback(TrainerCallback):
 
     # ---- recording ----
 
-    def _point(self, name: str, value: float, step: int | None, context: dict[str, Any] | None = None) -> None:
+    def _point(self, name: str, value: float, step: int, mirrored: bool = False) -> None:
         if self.record is not None:
-            self.record.record(name, value, step=step, context=context)
-        if self.mirror is not None:
-            self.mirror(name, value, step, context or {})
+            self.record.record(name, value, step=step)
+        if mirrored and self.mirror is not None:
+            self.mirror(name, value, step, {})
 
     def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
         if self.record is not None:
-            self.record.record(name, value, step=self.global_step + 1, context=context)
+            self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
         if self.mirror is not None and self._main:
             self.mirror(name, value, None, context)
 
@@ -118,12 +118,12 @@ class BenchmarkCallback(TrainerCallback):
         self._last_step_end, self.global_step = now, step
         tokens, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
         if self._main:
-            self._point(STEP_TIME, duration, step)
+            self._point(STEP_TIME, duration, step, mirrored=True)
             global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
             self._point(STEP_SAMPLES, global_batch, step)
             if args.include_num_input_tokens_seen != "no":
                 self._point(STEP_TOKENS, tokens, step)
-                self._point(TOKENS_PER_SECOND, tokens / duration if duration > 0 else float("nan"), step)
+                self._point(TOKENS_PER_SECOND, tokens / duration if duration > 0 else float("nan"), step, mirrored=True)
         if self._last_warmup_step is not None:
             self._measured.append(duration)
         self._end_warmup_if_over(step, now - self._train_start)

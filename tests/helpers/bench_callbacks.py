@@ -1,0 +1,35 @@
+"""Callbacks the bench_train tests load with ``--callbacks tests.helpers.bench_callbacks:Name``: real slowness, a
+real stall and a real exception inside the training loop, injected through the wrapper's public extension point."""
+
+import os
+import time
+
+import torch
+from transformers import TrainerCallback
+
+STEP_SECONDS = 0.3
+STALL_SECONDS = 300
+
+
+class SlowSteps(TrainerCallback):
+    """Every optimizer step takes STEP_SECONDS longer: room to kill things mid-run, and steady step times."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(STEP_SECONDS)
+
+
+class StallAtStep2(TrainerCallback):
+    """After step 2 the training loop blocks, as in a deadlocked collective."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            time.sleep(STALL_SECONDS)
+
+
+class OutOfMemoryOnLastRank(TrainerCallback):
+    """The highest rank runs out of GPU memory when step 2 begins (torch's own exception, as CUDA raises it)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
