@@ -461,7 +461,9 @@ def run_with_error_reporting(
             return 0
         report = build_error_report(exc, global_step=global_step())
         write_termination_log(termination_line(report))
-        if not isinstance(exc, SystemExit):  # argparse already printed usage and message
+        # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
+        # printed its own.
+        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted):
             traceback.print_exception(exc, file=sys.stderr)
         print(error_marker(report), file=sys.stderr, flush=True)
         if on_error is not None:
