@@ -259,22 +259,31 @@ def train(
     return train_output, additional_metrics
 
 
-def main() -> None:
-    parser = get_parser()
-    args = parse_arguments(parser, read_job_config())
-    validate_arguments(args.model_args, args.data_args, args.training_args)
-    trackers = build_trackers(args.training_args.trackers, args.tracker_configs, args.training_args.output_dir)
-    callbacks = [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
-    train(
-        args.model_args,
-        args.data_args,
-        args.training_args,
-        peft_config=args.peft_config,
-        callbacks=callbacks,
-        trackers=trackers,
-        exp_metadata=args.exp_metadata,
-    )
+def main() -> int:
+    """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
+    from tuning.utils.error_reporting import GracefulStopCallback, TrainingInterrupted, run_with_error_reporting
+
+    def run() -> None:
+        parser = get_parser()
+        args = parse_arguments(parser, read_job_config())
+        validate_arguments(args.model_args, args.data_args, args.training_args)
+        trackers = build_trackers(args.training_args.trackers, args.tracker_configs, args.training_args.output_dir)
+        callbacks = [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
+        graceful_stop = GracefulStopCallback()
+        train(
+            args.model_args,
+            args.data_args,
+            args.training_args,
+            peft_config=args.peft_config,
+            callbacks=[*callbacks, graceful_stop],
+            trackers=trackers,
+            exp_metadata=args.exp_metadata,
+        )
+        if graceful_stop.received_signal is not None:
+            raise TrainingInterrupted(graceful_stop.received_signal)
+
+    return run_with_error_reporting(run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
