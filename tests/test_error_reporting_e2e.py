@@ -1,0 +1,225 @@
+"""End-to-end error reporting of ``python tuning/sft_trainer.py`` on the tiny model: real bad inputs, real faults
+inside training steps, real signals, and a real rank death under torchrun."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, run_sft_trainer, subprocess_env
+from tuning.utils.error_reporting import TERMINATION_LOG_MAX_BYTES
+
+MARKER = re.compile(r"^TUNING_ERROR category=(\w+) rank=(\d+) step=(\S+) exit_code=(\d+) type=", re.M)
+
+BAD_INPUTS = {
+    "missing data file": {"training_data_path": "{tmp}/missing.jsonl"},
+    "empty data file": {"training_data_path": "{tmp}/empty.jsonl"},
+    "malformed data file": {"training_data_path": "{tmp}/malformed.jsonl"},
+    "missing text field": {"dataset_text_field": "no_such_field"},
+    "unknown template key": {
+        "dataset_text_field": None,
+        "data_formatter_template": "### Input: {{no_such_key}}\n\n### Response: {{response}}",
+    },
+    "missing model path": {"model_name_or_path": "{tmp}/no-such-model"},
+    "zero epochs": {"max_steps": None, "num_train_epochs": "0"},
+    "unknown peft method": {"peft_method": "qlora"},
+    "unknown tracker": {"trackers": "no_such_tracker"},
+    "invalid exp_metadata JSON": {"exp_metadata": "{not json"},
+    "exp_metadata not an object": {"exp_metadata": "[1, 2]"},
+    "misspelled flag": {"learnig_rate": "1e-4"},
+}
+
+
+def termination_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def markers(stderr: str) -> list[tuple[str, str, str, str]]:
+    return MARKER.findall(stderr)
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tiny_model, tmp_path_factory):
+    """Every bad input run at once (each run is mostly interpreter start-up): name -> (process, termination log)."""
+    tmp = tmp_path_factory.mktemp("bad-inputs")
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "malformed.jsonl").write_text('{"output": "### Input: a\\n\\n### Response: b"}\n{"output": "unterminated\n')
+
+    def run(name: str):
+        extra = {key: value and value.replace("{tmp}", str(tmp)) for key, value in BAD_INPUTS[name].items()}
+        case_dir = tmp / re.sub(r"\W+", "-", name)
+        case_dir.mkdir()
+        log = case_dir / "termination-log"
+        args = cli_args(tiny_model, str(case_dir / "out"), **extra)
+        return name, (run_sft_trainer(args, timeout=240, TERMINATION_LOG_FILE=str(log)), log)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(run, BAD_INPUTS))
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_is_a_user_error_with_one_line_termination_log(bad_input_runs, name):
+    result, log = bad_input_runs[name]
+    assert 1 <= result.returncode <= 127, result.stderr[-3000:]
+    lines = termination_lines(log)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("user_error: ") and len(lines[0].encode()) < TERMINATION_LOG_MAX_BYTES
+    assert [m[0] for m in markers(result.stderr)] == ["user_error"]
+    assert "Traceback" not in result.stderr  # the message is the whole story
+    assert "Loading weights" not in result.stderr  # rejected before the model was loaded
+
+
+def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.fault_injection", *args],
+        env=subprocess_env(
+            FAULT=fault,
+            FAULT_STEP=str(step),
+            REPORT_PATH=str(tmp_path / "error_report.json"),
+            TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
+        ),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
+    result = run_fault_injection("gpu_oom", cli_args(tiny_model, str(tmp_path / "out"), max_steps=10), tmp_path, 3)
+    assert result.returncode == 204, result.stderr[-3000:]
+    report = json.loads((tmp_path / "error_report.json").read_text())
+    assert (report["category"], report["exit_code"], report["global_step"]) == ("gpu_oom", 204, 3)
+    assert report["exception_type"] == "torch.OutOfMemoryError"
+    assert "_inner_training_loop" in report["traceback"]
+    lines = termination_lines(tmp_path / "termination-log")
+    assert len(lines) == 1 and lines[0].startswith("gpu_oom: OutOfMemoryError: CUDA out of memory. Tried to allocate")
+    assert markers(result.stderr) == [("gpu_oom", "0", "3", "204")]
+
+
+def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
+    """One step of 32 x 512 tokens needs hundreds of MB; after step 1 the address space is capped just above use."""
+    filler = " ".join(f"word{i % 50} and more text" for i in range(400))
+    records = [{"output": f"### Input: q{i}\n\n### Response: {filler}"} for i in range(64)]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(record) + "\n" for record in records))
+    args = cli_args(tiny_model, str(tmp_path / "out"), data=str(data), max_steps=5, per_device_train_batch_size=32) + [
+        "--max_seq_length",
+        "512",
+    ]
+    result = run_fault_injection("host_oom", args, tmp_path, 1)
+    assert result.returncode == 205, result.stderr[-3000:]
+    report = json.loads((tmp_path / "error_report.json").read_text())
+    assert (report["category"], report["global_step"]) == ("host_oom", 1)
+    assert "training_step" in report["traceback"]  # the step failed, not start-up
+    lines = termination_lines(tmp_path / "termination-log")
+    assert len(lines) == 1 and lines[0].startswith("host_oom: ")
+
+
+def wait_for_training_loss(log: Path, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and '"training_loss"' in log.read_text():
+            return
+        assert process.poll() is None, "training ended before it logged a loss"
+        time.sleep(0.2)
+    raise AssertionError(f"no training_loss in {log} after {timeout} s")
+
+
+def finish(process: subprocess.Popen, timeout: float) -> str:
+    """Wait for ``process`` and return its stderr; kill it (failing the test) if it hangs."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+
+
+def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
+    log = tmp_path / "termination-log"
+    process = subprocess.Popen(
+        [sys.executable, SFT_TRAINER, *cli_args(tiny_model, str(tmp_path), max_steps=100_000)],
+        env=subprocess_env(TERMINATION_LOG_FILE=str(log)),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    training_logs = tmp_path / "training_logs.jsonl"
+    wait_for_training_loss(training_logs, process)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, timeout=60)
+    assert process.returncode == 143, stderr[-3000:]
+    assert termination_lines(log) == ["interrupted: TrainingInterrupted: training stopped by SIGTERM"]
+    [(category, rank, step, code)] = markers(stderr)
+    assert (category, rank, code) == ("interrupted", "0", "143")
+    records = [json.loads(line) for line in training_logs.read_text().splitlines()]
+    logged_steps = [record["data"]["step"] for record in records if record["name"] == "training_loss"]
+    assert logged_steps[-1] == int(step)  # every step up to the stop was logged and flushed
+    assert int(step) < 100_000
+
+
+def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the torchrun worker with ``RANK=rank``: a child of the launcher we started."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == launcher.pid and f"RANK={rank}".encode() in (stat.parent / "environ").read_bytes().split(
+                b"\0"
+            ):
+                return int(stat.parent.name)
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+    raise AssertionError(f"no worker with RANK={rank} under torchrun pid {launcher.pid}")
+
+
+def start_torchrun(tiny_model: str, tmp_path: Path) -> subprocess.Popen:
+    args = cli_args(tiny_model, str(tmp_path), max_steps=100_000, per_device_train_batch_size=2)
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+        + [SFT_TRAINER, *args, "--ddp_timeout", "30"],
+        env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log")),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
+    launcher = start_torchrun(tiny_model, tmp_path)
+    wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
+    started = time.monotonic()
+    os.kill(worker_pid(launcher, 1), signal.SIGKILL)
+    stderr = finish(launcher, timeout=120)
+    assert time.monotonic() - started < 60  # far below --ddp_timeout's worst case plus torchrun's grace period
+    [line] = termination_lines(tmp_path / "termination-log")  # the killed rank wrote nothing
+    survivor = [m for m in markers(stderr) if m[1] == "0"]
+    assert len(survivor) == 1, stderr[-3000:]
+    category = survivor[0][0]
+    # What rank 0 sees depends on timing: the dead peer's closed socket in a collective (communication) or, first,
+    # the SIGTERM torchrun sends to the remaining workers (interrupted).
+    assert category in ("communication", "interrupted")
+    assert line.startswith(f"{category}: rank 0: ")
+
+
+def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
+    launcher = start_torchrun(tiny_model, tmp_path)
+    wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
+    os.kill(worker_pid(launcher, 1), signal.SIGTERM)
+    stderr = finish(launcher, timeout=120)
+    found = sorted(markers(stderr), key=lambda marker: marker[1])
+    assert [(m[0], m[1], m[3]) for m in found] == [("interrupted", "0", "143"), ("interrupted", "1", "143")]
+    assert found[0][2] == found[1][2]  # both ranks stopped after the same optimizer step
+    assert sorted(termination_lines(tmp_path / "termination-log")) == [
+        "interrupted: rank 0: TrainingInterrupted: training stopped by SIGTERM",
+        "interrupted: rank 1: TrainingInterrupted: training stopped by SIGTERM",
+    ]
