@@ -1,0 +1,212 @@
+"""wrappers/bench_report.py on the files of real bench_train runs of the tiny model: ok, stopped, OOM-injected,
+SIGKILLed, and a 2-rank torchrun job whose last rank runs out of memory. The runs are made once per session, all
+at the same time; faults come in through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
+
+import csv
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tuning.benchmarking.journal import journal_path
+from tuning.benchmarking.schema import STEP_TIME
+
+BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
+BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
+HELPERS = "tests.helpers.bench_callbacks"
+
+# name → (metadata, extra bench_train flags, torchrun); output dirs land beside the dumps on purpose: the report
+# must ignore the model files it finds there.
+RUNS = {
+    "ok-a2": ({"model": "a", "batch_size": 2}, {"per_device_train_batch_size": 2}, False),
+    "ok-a4": ({"model": "a", "batch_size": 4}, {}, False),
+    "stopped-b4": (
+        {"model": "b", "batch_size": 4},
+        {"max_steps": 500, "stop_after_seconds": 2, "callbacks": f"{HELPERS}:SlowSteps"},
+        False,
+    ),
+    "oom-a8": (
+        {"model": "a", "batch_size": 8},
+        {"per_device_train_batch_size": 8, "callbacks": f"{HELPERS}:OutOfMemoryOnLastRank"},
+        False,
+    ),
+    "killed-b8": (
+        {"model": "b", "batch_size": 8},
+        {"per_device_train_batch_size": 8, "max_steps": 500, "callbacks": f"{HELPERS}:SlowSteps"},
+        False,
+    ),
+    "ranks-b2": (
+        {"model": "b", "batch_size": 2},
+        {"per_device_train_batch_size": 2, "max_steps": 6, "callbacks": f"{HELPERS}:OutOfMemoryOnLastRank"},
+        True,
+    ),
+}
+EXPECTED = {  # name → (status, root-cause category, root-cause rank)
+    "ok-a2": ("ok", "", ""),
+    "ok-a4": ("ok", "", ""),
+    "stopped-b4": ("stopped", "", ""),
+    "oom-a8": ("error", "gpu_oom", "0"),
+    "killed-b8": ("killed", "", ""),
+    "ranks-b2": ("error", "gpu_oom", "1"),
+}
+
+
+def start(name: str, model: str, runs_dir: Path) -> subprocess.Popen:
+    metadata, extra, torchrun = RUNS[name]
+    flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, **extra}
+    args = cli_args(
+        model, str(runs_dir / name), metrics_path=runs_dir / f"{name}.json", metadata=json.dumps(metadata), **flags
+    )
+    launcher = [sys.executable]
+    if torchrun:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    return subprocess.Popen(
+        [*launcher, str(BENCH_TRAIN), *args],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def logged_steps(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    lines = journal.read_text().splitlines()[:-1]  # the last line may be mid-write
+    return sum(1 for record in map(json.loads, lines) if record.get("name") == STEP_TIME)
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tiny_model, tmp_path_factory) -> Path:
+    """One directory with the dumps, journals and rank reports of every run in RUNS."""
+    runs_dir = tmp_path_factory.mktemp("bench-runs")
+    processes = {name: start(name, tiny_model, runs_dir) for name in RUNS}
+    killed = processes["killed-b8"]
+    journal = Path(journal_path(str(runs_dir / "killed-b8.json")))
+    deadline = time.monotonic() + 300
+    while logged_steps(journal) < 2:
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run to be killed did not get going"
+        time.sleep(0.2)
+    killed.send_signal(signal.SIGKILL)
+    for name, process in processes.items():
+        _, stderr = process.communicate(timeout=300)
+        assert (process.returncode == 0) == (EXPECTED[name][0] in ("ok", "stopped")), f"{name}: {stderr[-3000:]}"
+    return runs_dir
+
+
+@pytest.fixture(scope="module")
+def bench_report():
+    """The script as a module, for checks below the command line."""
+    spec = importlib.util.spec_from_file_location("bench_report", BENCH_REPORT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH_REPORT), *args],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with path.open(newline="") as handle:
+        return {row["run"]: row for row in csv.DictReader(handle)}
+
+
+def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
+    out = tmp_path / "report"
+    result = report(
+        str(runs_dir), "--labels", "model,batch_size", "--x", "batch_size", "--group", "model", "--output_dir", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "skipped" not in result.stderr  # model configs and tokenizers beside the dumps are not benchmark files
+    outputs = [out / name for name in ("report.md", "report.csv", "throughput.png", "peak_memory.png")]
+    assert result.stdout.split()[-4:] == [str(path) for path in outputs]
+
+    rows = read_csv(out / "report.csv")
+    assert set(rows) == set(RUNS)
+    for name, (status, category, rank) in EXPECTED.items():
+        row = rows[name]
+        assert (row["status"], row["error_category"], row["error_rank"]) == (status, category, rank), name
+        metadata = RUNS[name][0]
+        assert (row["model"], row["batch_size"]) == (metadata["model"], str(metadata["batch_size"]))
+    for name in ("ok-a2", "ok-a4"):
+        assert rows[name]["training_steps"] == "3"
+        assert float(rows[name]["tokens_per_second"]) > 0 and float(rows[name]["peak_rss_bytes"]) > 0
+        assert 0 < float(rows[name]["step_time_p50_s"]) <= float(rows[name]["step_time_p90_s"])
+        assert float(rows[name]["model_load_time_s"]) > 0
+    assert 0 < int(rows["stopped-b4"]["training_steps"]) < 500
+    assert int(rows["killed-b8"]["training_steps"]) >= 2  # what the journal held when the run was killed
+    assert rows["oom-a8"]["training_steps"] == "2" and "injected by the test" in rows["oom-a8"]["error_message"]
+    assert rows["ranks-b2"]["failed_ranks"] == "0 1"
+
+    table = (out / "report.md").read_text().splitlines()
+    assert table[0].startswith("| run | model | batch_size | status | error_category |") and len(table) == 2 + len(RUNS)
+    assert "| killed-b8 | b | 8 | killed |" in (out / "report.md").read_text()
+    for png in outputs[2:]:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
+    """Rank 0 reports the interruption (or lost peer) that rank 1's OOM caused; the report blames rank 1."""
+    files = sorted(runs_dir.glob("ranks-b2.json*"))
+    assert {path.name for path in files} == {"ranks-b2.json", "ranks-b2.json.rank1.error.json"}
+    for ordered in (files, files[::-1]):
+        (run,) = bench_report.load([(path, True) for path in ordered])
+        cause = run.root_cause
+        assert (cause.category, cause.rank, cause.step) == ("gpu_oom", 1, 2)
+        others = [failure.category for failure in run.failures if failure.rank == 0]
+        assert others and others[0] in ("communication", "interrupted")
+
+
+def test_malformed_and_old_inputs_are_skipped_with_a_reason(runs_dir, tmp_path):
+    good = runs_dir / "ok-a2.json"
+    dump = json.loads(good.read_text())
+    bad = {
+        "cut.json": (good.read_text()[: len(good.read_text()) // 2], "not valid JSON"),
+        "old-version.json": (json.dumps({**dump, "schema_version": 0}), "schema_version 0; this report reads 1"),
+        "no-summary.json": (json.dumps({k: v for k, v in dump.items() if k != "summary"}), "missing key 'summary'"),
+        "ado.json": (
+            json.dumps({"run_hash": "abc", "metrics": [], "hostname": "h", "train_time_start": 1.0}),
+            "old-schema dump",
+        ),
+        "ado_error.json": (json.dumps({"error": "OOM", "exception": "...", "run_hash": None}), "old-schema error"),
+        "x.json.rank1.error.json": (json.dumps({"category": "gpu_oom", "rank": 1}), "missing timestamp"),
+        "damaged.journal.jsonl": (
+            "\n".join(['{"type": "start"}', "garbage", '{"type": "end"}']) + "\n",
+            "not a usable journal",
+        ),
+        "list.json": ("[1, 2]", "not a benchmark dump or error report"),
+    }
+    for name, (text, _) in bad.items():
+        (tmp_path / name).write_text(text)
+    result = report(str(good), *(str(tmp_path / name) for name in bad), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == len(bad)
+    for name, (_, reason) in bad.items():
+        line = next(line for line in skipped if line.startswith(f"skipped {tmp_path / name}: "))
+        assert reason in line, line
+    assert list(read_csv(tmp_path / "out" / "report.csv")) == ["ok-a2"]
+
+
+def test_nothing_readable_is_an_error(tmp_path):
+    (tmp_path / "cut.json").write_text('{"schema_version": 1, "sta')
+    result = report(str(tmp_path / "cut.json"), str(tmp_path / "missing-*.json"), "--output_dir", str(tmp_path))
+    assert result.returncode != 0
+    assert "skipped" in result.stderr and "no such file, directory or glob match" in result.stderr
+    assert "no readable runs" in result.stderr
