@@ -29,8 +29,11 @@ class AimConfig:
         metadata={"help": "Seconds between Aim's own system-metric samples; unset disables them."},
     )
     aim_close_timeout: float = field(
-        default=10.0,
-        metadata={"help": "Seconds to wait for Aim to close its run before giving up on it."},
+        default=30.0,
+        metadata={
+            "help": "Seconds any single Aim call (run creation, a write, the final close) may block before Aim is "
+            "abandoned for the rest of the job (training goes on; tracking stops)."
+        },
     )
 
 

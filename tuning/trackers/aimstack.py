@@ -13,12 +13,13 @@ hook or a garbage-collected Aim object closes it, which would keep a finished jo
 thread. So tracking *degrades* instead: the first failure logs one warning, sets ``degraded_reason``, and from then on
 the callback never calls Aim again and detaches Aim's atexit hook and finalizers. Failures are
 
-- a call still running after ``timeout`` seconds (checked at the next call and at close);
+- a single call still running after ``timeout`` seconds (checked at every call and while closing);
 - a remote server that no longer accepts TCP connections: probed at most every few seconds and before closing, since
   Aim's client does not report a dead server;
 - any exception raised by Aim (unwritable repo, refused connection).
 
-Closing waits at most ``timeout`` seconds, at the end of training or, when training raised, at exit.
+Closing (at the end of training or, when training raised, at exit) waits for the queued calls under the same
+bound, so a job never waits for Aim longer than ``timeout`` seconds past its last progress.
 
 Only global rank 0 does anything, so a job makes one run whatever its world size. Aim's own ``pkg_resources``-based
 package listing crashes on setuptools >= 81; installed package versions are recorded from ``importlib.metadata``
@@ -107,7 +108,7 @@ class SafeAimCallback(TrainerCallback):
         repo: str,
         experiment: str | None = None,
         system_tracking_interval: float | None = None,
-        timeout: float = 10.0,
+        timeout: float = 30.0,
         run_hash_export_dir: str | None = None,
     ):
         self.repo = repo
@@ -156,7 +157,7 @@ class SafeAimCallback(TrainerCallback):
         self._call(record, f"setting the run param {name}")
 
     def close(self) -> None:
-        """Finish the run, waiting at most ``timeout`` seconds before giving up on Aim."""
+        """Flush the queued calls and finish the run; gives up on Aim when one call runs over ``timeout``."""
         with self._state_lock:
             if not self._enabled or self._closed:
                 return
@@ -165,22 +166,28 @@ class SafeAimCallback(TrainerCallback):
             return
         done = threading.Event()
         self._tasks.put(("closing the Aim run", self._finish, done))
-        if not done.wait(self.timeout):
-            self._degrade(f"closing the Aim run took more than {self.timeout:g}s")
+        # Calls still queued may legitimately take a while (a new repo is initialised on first use): give up only
+        # when a single call overruns its bound.
+        while not done.wait(0.1):
+            if self._blocked():
+                return
 
     def _call(self, fn: Callable[[Run], Any], what: str = "an Aim call") -> None:
         """Run ``fn(run)`` on the Aim thread, after every earlier call; dropped once tracking stopped."""
-        if not self._enabled or self.degraded or self._closed:
-            return
-        busy = self._busy
-        if busy is not None and time.monotonic() - busy[1] > self.timeout:
-            self._degrade(f"{busy[0]} blocked for more than {self.timeout:g}s")
+        if not self._enabled or self._closed or self._blocked():
             return
         with self._state_lock:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="aim-tracker", daemon=True)
                 self._worker.start()
         self._tasks.put((what, lambda: fn(self._ensure_run()), None))
+
+    def _blocked(self) -> bool:
+        """Whether tracking stopped; stops it when the current Aim call has run for more than ``timeout``."""
+        busy = self._busy
+        if busy is not None and time.monotonic() - busy[1] > self.timeout:
+            self._degrade(f"{busy[0]} blocked for more than {self.timeout:g}s")
+        return self.degraded
 
     # ---- trainer hooks ----
 
