@@ -1,0 +1,167 @@
+"""``sft_trainer --tracker aim`` end to end on the tiny model: real jobs, a real Aim server, real failures.
+
+Jobs run as users run them (``python tuning/sft_trainer.py …``, torchrun for the seed command); the three jobs
+that only need a healthy setup run concurrently to keep this file short on two cores.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
+from tests.test_aim_tracker import METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tests.test_train import SEED_COMMAND
+from tuning.sft_trainer import main
+from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME
+
+METADATA_FLAG = json.dumps(METADATA)
+MAX_STEPS = 4
+
+
+def start_job(args: list[str], workdir: Path) -> subprocess.Popen:
+    """Start one CLI job; its output goes to files, so concurrent jobs never block on a full pipe."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, SFT_TRAINER, *args],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        stdout=open(workdir / "stdout", "w"),  # noqa: SIM115 - closed when the child exits
+        stderr=open(workdir / "stderr", "w"),  # noqa: SIM115
+    )
+
+
+def finish(job: subprocess.Popen, workdir: Path, timeout: float = 300) -> str:
+    """Wait for the job; returns its stderr after checking it succeeded."""
+    job.wait(timeout=timeout)
+    stderr = (workdir / "stderr").read_text()
+    assert job.returncode == 0, stderr[-3000:]
+    return stderr
+
+
+def loss_steps(output_dir: Path) -> list[int]:
+    records = [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
+    return [record["data"]["step"] for record in records if record["name"] == "training_loss"]
+
+
+def aim_job_args(model: str, output_dir: Path, max_steps: int = MAX_STEPS, **aim_flags: str) -> list[str]:
+    """A short job tracked by the file logger and Aim together; Aim's trouble must not touch the file logger."""
+    args = cli_args(model, str(output_dir), max_steps=max_steps, per_device_train_batch_size=4)
+    args += ["--trackers", "file_logger", "aim", "--experiment", "e2e", "--exp_metadata", METADATA_FLAG]
+    for flag, value in aim_flags.items():
+        args += [f"--{flag}", value]
+    return args
+
+
+def check_run(run: dict, output_dir: Path, max_steps: int = MAX_STEPS) -> None:
+    assert json.loads((output_dir / RUN_HASH_FILENAME).read_text()) == {"run_hash": run["hash"]}
+    assert run["experiment"] == "e2e"
+    assert run["params"]["experiment_metadata"] == METADATA
+    assert sorted(series(run, "loss")) == list(range(1, max_steps + 1))
+    assert len(series(run, "model_load_time", {"subset": "additional_metrics"})) == 1
+
+
+@pytest.fixture(scope="module")
+def healthy_jobs(tiny_model, tmp_path_factory):
+    """A local-repo job, a live-server job and a job whose server never existed, run at the same time."""
+    root = tmp_path_factory.mktemp("aim-e2e")
+    server = AimServer(root / "server-repo")
+    try:
+        flags = {
+            "local": {"aim_repo": str(root / "local-repo")},
+            "remote": {"aim_remote_server_ip": "127.0.0.1", "aim_remote_server_port": str(server.port)},
+            "never": {"aim_url": f"aim://127.0.0.1:{free_port()}"},
+        }
+        jobs = {
+            name: start_job(aim_job_args(tiny_model, root / name, **flag), root / name) for name, flag in flags.items()
+        }
+        stderr = {name: finish(job, root / name) for name, job in jobs.items()}
+    finally:
+        server.stop()
+    return root, server, stderr
+
+
+def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
+    root, _server, stderr = healthy_jobs
+    assert DEGRADED_WARNING not in stderr["local"]
+    (run,) = read_runs(root / "local-repo", METADATA_QUERY)
+    check_run(run, root / "local")
+    assert loss_steps(root / "local") == list(range(1, MAX_STEPS + 1))
+
+
+def test_live_server_gets_the_same_run(healthy_jobs):
+    root, server, stderr = healthy_jobs
+    assert DEGRADED_WARNING not in stderr["remote"]
+    (run,) = read_runs(server.repo, METADATA_QUERY)
+    check_run(run, root / "remote")
+
+
+def test_server_that_never_existed_costs_one_warning(healthy_jobs):
+    root, _server, stderr = healthy_jobs
+    assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
+    assert loss_steps(root / "never") == list(range(1, MAX_STEPS + 1))
+    assert not (root / "never" / RUN_HASH_FILENAME).exists()
+
+
+def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_model, tmp_path):
+    max_steps = 100  # 10-30 s of training here: the kill lands early, most steps run against a dead server
+    server = AimServer(tmp_path / "server-repo")
+    try:
+        output_dir = tmp_path / "job"
+        job = start_job(aim_job_args(tiny_model, output_dir, max_steps=max_steps, aim_url=server.url), output_dir)
+        logs, run_hash_file = output_dir / "training_logs.jsonl", output_dir / RUN_HASH_FILENAME
+        deadline = time.monotonic() + 240
+        while not (run_hash_file.exists() and logs.exists() and '"training_loss"' in logs.read_text()):
+            assert job.poll() is None and time.monotonic() < deadline, "the job never got its run and a step"
+            time.sleep(0.1)
+        server.kill()
+        stderr = finish(job, output_dir, timeout=240)
+        exited_at = time.time()
+    finally:
+        server.kill()
+    assert loss_steps(output_dir) == list(range(1, max_steps + 1))
+    assert stderr.count(DEGRADED_WARNING) == 1 and "unreachable" in stderr
+    last_log = json.loads(logs.read_text().splitlines()[-1])["data"]["timestamp"]
+    assert exited_at - last_log < 30, "the job lingered after training ended"  # saving + interpreter teardown
+
+
+def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_train, tmp_path):
+    repo, output_dir = tmp_path / "aim", tmp_path / "out"
+    command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=output_dir)
+    command += f"--tracker aim --aim_repo {repo} --experiment sft-llama7b-test --exp_metadata '{METADATA_FLAG}'"
+    env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    result = subprocess.run(command, shell=True, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert DEGRADED_WARNING not in result.stderr
+    (run,) = read_runs(repo)
+    assert read_runs(repo, f'{METADATA_QUERY} and run.experiment == "sft-llama7b-test"')[0]["hash"] == run["hash"]
+    assert run["params"]["experiment_metadata"] == METADATA
+    assert len(series(run, "model_load_time", {"subset": "additional_metrics"})) == 1
+    assert series(run, "loss", {"subset": "train"})  # the trainer's final train_loss
+    assert json.loads((output_dir / RUN_HASH_FILENAME).read_text()) == {"run_hash": run["hash"]}
+
+
+BAD_INPUTS = {
+    "unknown tracker": (["--trackers", "file_logger", "aimm"], "unknown tracker(s) ['aimm']"),
+    "aim without repo or server": (["--trackers", "file_logger", "aim"], "--aim_repo DIR or an Aim server"),
+    "invalid metadata JSON": (["--exp_metadata", "{gpu_model: A100}"], "--exp_metadata is not valid JSON"),
+    "metadata not an object": (["--exp_metadata", '["A100"]'], "--exp_metadata must be a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_tracker_input_fails_clearly_before_the_model_loads(case, tiny_model, tmp_path, monkeypatch, capsys):
+    """The CLI's ``main()`` in this process: each rejection happens while reading arguments, so no job is needed."""
+    extra, message = BAD_INPUTS[case]
+    monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *cli_args(tiny_model, str(tmp_path)), *extra])
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(tmp_path / "termination-log"))
+    assert main() == 1
+    stderr = capsys.readouterr().err
+    assert message in stderr and "Traceback" not in stderr
+    assert message in (tmp_path / "termination-log").read_text()
+    # The file logger records model_load_time right after loading: the job stopped before that.
+    assert not (tmp_path / "training_logs.jsonl").exists()
