@@ -23,8 +23,8 @@ internal       203     anything else (the code fms-hf-tuning uses)
 =============  ======  ======================================================================================
 
 Termination log: one line ``<category>: [rank N: ]<Type>: <message>`` of at most 1 KiB, no traceback, appended to
-``$TERMINATION_LOG_FILE``, else to ``/dev/termination-log`` when it exists and is writable. stderr marker, the last line
-a failed run prints: ``TUNING_ERROR category=gpu_oom rank=0 step=3 exit_code=204 type=OutOfMemoryError: <message>``
+``$TERMINATION_LOG_FILE``, else to ``/dev/termination-log`` when it exists and is writable. stderr marker, printed after
+the traceback: ``TUNING_ERROR category=gpu_oom rank=0 step=3 exit_code=204 type=OutOfMemoryError: <message>``
 (``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``.
 
 A "CUDA error: device-side assert triggered" is ``internal``, not ``device_error``: it is a deterministic kernel check
