@@ -88,10 +88,10 @@ class TrainingArguments(transformers.TrainingArguments):
     )
 
     def __post_init__(self):
-        # fms-hf-tuning scripts pass --bf16 True; transformers 5 rejects that without an accelerator unless use_cpu
-        # is set. On a machine with no accelerator at all, CPU bf16 is what the user gets, so say so and go on.
-        if (self.bf16 or self.bf16_full_eval) and not self.use_cpu and not _has_accelerator():
-            logger.warning("no accelerator found: training on the CPU (use_cpu=True) with bf16 autocast")
+        # Without an accelerator, transformers 5 trains distributed (torchrun, gloo) only with use_cpu set, and
+        # rejects fms-hf-tuning's usual --bf16 True without it: on a CPU-only machine, the CPU is what users mean.
+        if not self.use_cpu and not _has_accelerator():
+            logger.info("no accelerator found: training on the CPU (use_cpu=True)")
             self.use_cpu = True
         if self.warmup_ratio is not None:
             if not 0 <= self.warmup_ratio < 1:
