@@ -31,7 +31,12 @@ from tuning.data.loading import load_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.trackers import Tracker, build_trackers
 from tuning.utils.config_utils import read_job_config
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_reporting import (
+    GracefulStopCallback,
+    TrainingInterrupted,
+    UserInputError,
+    run_with_error_reporting,
+)
 
 logger = logging.getLogger("tuning.sft_trainer")
 
@@ -261,7 +266,6 @@ def train(
 
 def main() -> int:
     """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
-    from tuning.utils.error_reporting import GracefulStopCallback, TrainingInterrupted, run_with_error_reporting
 
     def run() -> None:
         parser = get_parser()
