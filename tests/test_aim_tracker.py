@@ -176,7 +176,12 @@ def test_constructor_touches_nothing(tmp_path):
 
 def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplog):
     repo, output_dir, export_dir = tmp_path / "new" / "repo", tmp_path / "out", tmp_path / "export"
-    config = AimConfig(aim_repo=str(repo), experiment="sft-llama7b-test", aim_run_id_export_path=str(export_dir))
+    config = AimConfig(
+        aim_repo=str(repo),
+        experiment="sft-llama7b-test",
+        aim_run_id_export_path=str(export_dir),
+        aim_system_tracking_interval=0.5,
+    )
     tracker = AimStackTracker(config, str(output_dir))
     # train() reports these before the trainer (and so the run) exists.
     tracker.set_params(METADATA, "experiment_metadata")
@@ -194,6 +199,7 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
     assert series(run, "model_load_time", {"subset": "additional_metrics"}) == {0: 1.25}
     assert series(run, "loss", {"subset": "train"}) == {5: 0.4}  # the trainer's final train_loss
+    assert any(name.startswith("__system__") for name, _context in run["metrics"])  # Aim's own sampler
     assert read_runs(repo, 'run.experiment_metadata.dataset_id == "another-dataset"') == []
 
 
@@ -299,7 +305,7 @@ def test_server_that_never_existed(tmp_path, caplog):
 
 DRIVER = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, sys, threading, time
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from tuning.config.tracker_configs import AimConfig
     from tuning.trackers.aimstack import AimStackTracker
@@ -328,8 +334,14 @@ DRIVER = textwrap.dedent(
         time.sleep(0.1)
     start = time.monotonic()
     callback.on_train_end(args, state, control)
-    print(json.dumps({"close_s": time.monotonic() - start, "slowest_call_s": slowest, "ended_at": time.time(),
-                      "degraded_reason": tracker.degraded_reason, "run_hash": tracker.run_hash}), flush=True)
+    close_s = time.monotonic() - start
+    sampler_alive = lambda: any("_stat_collector" in thread.name for thread in threading.enumerate())  # noqa: E731
+    deadline = time.monotonic() + 2
+    while sampler_alive() and time.monotonic() < deadline:  # Aim's sampler must stop too once Aim is given up
+        time.sleep(0.05)
+    report = {"close_s": close_s, "slowest_call_s": slowest, "ended_at": time.time(), "sampler_alive": sampler_alive()}
+    report.update(degraded_reason=tracker.degraded_reason, run_hash=tracker.run_hash)
+    print(json.dumps(report), flush=True)
     """
 )
 
@@ -362,12 +374,13 @@ def run_driver(tmp_path: Path, config: dict, steps: int = 10, pause_at: int = 0,
 def test_server_killed_mid_run_costs_a_warning_not_the_job(tmp_path):
     server = AimServer(tmp_path / "server-repo")
     try:
-        config = {"aim_url": server.url, "aim_close_timeout": 10}
+        config = {"aim_url": server.url, "aim_close_timeout": 10, "aim_system_tracking_interval": 0.5}
         report = run_driver(tmp_path, config, steps=12, pause_at=4, on_pause=server.kill)
     finally:
         server.kill()
     assert report["run_hash"] and "unreachable" in report["degraded_reason"]
     assert report["warnings"] == 1
+    assert not report["sampler_alive"]
     assert report["slowest_call_s"] < 0.5
     assert report["close_s"] < 3
     assert report["exit_s"] < 15

@@ -92,7 +92,13 @@ def _drop_aim_cleanup() -> None:
     that run whenever the garbage collector meets them, possibly on the training thread; both go.
     """
     atexit.unregister(AutoClean.cleanup)
-    for _priority, finalizer in list(AutoClean._finalizers.values()):
+    while True:
+        try:
+            finalizers = [finalizer for _priority, finalizer in AutoClean._finalizers.values()]
+            break
+        except RuntimeError:  # the Aim thread registered an object meanwhile
+            continue
+    for finalizer in finalizers:
         finalizer.detach()
 
 
@@ -235,10 +241,7 @@ class SafeAimCallback(TrainerCallback):
         while True:
             what, task, done = self._tasks.get()
             try:
-                if self.degraded:
-                    # A call that unblocked late may have created Aim objects with cleanups of their own.
-                    _drop_aim_cleanup()
-                else:
+                if not self.degraded:
                     self._run_task(what, task)
             finally:
                 if done is not None:
@@ -255,6 +258,9 @@ class SafeAimCallback(TrainerCallback):
             self._degrade(f"{self._busy[0]} failed: {exc!r}")
         finally:
             self._busy = None
+            if self.degraded:
+                # Also when the call unblocked only after Aim was given up: it may have created Aim objects since.
+                _drop_aim_cleanup()
 
     def _finish(self) -> None:
         if self._run is not None:
@@ -314,6 +320,9 @@ class SafeAimCallback(TrainerCallback):
                 return
             self.degraded_reason = reason
         _drop_aim_cleanup()
+        sampler = getattr(self._run, "_system_resource_tracker", None)
+        if sampler is not None:
+            sampler._shutdown = True  # Aim's own sampler thread would keep queueing writes nobody sends
         logger.warning("%s: %s", DEGRADED_WARNING, reason)
 
 
