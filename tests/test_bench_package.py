@@ -128,13 +128,16 @@ def test_validate_dump_reports_every_problem(tmp_path):
 
 
 def test_stop_rule():
+    def reason(rule: StopRule, elapsed: float, times: list[float]) -> str | None:
+        return rule.reason(elapsed, len(times), sum(times), times[-rule.min_steps :])
+
     budget = StopRule(stop_after_seconds=10)
-    assert budget.reason(9.9, []) is None and budget.reason(10, []) == "stop_after_seconds"
+    assert reason(budget, 9.9, []) is None and reason(budget, 10, []) == "stop_after_seconds"
     auto = StopRule(auto_stop=True, min_steps=3, min_seconds=1.0, tolerance=0.05)
-    assert auto.reason(100, [0.5, 0.5]) is None  # too few steps
-    assert auto.reason(100, [0.2, 0.2, 0.2]) is None  # too few seconds
-    assert auto.reason(100, [1.0, 0.5, 0.9]) is None  # not settled
-    assert auto.reason(100, [3.0, 0.5, 0.51, 0.5]) == "auto_stop"  # the last window settled
+    assert reason(auto, 100, [0.5, 0.5]) is None  # too few steps
+    assert reason(auto, 100, [0.2, 0.2, 0.2]) is None  # too few seconds
+    assert reason(auto, 100, [1.0, 0.5, 0.9]) is None  # not settled
+    assert reason(auto, 100, [3.0, 0.5, 0.51, 0.5]) == "auto_stop"  # the last window settled
     assert not StopRule().active
     for bad in (dict(stop_after_seconds=0), dict(min_steps=1), dict(tolerance=-1)):
         with pytest.raises(UserInputError):

@@ -12,8 +12,10 @@ the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with
 all-reduced (MAX, on a CPU group) at every step end, so every rank stops after the same step.
 """
 
+import math
 import numbers
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ from tuning.benchmarking.watchdog import StallWatchdog
 
 Mirror = Callable[[str, float, int | None, dict[str, Any]], None]
 _LOG_PREFIXES = ("train_", "eval_", "test_")
+_MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
 
 
 def log_series(key: str) -> tuple[str, dict[str, str]]:
@@ -72,18 +75,14 @@ class BenchmarkCallback(TrainerCallback):
         self._last_step_end = 0.0
         self._tokens_seen = 0
         self._last_warmup_step: int | None = None
-        self._measured: list[float] = []
+        self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup
+        self._measured_steps = 0
+        self._measured_seconds = 0.0
         self._main = False
         self._group: Any = None
         self._joint = False
 
     # ---- recording ----
-
-    def _point(self, name: str, value: float, step: int, mirrored: bool = False) -> None:
-        if self.record is not None:
-            self.record.record(name, value, step=step)
-        if mirrored and self.mirror is not None:
-            self.mirror(name, value, step, {})
 
     def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
         if self.record is not None:
@@ -118,14 +117,20 @@ class BenchmarkCallback(TrainerCallback):
         self._last_step_end, self.global_step = now, step
         tokens, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
         if self._main:
-            self._point(STEP_TIME, duration, step, mirrored=True)
             global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            self._point(STEP_SAMPLES, global_batch, step)
+            points = [(STEP_TIME, duration), (STEP_SAMPLES, global_batch)]
             if args.include_num_input_tokens_seen != "no":
-                self._point(STEP_TOKENS, tokens, step)
-                self._point(TOKENS_PER_SECOND, tokens / duration if duration > 0 else float("nan"), step, mirrored=True)
+                points += [(STEP_TOKENS, tokens), (TOKENS_PER_SECOND, tokens / duration if duration > 0 else math.nan)]
+            if self.record is not None:
+                self.record.record_many([(name, value, step, None) for name, value in points])
+            if self.mirror is not None:
+                for name, value in points:
+                    if name in _MIRRORED:
+                        self.mirror(name, value, step, {})
         if self._last_warmup_step is not None:
-            self._measured.append(duration)
+            self._recent.append(duration)
+            self._measured_steps += 1
+            self._measured_seconds += duration
         self._end_warmup_if_over(step, now - self._train_start)
         if self.stop_rule.active:
             self._decide_stop(control, now - self._train_start)
@@ -135,10 +140,12 @@ class BenchmarkCallback(TrainerCallback):
         self._beat()
         if not self._main or self.record is None or not logs:
             return
-        for key, value in logs.items():
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
-                name, context = log_series(key)
-                self.record.record(name, value, step=state.global_step, context=context)
+        points = [
+            (*log_series(key), value)
+            for key, value in logs.items()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ]
+        self.record.record_many([(name, value, state.global_step, context) for name, context, value in points])
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._beat()
@@ -180,7 +187,8 @@ class BenchmarkCallback(TrainerCallback):
                 self.record.note(warmup_steps=step, warmup_seconds=elapsed)
 
     def _decide_stop(self, control, elapsed: float) -> None:
-        code = reason_code(self.stop_rule.reason(elapsed, self._measured))
+        reason = self.stop_rule.reason(elapsed, self._measured_steps, self._measured_seconds, self._recent)
+        code = reason_code(reason)
         if self._joint:
             import torch
             import torch.distributed as dist

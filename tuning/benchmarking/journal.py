@@ -25,6 +25,8 @@ import time
 from typing import Any, TextIO
 
 logger = logging.getLogger(__name__)
+# One encoder for every record: json.dumps builds a new one per call whenever an option is given.
+_ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
@@ -48,13 +50,14 @@ class Journal:
         self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
         self._last_sync = time.monotonic()
 
-    def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, allow_nan=False, default=str) + "\n"
+    def write(self, *records: dict[str, Any]) -> None:
+        """Append records, one line each, with a single write and flush."""
+        text = "".join(_ENCODER.encode(record) + "\n" for record in records)
         with self._lock:
             if self._file is None:
                 return
             try:
-                self._file.write(line)
+                self._file.write(text)
                 self._file.flush()
                 if time.monotonic() - self._last_sync >= self.sync_interval:
                     os.fsync(self._file.fileno())

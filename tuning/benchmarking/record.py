@@ -11,6 +11,18 @@ from tuning.benchmarking.schema import SCHEMA_VERSION
 from tuning.trackers import Tracker
 
 
+def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> dict[str, Any]:
+    value = float(value)
+    return {
+        "type": "point",
+        "name": name,
+        "context": dict(context or {}),
+        "step": step,
+        "value": value if math.isfinite(value) else None,
+        "time": now,
+    }
+
+
 class RunRecord(Tracker):
     """Journal records of one run (format in ``tuning.benchmarking.journal``); thread-safe.
 
@@ -26,26 +38,21 @@ class RunRecord(Tracker):
         self._finished = False
         self._append({"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header})
 
-    def _append(self, record: dict[str, Any]) -> None:
+    def _append(self, *records: dict[str, Any]) -> None:
         with self._lock:
             if self._finished:
                 return  # e.g. a last system-metrics sample racing the end of the run
-            self.records.append(record)
-            self.journal.write(record)
+            self.records.extend(records)
+            self.journal.write(*records)
 
     def record(self, name: str, value: float, step: int | None = None, context: dict | None = None) -> None:
         """One point of the series ``name``/``context``; NaN and infinities are kept as null (JSON has neither)."""
-        value = float(value)
-        self._append(
-            {
-                "type": "point",
-                "name": name,
-                "context": dict(context or {}),
-                "step": step,
-                "value": value if math.isfinite(value) else None,
-                "time": time.time(),
-            }
-        )
+        self.record_many([(name, value, step, context)])
+
+    def record_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
+        """Several ``(name, value, step, context)`` points measured together, journaled with one write."""
+        now = time.time()
+        self._append(*(_point(name, value, step, context, now) for name, value, step, context in points))
 
     def note(self, **facts: Any) -> None:
         """Facts learnt while running (``run_hash``, ``warmup_steps``, ...): later notes override earlier ones."""

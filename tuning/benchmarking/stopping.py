@@ -7,6 +7,7 @@ never settle trains to its natural end.
 """
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuning.benchmarking.schema import STOP_REASONS
@@ -33,18 +34,24 @@ class StopRule:
     def active(self) -> bool:
         return self.stop_after_seconds is not None or self.auto_stop
 
-    def reason(self, elapsed: float, measured_step_times: list[float]) -> str | None:
-        """Why training should stop now (one of ``STOP_REASONS``), or None to go on."""
+    def reason(
+        self, elapsed: float, measured_steps: int, measured_seconds: float, recent: Sequence[float]
+    ) -> str | None:
+        """Why training should stop now (one of ``STOP_REASONS``), or None to go on.
+
+        ``measured_steps``/``measured_seconds`` count the steps after the warmup; ``recent`` holds the last step
+        times (at least ``min_steps`` of them once there are that many).
+        """
         if self.stop_after_seconds is not None and elapsed >= self.stop_after_seconds:
             return "stop_after_seconds"
-        if self.auto_stop and self._settled(measured_step_times):
+        if self.auto_stop and self._settled(measured_steps, measured_seconds, recent):
             return "auto_stop"
         return None
 
-    def _settled(self, times: list[float]) -> bool:
-        if len(times) < self.min_steps or sum(times) < self.min_seconds:
+    def _settled(self, measured_steps: int, measured_seconds: float, recent: Sequence[float]) -> bool:
+        if measured_steps < self.min_steps or measured_seconds < self.min_seconds:
             return False
-        window = times[-self.min_steps :]
+        window = list(recent)[-self.min_steps :]
         mean = statistics.fmean(window)
         return mean > 0 and statistics.pstdev(window) / mean <= self.tolerance
 
