@@ -365,7 +365,8 @@ class BenchmarkJob:
         )
         graceful_stop = GracefulStopCallback()
         callbacks = [tracker.get_hf_callback() for tracker in trackers]
-        callbacks = [*filter(None, callbacks), *filter(None, [self.aim]), self.bench, graceful_stop, *extra_callbacks]
+        # The benchmark callback before Aim's, so that its last samples reach the run before Aim closes it.
+        callbacks = [*filter(None, callbacks), self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
         try:
             train(
                 args.model_args,

@@ -61,7 +61,7 @@ def _visible_gpu_handles(nvml: Any) -> list[Any]:
 
 
 class SystemMetricsSampler:
-    """Calls ``sink(name, value, context)`` for every series every ``interval`` seconds until ``stop()``."""
+    """Calls ``sink(name, value, context)`` for every series every ``interval`` seconds, and once more at ``stop()``."""
 
     def __init__(self, interval: float, sink: Sink):
         self.interval = interval
@@ -82,9 +82,13 @@ class SystemMetricsSampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """End sampling with one last sample, so that even a run shorter than the interval has one."""
+        if self._thread is None or self._stop.is_set():
+            return
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout=max(5.0, self.interval))
+        self.sample()
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
