@@ -99,7 +99,15 @@ def read_runs(repo: Path, query: str = "True") -> list[dict]:
         for metric in run.metrics():
             key = (metric.name, json.dumps(metric.context.to_dict(), sort_keys=True))
             metrics[key] = {step: value for step, (value, _epoch, _time) in metric.data.items()}
-        runs.append({"hash": run.hash, "experiment": run.experiment, "params": run[...], "metrics": metrics})
+        runs.append(
+            {
+                "hash": run.hash,
+                "experiment": run.experiment,
+                "params": run[...],
+                "metrics": metrics,
+                "active": run.active,
+            }
+        )
     return runs
 
 
@@ -311,7 +319,7 @@ DRIVER = textwrap.dedent(
     from tuning.trackers.aimstack import AimStackTracker
 
     config, output_dir, marker = json.loads(sys.argv[1]), sys.argv[2], sys.argv[5]
-    steps, pause_at = int(sys.argv[3]), int(sys.argv[4])
+    steps, pause_at, crash = int(sys.argv[3]), int(sys.argv[4]), sys.argv[6] == "crash"
     tracker = AimStackTracker(AimConfig(**config), output_dir)
     callback = tracker.get_hf_callback()
     args, state, control = TrainingArguments(output_dir=output_dir, report_to="none"), TrainerState(), TrainerControl()
@@ -333,7 +341,8 @@ DRIVER = textwrap.dedent(
                 time.sleep(0.05)
         time.sleep(0.1)
     start = time.monotonic()
-    callback.on_train_end(args, state, control)
+    if not crash:  # a crashed training never reaches on_train_end: the tracker closes at exit
+        callback.on_train_end(args, state, control)
     close_s = time.monotonic() - start
     sampler_alive = lambda: any("_stat_collector" in thread.name for thread in threading.enumerate())  # noqa: E731
     deadline = time.monotonic() + 2
@@ -342,15 +351,23 @@ DRIVER = textwrap.dedent(
     report = {"close_s": close_s, "slowest_call_s": slowest, "ended_at": time.time(), "sampler_alive": sampler_alive()}
     report.update(degraded_reason=tracker.degraded_reason, run_hash=tracker.run_hash)
     print(json.dumps(report), flush=True)
+    if crash:
+        raise RuntimeError("injected training failure")
     """
 )
 
 
-def run_driver(tmp_path: Path, config: dict, steps: int = 10, pause_at: int = 0, on_pause=None) -> dict:
-    """Drive the tracker in a child; returns its report plus how long it took to exit after training ended."""
+def run_driver(
+    tmp_path: Path, config: dict, steps: int = 10, pause_at: int = 0, on_pause=None, crash: bool = False
+) -> dict:
+    """Drive the tracker in a child; returns its report plus how long it took to exit after training ended.
+
+    With ``crash`` training raises instead of ending, as a failed job does.
+    """
     script, marker = tmp_path / "driver.py", str(tmp_path / "marker")
     script.write_text(DRIVER)
     argv = [sys.executable, str(script), json.dumps(config), str(tmp_path / "out"), str(steps), str(pause_at), marker]
+    argv.append("crash" if crash else "end")
     child = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if pause_at:
@@ -364,7 +381,8 @@ def run_driver(tmp_path: Path, config: dict, steps: int = 10, pause_at: int = 0,
     finally:
         child.kill()
     exited_at = time.time()
-    assert child.returncode == 0, stderr
+    assert child.returncode == (1 if crash else 0), stderr
+    assert crash == ("injected training failure" in stderr), stderr
     report = json.loads(stdout.strip().splitlines()[-1])
     report["exit_s"] = exited_at - report["ended_at"]
     report["warnings"] = stderr.count(DEGRADED_WARNING)
@@ -384,6 +402,25 @@ def test_server_killed_mid_run_costs_a_warning_not_the_job(tmp_path):
     assert report["slowest_call_s"] < 0.5
     assert report["close_s"] < 3
     assert report["exit_s"] < 15
+
+
+def test_crashed_training_still_closes_the_run_at_exit(tmp_path):
+    # Three quick steps: the run may still be in creation when training dies; exit waits for it, within bounds.
+    report = run_driver(tmp_path, {"aim_repo": str(tmp_path / "repo")}, steps=3, crash=True)
+    assert report["degraded_reason"] is None and report["exit_s"] < 30
+    (run,) = read_runs(tmp_path / "repo")
+    assert {"run_hash": run["hash"]} == json.loads((tmp_path / "out" / RUN_HASH_FILENAME).read_text())
+    assert not run["active"]  # finalised by the tracker's exit hook
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
+
+
+def test_crashed_training_with_a_dead_server_still_exits(tmp_path):
+    server = AimServer(tmp_path / "server-repo")
+    try:
+        report = run_driver(tmp_path, {"aim_url": server.url}, steps=6, pause_at=3, on_pause=server.kill, crash=True)
+    finally:
+        server.kill()
+    assert report["run_hash"] and report["warnings"] == 1 and report["exit_s"] < 15
 
 
 def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tmp_path):

@@ -186,6 +186,8 @@ class SafeAimCallback(TrainerCallback):
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="aim-tracker", daemon=True)
                 self._worker.start()
+                # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
+                atexit.register(self.close)
         self._tasks.put((what, lambda: fn(self._ensure_run()), None))
 
     def _blocked(self) -> bool:
@@ -279,7 +281,9 @@ class SafeAimCallback(TrainerCallback):
                 capture_terminal_logs=False,
             )
             self.run_hash = self._run.hash
-            # Registered after Aim's own hook, so it runs first at exit and bounds what Aim would wait for.
+            # Aim registered its own exit hook while creating the run; ours must run before it (atexit runs in
+            # reverse order), so that it bounds what Aim would wait for and can drop Aim's hook in time.
+            atexit.unregister(self.close)
             atexit.register(self.close)
             self._run["__system_params"] = {
                 "packages": _installed_packages(),
