@@ -352,13 +352,25 @@ def _names(value: Any) -> list[str]:
 
 
 def main(
-    *inputs: str, labels: Any = (), x: str | None = None, group: str | None = None, output_dir: str = "bench_report"
+    *inputs: str,
+    labels: str | tuple[str, ...] = (),
+    x: str | None = None,
+    group: str | None = None,
+    output_dir: str = "bench_report",
 ) -> None:
-    """Report on benchmark runs: INPUTS are dumps, error reports and journals (files, directories or globs).
+    """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
 
-    --labels: metadata keys shown as columns (comma-separated; dotted keys reach into nested metadata)
-    --x: metadata key on the plots' x axis (no plots without it); --group: one line per value of this key
-    --output_dir: where report.md, report.csv and the PNGs go (bench_report)
+    One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
+    status (ok, stopped, error, or killed: a journal with neither dump nor report), the root cause (the earliest
+    failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model load
+    time and training steps. Unusable files are skipped with one line each on stderr; output paths are printed last.
+
+    Args:
+        inputs: Dumps, rank error reports and journals: files, directories (searched recursively) or globs.
+        labels: Metadata keys shown as columns, comma-separated; dotted keys reach into nested metadata.
+        x: Metadata key on the plots' x axis; without it, no plots.
+        group: Metadata key whose values get one line each on the plots.
+        output_dir: Where report.md, report.csv, throughput.png and peak_memory.png are written.
     """
     if not inputs:
         raise SystemExit("give dumps, error reports or journals: files, directories or globs")
