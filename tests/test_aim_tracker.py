@@ -270,7 +270,7 @@ def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
     with SoftFileLock(str(repo / ".aim" / "locks" / "structured_db_lock")):
         start = time.monotonic()
         drive(callback, tmp_path / "out")
-        assert time.monotonic() - start < 4
+        assert time.monotonic() - start < 6  # the 2 s bound plus scheduling slack
     assert "more than 2s" in callback.degraded_reason and callback.run_hash is None
     assert len(degraded_warnings(caplog)) == 1
 
