@@ -11,8 +11,8 @@ Records are JSON objects with a ``type``:
 - ``point``: one tracked value: ``name``, ``context``, ``step`` (or null), ``value`` (null for NaN/inf), ``time``
 - ``note``: facts learnt while running (``metadata`` once read and checked, ``train_start``, ``warmup_steps``,
   ``run_hash``, ``train_end``, ...); a later note of the same key wins
-- ``end``: how the run ended (``status``, ``stop_reason``, ``error``, ``training_steps``, ``summary`` values measured
-  only at the end)
+- ``end``: how the run ended (``status``, ``stop_reason``, ``error``, ``training_steps``) and what only the end can
+  measure (``peak_rss_bytes``, ``cuda`` peak memory)
 
 ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
