@@ -181,6 +181,9 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
     assert 2 <= dump["training_steps"] < 20
     assert dump["summary"]["train_runtime"] >= 2
     assert not list(tmp_path.glob("*.error.json"))
+    # Throughput counts both ranks: the global batch, and the tokens TRL itself gathers from every rank.
+    assert set(series(dump, "step_samples")["values"]) == {4}
+    assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1]
 
 
 # ---- runs that end badly ----
