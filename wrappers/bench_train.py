@@ -28,7 +28,6 @@ import json
 import os
 import socket
 import sys
-import time
 import typing
 from types import SimpleNamespace
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import fire
 import fire.helptext
 import fire.trace
+import psutil
 import yaml
 from transformers import TrainerCallback
 
@@ -298,7 +298,7 @@ class BenchmarkJob:
     each node's local rank 0 samples system metrics (other nodes into their own journal)."""
 
     def __init__(self):
-        self.started = time.time()
+        self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
         self.metrics_path: str | None = None  # set once known to be writable
         self.stall_timeout: float | None = None
         self.record: RunRecord | None = None
