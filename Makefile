@@ -19,12 +19,19 @@ venv: $(VENV)/.installed
 demo: venv
 	rm -rf $(DEMO)
 	$(PY) -m tuning.utils.tiny_model $(DEMO)/tiny-llama
-	$(PY) tuning/sft_trainer.py --model_name_or_path $(DEMO)/tiny-llama \
-		--training_data_path tuning/data/samples/train.jsonl --dataset_text_field output \
-		--response_template '\n### Response:' --peft_method lora --torch_dtype float32 \
-		--num_train_epochs 1 --per_device_train_batch_size 4 --logging_strategy steps --logging_steps 2 \
-		--save_strategy no --output_dir $(DEMO)/run
-	@echo "--- demo outputs in $(DEMO)/run:" && ls -1 $(DEMO)/run && head -3 $(DEMO)/run/training_logs.jsonl
+	# Two benchmark runs (batch size 2 and 4) of LoRA on the tiny model, tracked in a local Aim repo.
+	for batch in 2 4; do \
+		$(PY) wrappers/bench_train.py --model_name_or_path $(DEMO)/tiny-llama \
+			--training_data_path tuning/data/samples/train.jsonl --dataset_text_field output \
+			--response_template '\n### Response:' --peft_method lora --torch_dtype float32 --use_flash_attn False \
+			--max_steps 16 --per_device_train_batch_size $$batch --logging_strategy steps --logging_steps 2 \
+			--save_strategy no --output_dir $(DEMO)/run-bs$$batch \
+			--tracker file_logger aim --aim_repo $(DEMO)/aim --experiment demo \
+			--metadata "{\"benchmark\": \"demo\", \"batch_size\": $$batch}" --system_metrics_interval 1 \
+			--skip_warmup_steps 2 || exit 1; \
+	done
+	$(PY) wrappers/bench_report.py $(DEMO) --labels batch_size --x batch_size --output_dir $(DEMO)/report
+	@echo "--- outputs:" && ls -1 $(DEMO)/run-bs4 $(DEMO)/report && cat $(DEMO)/report/report.md
 
 test: venv
 	$(PY) -m pytest -q
