@@ -5,6 +5,7 @@ at the same time; faults come in through bench_train's ``--callbacks`` (tests/he
 import csv
 import importlib.util
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,6 +172,21 @@ def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
         assert (cause.category, cause.rank, cause.step) == ("gpu_oom", 1, 2)
         others = [failure.category for failure in run.failures if failure.rank == 0]
         assert others and others[0] in ("communication", "interrupted")
+
+
+def test_a_rebuilt_dump_stands_for_the_killed_run_it_came_from(runs_dir, tmp_path):
+    journal = tmp_path / "killed-b8.journal.jsonl"
+    shutil.copy(runs_dir / journal.name, journal)
+    rebuild = [sys.executable, "-m", "tuning.benchmarking.rebuild", str(journal)]
+    rebuilt = subprocess.run(rebuild, env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (tmp_path / "killed-b8.rebuilt.json").exists()
+    for _ in ("with its journal", "alone"):
+        result = report(str(tmp_path), "--output_dir", str(tmp_path / "out"))
+        assert result.returncode == 0, result.stderr
+        rows = read_csv(tmp_path / "out" / "report.csv")
+        assert list(rows) == ["killed-b8"] and rows["killed-b8"]["status"] == "killed"
+        journal.unlink(missing_ok=True)
 
 
 def test_malformed_and_old_inputs_are_skipped_with_a_reason(runs_dir, tmp_path):

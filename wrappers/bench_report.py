@@ -8,6 +8,7 @@ Inputs are paths, globs, or directories (searched recursively for ``*.json`` and
   NAME.json                     the dump (rank 0): status, summary, metrics (schema: tuning.benchmarking.schema)
   NAME.json.rank<N>.error.json  the error report of failing rank N (any other error report counts as its own run)
   NAME.journal.jsonl            rank 0's journal: without a dump, the only trace of the run
+  NAME.rebuilt.json             a dump rebuilt from the journal (``python -m tuning.benchmarking.rebuild``)
 
 One row per run: the chosen metadata labels (dotted keys reach into nested metadata; ``experiment``, ``host``,
 ``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, error, or killed: a journal left without a dump
@@ -72,15 +73,15 @@ class Run:
     name: str
     dump: dict[str, Any] | None = None
     journal_dump: dict[str, Any] | None = None
-    journal_finished: bool = False
     failures: list[Failure] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        if self.dump is not None:
-            return self.dump["status"]
-        if self.journal_dump is not None and self.journal_finished:
-            return self.journal_dump["status"]
+        dump = self.dump or self.journal_dump
+        # A journal cut short rebuilds into status error with no category: the run died without a word.
+        died = dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None)
+        if not died:
+            return dump["status"]
         return "error" if self.failures else "killed"
 
     @property
@@ -181,7 +182,13 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
         metrics_name = rank_report["metrics_path"] if rank_report else path.name
         run_for(str(path.parent / os.path.splitext(metrics_name)[0])).failures.append(_failure(_check_report(data)))
     elif "schema_version" in data:
-        run_for(str(path.with_suffix(""))).dump = _check_dump(data)
+        dump = _check_dump(data)
+        name = path.with_suffix("")
+        if dump["rebuilt_from_journal"] and name.suffix == ".rebuilt":  # the rebuild command's NAME.rebuilt.json
+            name = name.with_suffix("")
+        run = run_for(str(name))
+        if run.dump is None or run.dump["rebuilt_from_journal"]:  # the run's own dump beats a rebuilt one
+            run.dump = dump
     elif old := _old_schema(data):
         raise Skipped(old)
     elif named:
@@ -190,13 +197,11 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
 
 def _read_journal(path: Path, run: Run) -> None:
     try:
-        records = read_journal(str(path))
-        run.journal_dump = build_dump(records, rebuilt_from_journal=True)
+        run.journal_dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
     except OSError as exc:
         raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise Skipped(f"not a usable journal ({exc})") from exc
-    run.journal_finished = any(record["type"] == "end" for record in records)
 
 
 def load(files: list[tuple[Path, bool]]) -> list[Run]:
