@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -45,35 +44,39 @@ def markers(stderr: str) -> list[tuple[str, str, str, str]]:
     return MARKER.findall(stderr)
 
 
-@pytest.fixture(scope="module")
-def bad_input_runs(tiny_model, tmp_path_factory):
-    """Every bad input run at once (each run is mostly interpreter start-up): name -> (process, termination log)."""
-    tmp = tmp_path_factory.mktemp("bad-inputs")
+def bad_input_args(name: str, model: str, tmp: Path) -> list[str]:
     (tmp / "empty.jsonl").write_text("")
     (tmp / "malformed.jsonl").write_text('{"output": "### Input: a\\n\\n### Response: b"}\n{"output": "unterminated\n')
-
-    def run(name: str):
-        extra = {key: value and value.replace("{tmp}", str(tmp)) for key, value in BAD_INPUTS[name].items()}
-        case_dir = tmp / re.sub(r"\W+", "-", name)
-        case_dir.mkdir()
-        log = case_dir / "termination-log"
-        args = cli_args(tiny_model, str(case_dir / "out"), **extra)
-        return name, (run_sft_trainer(args, timeout=240, TERMINATION_LOG_FILE=str(log)), log)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(run, BAD_INPUTS))
+    extra = {key: value and value.replace("{tmp}", str(tmp)) for key, value in BAD_INPUTS[name].items()}
+    return cli_args(model, str(tmp / "out"), **extra)
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_bad_input_is_a_user_error_with_one_line_termination_log(bad_input_runs, name):
-    result, log = bad_input_runs[name]
-    assert 1 <= result.returncode <= 127, result.stderr[-3000:]
+def test_bad_input_is_a_user_error_with_one_line_termination_log(name, tiny_model, tmp_path, monkeypatch, capfd):
+    """main() in this process (the CLI's imports cost ~10 s a process; the script path is checked below)."""
+    from tuning.sft_trainer import main
+
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(log))
+    monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *bad_input_args(name, tiny_model, tmp_path)])
+    exit_code = main()
+    stderr = capfd.readouterr().err
+    assert 1 <= exit_code <= 127, stderr[-3000:]
     lines = termination_lines(log)
     assert len(lines) == 1, lines
     assert lines[0].startswith("user_error: ") and len(lines[0].encode()) < TERMINATION_LOG_MAX_BYTES
+    assert [m[0] for m in markers(stderr)] == ["user_error"]
+    assert "Traceback" not in stderr  # the message is the whole story
+    assert "Loading weights" not in stderr  # rejected before the model was loaded
+
+
+@pytest.mark.parametrize("name", ["missing data file", "misspelled flag"])
+def test_bad_input_through_the_script(name, tiny_model, tmp_path):
+    log = tmp_path / "termination-log"
+    result = run_sft_trainer(bad_input_args(name, tiny_model, tmp_path), timeout=240, TERMINATION_LOG_FILE=str(log))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert [line.split(":")[0] for line in termination_lines(log)] == ["user_error"]
     assert [m[0] for m in markers(result.stderr)] == ["user_error"]
-    assert "Traceback" not in result.stderr  # the message is the whole story
-    assert "Loading weights" not in result.stderr  # rejected before the model was loaded
 
 
 def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) -> subprocess.CompletedProcess:
