@@ -17,10 +17,10 @@ Every arm is timed the same way, from outside and by the trainer itself:
 Ratios are medians of per-round ratios against the trl run of the same round, so slow drift of a shared machine
 cancels out. The per-step losses must agree across arms (the ``same work`` column): proof the work was identical.
 
-Then it times bench_train's record path on a 100 000-point run: the journal write per point (paid in the loop) and the
-end-of-run aggregation into the dump plus writing it (target < 1 s).
+Then it times bench_train's record path on a 100 000-point run: the journal write of each step's points (paid in the
+loop) and the end-of-run aggregation into the dump plus writing it (target < 1 s).
 
-    python benchmarks/overhead.py                      # the full measurement (a few minutes on a quiet machine)
+    python benchmarks/overhead.py                      # the full measurement (about 5 min on 2 quiet cores)
     python benchmarks/overhead.py --pairs 1 --max_steps 20 --arms trl,sft_trainer   # a quick check
 """
 
