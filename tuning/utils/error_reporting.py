@@ -425,8 +425,8 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
+            # One compact dumps: the C encoder (an indent would fall back to the pure-Python one, 2x slower).
+            f.write(json.dumps(obj) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
