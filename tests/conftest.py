@@ -1,10 +1,12 @@
 """Shared fixtures: a tiny local Llama built once per session, the shipped sample data, CLI runners."""
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -81,6 +83,14 @@ def run_sft_trainer(args: list[str], timeout: float = 300, **env: str) -> subpro
         text=True,
         timeout=timeout,
     )
+
+
+def load_script(path: Path) -> ModuleType:
+    """A wrapper script imported as a module, for checks below its command line."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

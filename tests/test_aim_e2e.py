@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
-from tests.test_aim_tracker import METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tests.test_train import SEED_COMMAND
 from tuning.sft_trainer import main
 from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME

@@ -4,10 +4,8 @@ Hooks are driven with real transformers ``TrainingArguments``/``TrainerState`` o
 runs in a child process, since a hang there is exactly the failure under test.
 """
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,102 +16,11 @@ from pathlib import Path
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
+from tests.conftest import REPO_ROOT, free_port, subprocess_env
+from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tuning.config.tracker_configs import AimConfig, TrackerConfigs
 from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
 from tuning.utils.error_reporting import UserInputError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-AIM_CLI = str(Path(sys.executable).with_name("aim"))
-METADATA = {"gpu_model": "A100-80GB", "dataset_id": "my-amazing-dataset"}
-METADATA_QUERY = 'run.experiment_metadata.dataset_id == "my-amazing-dataset"'
-
-
-# ---- helpers shared with test_aim_e2e.py ----
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def child_env(**overrides: str) -> dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.update(overrides)
-    return env
-
-
-class AimServer:
-    """A real ``aim server`` on 127.0.0.1 in its own process group (it forks uvicorn, which owns the socket)."""
-
-    def __init__(self, repo: Path, startup_timeout: float = 90.0):
-        self.repo, self.port = repo, free_port()
-        self.url = f"aim://127.0.0.1:{self.port}"
-        repo.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + startup_timeout
-        while not self.accepts():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"aim server on port {self.port} did not start")
-            time.sleep(0.2)
-
-    def accepts(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL the whole server, as a crashed or evicted server dies: nothing gets flushed or closed."""
-        self._signal(signal.SIGKILL)
-
-    def stop(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def _signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-        self.process.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        while self.accepts() and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
-def read_runs(repo: Path, query: str = "True") -> list[dict]:
-    """Runs matching ``query`` in a local repo, after rebuilding its index (SDK reads see nothing otherwise)."""
-    from aim import Repo
-
-    subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
-    runs = []
-    for found in Repo(str(repo)).query_runs(query, report_mode=0).iter_runs():
-        run = found.run
-        metrics = {}
-        for metric in run.metrics():
-            key = (metric.name, json.dumps(metric.context.to_dict(), sort_keys=True))
-            metrics[key] = {step: value for step, (value, _epoch, _time) in metric.data.items()}
-        runs.append(
-            {
-                "hash": run.hash,
-                "experiment": run.experiment,
-                "params": run[...],
-                "metrics": metrics,
-                "active": run.active,
-            }
-        )
-    return runs
-
-
-def series(run: dict, name: str, context: dict | None = None) -> dict:
-    return run["metrics"].get((name, json.dumps(context or {}, sort_keys=True)), {})
-
 
 # ---- in-process helpers ----
 
@@ -368,7 +275,7 @@ def run_driver(
     script.write_text(DRIVER)
     argv = [sys.executable, str(script), json.dumps(config), str(tmp_path / "out"), str(steps), str(pause_at), marker]
     argv.append("crash" if crash else "end")
-    child = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if pause_at:
             deadline = time.monotonic() + 120
@@ -439,7 +346,9 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
     code = textwrap.dedent(
         f"""
-        from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+        from tests.conftest import REPO_ROOT, free_port, subprocess_env
+from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tuning.config.tracker_configs import AimConfig, TrackerConfigs
         from tuning.trackers.registry import build_trackers
         from tuning.utils.error_reporting import UserInputError
         try:
@@ -448,7 +357,7 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
             print(exc)
         """
     )
-    env = child_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "pip install 'tuning-bench[aim]'" in done.stdout

@@ -3,7 +3,6 @@ SIGKILLed, and a 2-rank torchrun job whose last rank runs out of memory. The run
 at the same time; faults come in through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
 
 import csv
-import importlib.util
 import json
 import shutil
 import signal
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
 from tuning.benchmarking.journal import journal_path
 from tuning.benchmarking.schema import STEP_TIME
 
@@ -106,10 +105,7 @@ def runs_dir(tiny_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench_report():
     """The script as a module, for checks below the command line."""
-    spec = importlib.util.spec_from_file_location("bench_report", BENCH_REPORT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH_REPORT)
 
 
 def report(*args: str) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 Aim (local repo and a real server), real signals. Faults come in through the wrapper's public ``--callbacks`` flag
 (tests/helpers/bench_callbacks.py); nothing is mocked."""
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -12,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
-from tests.test_aim_tracker import AimServer, read_runs
+from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
+from tests.helpers.aim import AimServer, read_runs
 from tuning.benchmarking.dump import build_dump
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.schema import STEP_TIME, validate_dump
@@ -26,10 +25,7 @@ HELPERS = "tests.helpers.bench_callbacks"
 @pytest.fixture(scope="module")
 def bench_train():
     """The wrapper as a module, for the checks that need no training."""
-    spec = importlib.util.spec_from_file_location("bench_train", BENCH_TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH_TRAIN)
 
 
 def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
