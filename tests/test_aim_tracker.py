@@ -346,9 +346,7 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
     code = textwrap.dedent(
         f"""
-        from tests.conftest import REPO_ROOT, free_port, subprocess_env
-from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
-from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+        from tuning.config.tracker_configs import AimConfig, TrackerConfigs
         from tuning.trackers.registry import build_trackers
         from tuning.utils.error_reporting import UserInputError
         try:
