@@ -107,30 +107,31 @@ def trl_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
     ]
 
 
-def sft_trainer_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+def our_command(script: str, settings: Settings, model_dir: str, run_dir: Path, *extra: str) -> list[str]:
+    """A run of one of our scripts: the shared flags under our names, plus the arm's own."""
     return [
         sys.executable,
-        str(REPO_ROOT / "tuning" / "sft_trainer.py"),
+        str(REPO_ROOT / script),
         *training_flags(settings, model_dir, str(run_dir / "out")),
         "--max_seq_length",
         str(settings.max_seq_length),
         "--use_flash_attn",
         "False",
-        "--trackers",
-        "file_logger",
+        *extra,
     ]
+
+
+def sft_trainer_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+    return our_command("tuning/sft_trainer.py", settings, model_dir, run_dir, "--trackers", "file_logger")
 
 
 def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
     # One Aim repo for all runs, as a benchmarking team keeps one.
-    return [
-        sys.executable,
-        str(REPO_ROOT / "wrappers" / "bench_train.py"),
-        *training_flags(settings, model_dir, str(run_dir / "out")),
-        "--max_seq_length",
-        str(settings.max_seq_length),
-        "--use_flash_attn",
-        "False",
+    return our_command(
+        "wrappers/bench_train.py",
+        settings,
+        model_dir,
+        run_dir,
         "--trackers",
         "aim",
         "--aim_repo",
@@ -141,7 +142,7 @@ def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> li
         str(run_dir / "metrics.json"),
         "--system_metrics_interval",
         str(settings.system_metrics_interval),
-    ]
+    )
 
 
 ARMS = {"trl": trl_command, "sft_trainer": sft_trainer_command, "bench_train": bench_train_command}
