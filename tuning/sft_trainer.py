@@ -6,6 +6,7 @@ trackers and hands them in. Wrappers call ``train()`` directly with their own ca
 """
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -266,6 +267,9 @@ def train(
 
 def main() -> int:
     """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
+    # The ~440k objects the imports made live as long as the job: exempt them from the garbage collector's full
+    # passes, which otherwise rescan them all, costing ~0.5 s per job on a CPU.
+    gc.freeze()
 
     def run() -> None:
         parser = get_parser()

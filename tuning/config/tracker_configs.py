@@ -31,7 +31,7 @@ class AimConfig:
     aim_close_timeout: float = field(
         default=30.0,
         metadata={
-            "help": "Seconds any single Aim call (run creation, a write, the final close) may block before Aim is "
+            "help": "Seconds Aim may go without progress (run creation, a write, the final close) before it is "
             "abandoned for the rest of the job (training goes on; tracking stops)."
         },
     )

@@ -1,105 +1,71 @@
-"""aim tracker: one Aim run per job that can never hang or fail training.
+"""aim tracker: one Aim run per job that can never hang, fail or slow down training.
 
 Design
 ------
-``SafeAimCallback`` is a transformers callback whose every Aim call runs on one daemon thread it owns; the training
-thread only enqueues closures (``_call(fn)`` runs ``fn(run)`` there, in order). The run is created on that thread by
-the first call, so ``track``/``set_params`` calls made before training starts are queued, not lost, and a slow run
-creation overlaps with model loading instead of delaying it.
+The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started on
+first use. ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them
+to the child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU
+work (~0.4 ms per point) runs beside training instead of competing with it for the GIL. The first message opens the
+run, so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run
+overlaps with model loading.
 
 Aim fails in ways that block rather than raise: a locked repo waits minutes for its lock, and once a remote server is
-gone the client queues writes forever and ``Run.close()`` never returns (aim issue #3067) — also when Aim's own atexit
-hook or a garbage-collected Aim object closes it, which would keep a finished job from exiting or stall the training
-thread. So tracking *degrades* instead: the first failure logs one warning, sets ``degraded_reason``, and from then on
-the callback never calls Aim again and detaches Aim's atexit hook and finalizers. Failures are
+gone the client queues writes forever and ``Run.close()`` never returns (aim issue #3067). So tracking *degrades*
+instead: the first failure logs one warning, sets ``degraded_reason``, kills the writer and drops every later call.
+Failures are
 
-- a single call still running after ``timeout`` seconds (checked at every call and while closing);
-- a remote server that no longer accepts TCP connections: probed at most every few seconds and before closing, since
-  Aim's client does not report a dead server;
-- any exception raised by Aim (unwritable repo, refused connection).
+- a message the writer has not finished ``timeout`` seconds after it could start on it (checked at every call and
+  while closing);
+- a remote server that no longer accepts TCP connections: the writer probes it every few seconds and before
+  closing, since Aim's client does not report a dead server;
+- any exception raised by Aim (unwritable repo, refused connection), or the writer dying.
 
-Closing (at the end of training or, when training raised, at exit) waits for the queued calls under the same
-bound, so a job never waits for Aim longer than ``timeout`` seconds past its last progress.
+Closing (at the end of training or, when training raised, at exit) waits for the queued messages under the same
+bound, so a job never waits for Aim longer than ``timeout`` seconds past its last progress. If the training process
+dies without closing, the writer closes the run itself, within the same bound.
 
-Only global rank 0 does anything, so a job makes one run whatever its world size. Aim's own ``pkg_resources``-based
-package listing crashes on setuptools >= 81; installed package versions are recorded from ``importlib.metadata``
-instead, under the same ``__system_params`` key Aim's UI reads.
+Only global rank 0 does anything, so a job makes one run whatever its world size.
 
-Subclassing (the benchmarking wrapper does): override a hook, call ``super()``, and add data with ``track``,
-``set_params`` or ``_call`` — failure isolation comes with them. ``AimStackTracker`` only maps ``AimConfig`` and the
-``Tracker`` API onto the callback.
+Subclassing (the benchmarking wrapper does): override a hook, call ``super()``, and add data with ``track`` and
+``set_params`` — failure isolation comes with them. ``AimStackTracker`` only maps ``AimConfig`` and the ``Tracker``
+API onto the callback.
 """
 
 import atexit
-import importlib.metadata
+import collections
+import importlib.util
 import json
 import logging
 import numbers
 import os
 import queue
 import re
-import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-from aim import Run
-from aim.ext.cleanup import AutoClean
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig
 from tuning.trackers.tracker import Tracker, is_main_process
 from tuning.utils.error_reporting import UserInputError
 
+if importlib.util.find_spec("aim") is None:  # the writer process needs it; fail while the registry can say so
+    raise ImportError("No module named 'aim'")
+
 logger = logging.getLogger(__name__)
 
 RUN_HASH_FILENAME = "aimstack_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
+WRITER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aim_writer.py")
 
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
-_PROBE_INTERVAL_S = 5.0
-_PROBE_TIMEOUT_S = 2.0
 _LOG_PREFIXES = ("train_", "eval_", "test_")
+_CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
-
-
-class _ServerGone(Exception):
-    """The remote Aim server stopped accepting connections: every further Aim call could block forever."""
-
-
-def _installed_packages() -> dict[str, str]:
-    """Installed distributions and versions, as Aim's UI shows them, without ``pkg_resources``."""
-    packages = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            packages[name] = dist.version
-    return packages
-
-
-def _server_address(repo: str) -> tuple[str, int] | None:
-    match = _AIM_URL.fullmatch(repo)
-    return (match["host"], int(match["port"])) if match else None
-
-
-def _drop_aim_cleanup() -> None:
-    """Keep Aim from ever cleaning up after this job: with a dead server its cleanup blocks forever.
-
-    Aim closes its objects from an atexit hook (which would keep a finished job from exiting) and from finalizers
-    that run whenever the garbage collector meets them, possibly on the training thread; both go.
-    """
-    atexit.unregister(AutoClean.cleanup)
-    while True:
-        try:
-            finalizers = [finalizer for _priority, finalizer in AutoClean._finalizers.values()]
-            break
-        except RuntimeError:  # the Aim thread registered an object meanwhile
-            continue
-    for finalizer in finalizers:
-        finalizer.detach()
 
 
 class SafeAimCallback(TrainerCallback):
@@ -125,14 +91,14 @@ class SafeAimCallback(TrainerCallback):
         self.run_hash: str | None = None
         self.degraded_reason: str | None = None
         self._enabled = is_main_process()
-        self._server = _server_address(repo)
-        self._run: Run | None = None
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
-        self._busy: tuple[str, float] | None = None  # what the Aim thread is doing, since when (monotonic)
+        self._writer: subprocess.Popen | None = None
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # What each sent, unanswered message does, oldest first, and when the oldest could start (monotonic).
+        self._pending: collections.deque[str] = collections.deque()
+        self._progress_at = 0.0
+        self._writer_done = threading.Event()  # the writer answered the close, failed or exited
         self._closed = False
-        self._last_probe = 0.0
-        self._state_lock = threading.Lock()
+        self._state_lock = threading.RLock()
 
     @property
     def degraded(self) -> bool:
@@ -149,52 +115,56 @@ class SafeAimCallback(TrainerCallback):
         context: dict | None = None,
     ) -> None:
         """Record one point of the series ``name``/``context``."""
-        context = dict(context or {})
-        self._call(lambda run: run.track(value, name=name, step=step, epoch=epoch, context=context), f"tracking {name}")
+        self._send({"op": "track", "points": [[float(value), name, step, epoch, dict(context or {})]]}, "tracking")
 
     def set_params(self, params: dict, name: str) -> None:
         """Merge ``params`` into the run param ``name``, so queries like ``run.<name>.<key> == …`` find the run."""
-        params = dict(params)
-
-        def record(run: Run) -> None:
-            for key, value in params.items():
-                run.set((name, key), value, strict=False)
-
-        self._call(record, f"setting the run param {name}")
+        self._send({"op": "set", "name": name, "params": dict(params)}, f"setting the run param {name}")
 
     def close(self) -> None:
-        """Flush the queued calls and finish the run; gives up on Aim when one call runs over ``timeout``."""
+        """Flush the queued messages and finish the run; gives up on Aim when one message overruns ``timeout``."""
         with self._state_lock:
             if not self._enabled or self._closed:
                 return
             self._closed = True
-        if self._worker is None or self.degraded:
-            return
-        done = threading.Event()
-        self._tasks.put(("closing the Aim run", self._finish, done))
-        # Calls still queued may legitimately take a while (a new repo is initialised on first use): give up only
-        # when a single call overruns its bound.
-        while not done.wait(0.1):
+            if self._writer is None or self.degraded:
+                return
+            self._enqueue({"op": "close"}, "closing the Aim run")
+        while not self._writer_done.wait(0.1):
             if self._blocked():
                 return
+        try:
+            self._writer.wait(_CLOSE_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self._writer.kill()
 
-    def _call(self, fn: Callable[[Run], Any], what: str = "an Aim call") -> None:
-        """Run ``fn(run)`` on the Aim thread, after every earlier call; dropped once tracking stopped."""
-        if not self._enabled or self._closed or self._blocked():
-            return
+    def _send(self, message: dict[str, Any], what: str) -> None:
+        """Queue ``message`` for the writer, after every earlier one; dropped once tracking stopped."""
         with self._state_lock:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="aim-tracker", daemon=True)
-                self._worker.start()
-                # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
-                atexit.register(self.close)
-        self._tasks.put((what, lambda: fn(self._ensure_run()), None))
+            if self._open():
+                self._enqueue(message, what)
+
+    def _open(self) -> bool:
+        """Start the writer unless tracking is off, stopped or closed; whether messages can go to it."""
+        with self._state_lock:
+            if not self._enabled or self._closed or self._blocked():
+                return False
+            return self._writer is not None or self._start_writer()
+
+    def _enqueue(self, message: dict[str, Any], what: str) -> None:
+        with self._state_lock:
+            if not self._pending:
+                self._progress_at = time.monotonic()
+            self._pending.append(what)
+            self._outbox.put(message)
 
     def _blocked(self) -> bool:
-        """Whether tracking stopped; stops it when the current Aim call has run for more than ``timeout``."""
-        busy = self._busy
-        if busy is not None and time.monotonic() - busy[1] > self.timeout:
-            self._degrade(f"{busy[0]} blocked for more than {self.timeout:g}s")
+        """Whether tracking stopped; stops it when the writer has made no progress for more than ``timeout``."""
+        with self._state_lock:
+            stuck = self._pending[0] if self._pending else None
+            since = self._progress_at
+        if stuck is not None and time.monotonic() - since > self.timeout:
+            self._degrade(f"{stuck} blocked for more than {self.timeout:g}s")
         return self.degraded
 
     # ---- trainer hooks ----
@@ -202,7 +172,7 @@ class SafeAimCallback(TrainerCallback):
     def on_init_end(self, args, state, control, **kwargs):
         # Open the run while the trainer prepares, so it is ready (or known broken) before the first step.
         if state.is_world_process_zero:
-            self._call(lambda run: None, "opening the Aim run")
+            self._open()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
@@ -216,6 +186,7 @@ class SafeAimCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         points = []
+        step, epoch = state.global_step, state.epoch
         for key, value in logs.items():
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 continue
@@ -224,74 +195,83 @@ class SafeAimCallback(TrainerCallback):
                 if key.startswith(prefix):
                     name, context = key[len(prefix) :], {"subset": prefix[:-1]}
                     break
-            points.append((name, float(value), context))
-        step, epoch = state.global_step, state.epoch
-
-        def record(run: Run) -> None:
-            for name, value, context in points:
-                run.track(value, name=name, step=step, epoch=epoch, context=context)
-
-        self._call(record, "tracking the trainer logs")
+            points.append([float(value), name, step, epoch, context])
+        if points:
+            self._send({"op": "track", "points": points}, "tracking the trainer logs")
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             self.close()
 
-    # ---- the Aim thread ----
+    # ---- the writer process ----
 
-    def _work(self) -> None:
-        while True:
-            what, task, done = self._tasks.get()
-            try:
-                if not self.degraded:
-                    self._run_task(what, task)
-            finally:
-                if done is not None:
-                    done.set()
-
-    def _run_task(self, what: str, task: Callable[[], Any]) -> None:
-        self._busy = (what, time.monotonic())
+    def _start_writer(self) -> bool:
+        """Start the writer and queue the message that opens the run; False (tracking degraded) if it cannot."""
+        server = _server_address(self.repo)
+        command = [sys.executable, WRITER_SCRIPT, "--timeout", str(self.timeout)]
+        if server is not None:
+            command += ["--server", f"{server[0]}:{server[1]}"]
         try:
-            self._probe_server()
-            task()
-        except _ServerGone as exc:
-            self._degrade(str(exc))
-        except Exception as exc:
-            self._degrade(f"{self._busy[0]} failed: {exc!r}")
-        finally:
-            self._busy = None
-            if self.degraded:
-                # Also when the call unblocked only after Aim was given up: it may have created Aim objects since.
-                _drop_aim_cleanup()
-
-    def _finish(self) -> None:
-        if self._run is not None:
-            self._probe_server(force=True)
-            self._run.close()
-
-    def _ensure_run(self) -> Run:
-        if self._run is None:
-            self._busy = (f"creating the Aim run in {self.repo}", time.monotonic())
-            self._probe_server(force=True)
-            self._run = Run(
-                repo=self.repo,
-                experiment=self.experiment,
-                system_tracking_interval=self.system_tracking_interval,
-                log_system_params=False,
-                capture_terminal_logs=False,
+            # Its own session: a Ctrl-C meant for training must not kill the run before training closes it.
+            self._writer = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
             )
-            self.run_hash = self._run.hash
-            # Aim registered its own exit hook while creating the run; ours must run before it (atexit runs in
-            # reverse order), so that it bounds what Aim would wait for and can drop Aim's hook in time.
-            atexit.unregister(self.close)
-            atexit.register(self.close)
-            self._run["__system_params"] = {
-                "packages": _installed_packages(),
-                "executable": sys.executable,
-                "arguments": sys.argv,
-            }
-            self._export_run_hash()
-        return self._run
+        except OSError as exc:
+            self._degrade(f"starting the Aim writer failed: {exc!r}")
+            return False
+        threading.Thread(target=self._send_messages, name="aim-sender", daemon=True).start()
+        threading.Thread(target=self._read_answers, name="aim-reader", daemon=True).start()
+        # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
+        atexit.register(self.close)
+        open_run = {
+            "op": "open",
+            "repo": self.repo,
+            "experiment": self.experiment,
+            "system_tracking_interval": self.system_tracking_interval,
+            "pid": os.getpid(),
+            "executable": sys.executable,
+            "arguments": sys.argv,
+        }
+        self._enqueue(open_run, f"creating the Aim run in {self.repo}")
+        return True
+
+    def _send_messages(self) -> None:
+        """The sender thread: the writer's input; blocks (on a full pipe) instead of the training thread."""
+        stream = self._writer.stdin
+        while True:
+            message = self._outbox.get()
+            try:
+                stream.write(json.dumps(message, default=str) + "\n")
+                stream.flush()
+            except (OSError, ValueError):
+                return  # the writer is gone; the reader reports why
+            if message["op"] == "close":
+                stream.close()
+                return
+
+    def _read_answers(self) -> None:
+        """The reader thread: acknowledgements advance progress; a failure or an early exit degrades tracking."""
+        for line in self._writer.stdout:
+            answer = json.loads(line)
+            with self._state_lock:
+                what = self._pending[0] if self._pending else "the Aim writer"
+                if "ack" in answer:
+                    self._pending.popleft()
+                    self._progress_at = time.monotonic()
+            if "run_hash" in answer:
+                self.run_hash = answer["run_hash"]
+                self._export_run_hash()
+            if "gone" in answer:
+                self._degrade(answer["gone"])
+            elif "failed" in answer:
+                self._degrade(f"{what} failed: {answer['failed']}")
+            elif what == "closing the Aim run":
+                break
+        else:
+            code = self._writer.wait()
+            if not self.degraded and not self._writer_done.is_set():
+                self._degrade(f"the Aim writer exited unexpectedly (exit status {code})")
+        self._writer_done.set()
 
     def _export_run_hash(self) -> None:
         if not self.run_hash_export_dir:
@@ -304,18 +284,6 @@ class SafeAimCallback(TrainerCallback):
         except OSError as exc:
             logger.warning("could not write the Aim run hash to %s: %s", path, exc)
 
-    def _probe_server(self, force: bool = False) -> None:
-        if self._server is None:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_probe < _PROBE_INTERVAL_S:
-            return
-        self._last_probe = now
-        try:
-            socket.create_connection(self._server, timeout=_PROBE_TIMEOUT_S).close()
-        except OSError as exc:
-            raise _ServerGone(f"the Aim server {self.repo} is unreachable ({exc})") from exc
-
     # ---- degradation ----
 
     def _degrade(self, reason: str) -> None:
@@ -323,11 +291,16 @@ class SafeAimCallback(TrainerCallback):
             if self.degraded_reason is not None:
                 return
             self.degraded_reason = reason
-        _drop_aim_cleanup()
-        sampler = getattr(self._run, "_system_resource_tracker", None)
-        if sampler is not None:
-            sampler._shutdown = True  # Aim's own sampler thread would keep queueing writes nobody sends
+            writer = self._writer
+        if writer is not None:
+            writer.kill()  # stuck or broken: nothing it still holds is worth waiting for
+        self._writer_done.set()
         logger.warning("%s: %s", DEGRADED_WARNING, reason)
+
+
+def _server_address(repo: str) -> tuple[str, int] | None:
+    match = _AIM_URL.fullmatch(repo)
+    return (match["host"], int(match["port"])) if match else None
 
 
 def resolve_repo(config: AimConfig) -> str:
