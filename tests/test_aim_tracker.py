@@ -241,9 +241,10 @@ DRIVER = textwrap.dedent(
         callback.on_log(args, state, control, logs={"loss": 1.0 / step})
         slowest = max(slowest, time.monotonic() - start)
         if step == pause_at:  # let the test break Aim now, once the run exists
-            while tracker.run_hash is None and not tracker.degraded:
+            while (tracker.run_hash is None or callback._pending) and not tracker.degraded:  # all written
                 time.sleep(0.05)
-            open(marker + ".paused", "w").close()
+            with open(marker + ".paused", "w") as paused:  # says which process writes the run
+                paused.write(str(callback._writer.pid if callback._writer else ""))
             while not os.path.exists(marker + ".go"):
                 time.sleep(0.05)
         time.sleep(0.1)
@@ -341,6 +342,40 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
     assert report["warnings"] == 1
     assert report["slowest_call_s"] < 0.5 and report["close_s"] < 3
     assert report["exit_s"] < 15
+
+
+def test_killed_training_process_leaves_a_closed_run(tmp_path):
+    """SIGKILL the training process mid-run: its Aim writer sees its input end, closes the run and exits."""
+    import psutil
+
+    script, marker, repo = tmp_path / "driver.py", str(tmp_path / "marker"), tmp_path / "repo"
+    script.write_text(DRIVER)
+    config = json.dumps({"aim_repo": str(repo), "aim_close_timeout": 20})
+    argv = [sys.executable, str(script), config, str(tmp_path / "out"), "10", "3", marker, "end"]
+    child = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker + ".paused"):
+            assert child.poll() is None and time.monotonic() < deadline, "driver never reached the pause"
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    writer = psutil.Process(int(Path(marker + ".paused").read_text()))
+
+    def writer_ended() -> bool:
+        try:
+            return writer.status() == psutil.STATUS_ZOMBIE  # orphaned, so nobody may reap it
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 30
+    while not writer_ended():
+        assert time.monotonic() < deadline, "the Aim writer outlived its training process by 30 s"
+        time.sleep(0.1)
+    (run,) = read_runs(repo)
+    assert not run["active"]
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
 
 
 def test_missing_aim_names_the_extra_to_install(tmp_path):

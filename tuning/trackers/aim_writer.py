@@ -7,9 +7,10 @@ imports only the standard library, psutil and aim.
 
 Protocol: one JSON object per line. The tracker sends, in this order, ``{"op": "open", ...}``, any number of
 ``{"op": "track", "points": [[value, name, step, epoch, context], ...]}`` and ``{"op": "set", "name": ...,
-"params": {...}}``, then ``{"op": "close"}``. The writer answers every message with ``{"ack": n}`` (n: messages
-done so far; the open's ack also carries ``run_hash``), or, when a message fails, with ``{"failed": repr of the
-exception}`` or ``{"gone": reason}`` (the remote server is unreachable) and exits.
+"params": {...}}``, then ``{"op": "close"}``. After each chunk of input it answers ``{"ack": n}``: n messages are
+done so far (the first ack after the open also carries ``run_hash``). When a message fails, the answer adds
+``"failed": repr of the exception`` (the message after the n-th failed) or ``"gone": reason`` (the remote server
+is unreachable) and the writer exits.
 When its input ends without a close (the training process died), it closes the run itself within ``--timeout``.
 """
 
@@ -47,6 +48,7 @@ class Writer:
         self.server = server
         self.run: Any = None
         self.done = 0
+        self.new_run_hash: str | None = None
         self._last_probe = 0.0
 
     def probe(self, force: bool = False) -> None:
@@ -82,12 +84,11 @@ class Writer:
         }
         return self.run.hash
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, message: dict[str, Any]) -> None:
         op = message["op"]
         self.probe(force=op == "close")
-        reply: dict[str, Any] = {}
         if op == "open":
-            reply["run_hash"] = self.open(message)
+            self.new_run_hash = self.open(message)
         elif op == "track":
             for value, name, step, epoch, context in message["points"]:
                 self.run.track(value, name=name, step=step, epoch=epoch, context=context)
@@ -99,7 +100,26 @@ class Writer:
         else:
             raise ValueError(f"unknown message {op!r}")
         self.done += 1
-        return {"ack": self.done, **reply}
+
+    def handle_chunk(self, lines: list[bytes]) -> tuple[dict[str, Any], bool]:
+        """Handle complete input lines; the answer, and whether the writer is done (closed or failed)."""
+        answer: dict[str, Any] = {}
+        finished = False
+        for line in lines:
+            message = json.loads(line)
+            try:
+                self.handle(message)
+            except ServerGone as exc:
+                answer["gone"] = str(exc)
+            except Exception as exc:
+                answer["failed"] = repr(exc)
+            if answer or message["op"] == "close":
+                finished = True
+                break
+        answer["ack"] = self.done
+        if self.new_run_hash is not None:
+            answer["run_hash"], self.new_run_hash = self.new_run_hash, None
+        return answer, finished
 
 
 def main() -> None:
@@ -113,16 +133,15 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
 
-    for line in sys.stdin:
-        message = json.loads(line)
-        try:
-            reply = writer.handle(message)
-        except ServerGone as exc:
-            reply = {"gone": str(exc)}
-        except Exception as exc:
-            reply = {"failed": repr(exc)}
-        replies.write(json.dumps(reply) + "\n")
-        if "ack" not in reply or message["op"] == "close":
+    # Whatever arrived together is handled together and answered once: one wake-up of the tracker per chunk.
+    pending = b""
+    while chunk := os.read(sys.stdin.fileno(), 1 << 16):
+        *lines, pending = (pending + chunk).split(b"\n")
+        if not lines:
+            continue
+        answer, finished = writer.handle_chunk(lines)
+        replies.write(json.dumps(answer) + "\n")
+        if finished:
             os._exit(0)  # never Aim's exit hooks: with a dead server they wait forever
     # The training process is gone without closing the run: close it, but never hang around doing so.
     signal.alarm(max(1, int(args.timeout)))

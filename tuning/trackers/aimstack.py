@@ -63,6 +63,7 @@ WRITER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aim_wr
 
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 _LOG_PREFIXES = ("train_", "eval_", "test_")
+_CLOSING = "closing the Aim run"
 _CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
@@ -129,7 +130,7 @@ class SafeAimCallback(TrainerCallback):
             self._closed = True
             if self._writer is None or self.degraded:
                 return
-            self._enqueue({"op": "close"}, "closing the Aim run")
+            self._enqueue({"op": "close"}, _CLOSING)
         while not self._writer_done.wait(0.1):
             if self._blocked():
                 return
@@ -236,36 +237,40 @@ class SafeAimCallback(TrainerCallback):
         return True
 
     def _send_messages(self) -> None:
-        """The sender thread: the writer's input; blocks (on a full pipe) instead of the training thread."""
+        """The sender thread: the writer's input, everything queued at once; blocks (on a full pipe) instead of the
+        training thread."""
         stream = self._writer.stdin
-        while True:
-            message = self._outbox.get()
+        closing = False
+        while not closing:
+            messages = [self._outbox.get()]
+            while not self._outbox.empty():
+                messages.append(self._outbox.get())
+            closing = any(message["op"] == "close" for message in messages)
             try:
-                stream.write(json.dumps(message, default=str) + "\n")
+                stream.write("".join(json.dumps(message, default=str) + "\n" for message in messages))
                 stream.flush()
             except (OSError, ValueError):
                 return  # the writer is gone; the reader reports why
-            if message["op"] == "close":
-                stream.close()
-                return
+        stream.close()
 
     def _read_answers(self) -> None:
         """The reader thread: acknowledgements advance progress; a failure or an early exit degrades tracking."""
+        acked = 0
         for line in self._writer.stdout:
             answer = json.loads(line)
             with self._state_lock:
-                what = self._pending[0] if self._pending else "the Aim writer"
-                if "ack" in answer:
-                    self._pending.popleft()
-                    self._progress_at = time.monotonic()
+                done = [self._pending.popleft() for _ in range(answer["ack"] - acked)]
+                acked = answer["ack"]
+                self._progress_at = time.monotonic()
+                failed = self._pending[0] if self._pending else "the Aim writer"
             if "run_hash" in answer:
                 self.run_hash = answer["run_hash"]
                 self._export_run_hash()
             if "gone" in answer:
                 self._degrade(answer["gone"])
             elif "failed" in answer:
-                self._degrade(f"{what} failed: {answer['failed']}")
-            elif what == "closing the Aim run":
+                self._degrade(f"{failed} failed: {answer['failed']}")
+            elif _CLOSING in done:
                 break
         else:
             code = self._writer.wait()
