@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+ATTRIBUTION_DIR = REPO_ROOT / "benchmarks" / "attribution"  # its sitecustomize.py times each run's loop from inside
 SAMPLE_TRAIN_PATH = REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"
 RESPONSE_TEMPLATE = "\n### Response:"
 BASELINE = "trl"
@@ -81,6 +82,7 @@ class Run:
     loop_s: float
     step_s: float
     losses: list[str] = field(repr=False)
+    attribution: dict = field(repr=False)
 
 
 def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[str]:
@@ -176,7 +178,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS=str(settings.threads),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ATTRIBUTION_DIR), str(REPO_ROOT), env.get("PYTHONPATH")])),
     )
     return env
 
@@ -198,6 +200,8 @@ def run_once(arm: str, round_index: int, command: list[str], run_dir: Path, env:
     run_dir.mkdir(parents=True)
     stderr_path = run_dir / "stderr.log"
     losses, step_times, runtime = [], [], None
+    attribution_path = run_dir / "attribution.json"
+    env = {**env, "OVERHEAD_ATTRIBUTION_PATH": str(attribution_path)}
     with stderr_path.open("w") as stderr:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=REPO_ROOT)
@@ -219,7 +223,8 @@ def run_once(arm: str, round_index: int, command: list[str], run_dir: Path, env:
         raise RuntimeError(f"{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
     step_s = statistics.median(map(operator.sub, step_times[1:], step_times[:-1]))
     cpu_s = usage.ru_utime + usage.ru_stime
-    return Run(arm, round_index, process_s, cpu_s, step_times[0] - start, runtime, step_s, losses)
+    attribution = json.loads(attribution_path.read_text())
+    return Run(arm, round_index, process_s, cpu_s, step_times[0] - start, runtime, step_s, losses, attribution)
 
 
 def summarise(runs: list[Run], arms: list[str]) -> dict[str, dict]:
@@ -238,8 +243,43 @@ def summarise(runs: list[Run], arms: list[str]) -> dict[str, dict]:
                 "max_s": max(values),
                 "ratio": statistics.median(ratios),
             }
+        row["attribution"] = {
+            key: statistics.median(per_step_attribution(run.attribution)[key] for run in own)
+            for key in ATTRIBUTION_COLUMNS
+        }
         summary[arm] = row
     return summary
+
+
+# Per step of the training loop, from inside each run (benchmarks/attribution/sitecustomize.py).
+ATTRIBUTION_COLUMNS = {
+    "step_ms": "loop ms/step",
+    "training_thread_cpu_ms": "training thread CPU ms/step",
+    "trainer_hooks_us": "transformers/TRL hooks µs/step",
+    "our_hooks_us": "our hooks µs/step",
+    "our_hooks_percent": f"our hooks % of step (≤ {(TARGETS['loop'] - 1) * 100:g})",
+    "other_threads_cpu_us": "other threads CPU µs/step",
+    "child_processes_cpu_us": "child processes CPU µs/step",
+}
+_TRAINER_MODULES = ("transformers.", "trl.")
+
+
+def per_step_attribution(attribution: dict) -> dict[str, float]:
+    """One run's loop, per step: wall time, CPU of the training thread, time in the trainer's own callback hooks and
+    in ours (every other callback: tuning's, the wrappers'), CPU of other threads and of child processes."""
+    steps = max(attribution["steps"], 1)
+    hooks = attribution["hook_seconds"]
+    ours = sum(seconds for name, seconds in hooks.items() if not name.startswith(_TRAINER_MODULES))
+    step_ms = attribution["time"] / steps * 1e3
+    return {
+        "step_ms": step_ms,
+        "training_thread_cpu_ms": attribution["training_thread_cpu"] / steps * 1e3,
+        "trainer_hooks_us": (sum(hooks.values()) - ours) / steps * 1e6,
+        "our_hooks_us": ours / steps * 1e6,
+        "our_hooks_percent": ours / steps * 1e3 / step_ms * 100,
+        "other_threads_cpu_us": attribution["other_threads_cpu"] / steps * 1e6,
+        "child_processes_cpu_us": attribution["children_cpu"] / steps * 1e6,
+    }
 
 
 def verdict(ratio: float, target: float | None) -> str:
@@ -272,6 +312,16 @@ def markdown_table(summary: dict[str, dict], dump: dict | None) -> str:
             value = row[metric]["median_s"] * scale
             cells += [f"{value:.{digits}f}", verdict(row[metric]["ratio"], TARGETS.get(metric))]
         cells.append("yes" if row["same_work"] else "NO")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Where each arm's loop time goes, per step (medians over its runs, measured inside each run):", ""]
+    lines += [
+        "| arm | " + " | ".join(ATTRIBUTION_COLUMNS.values()) + " |",
+        "|" + "---|" * (len(ATTRIBUTION_COLUMNS) + 1),
+    ]
+    for arm, row in summary.items():
+        cells = [arm] + [
+            f"{row['attribution'][key]:.{2 if key.endswith(('ms', 'percent')) else 0}f}" for key in ATTRIBUTION_COLUMNS
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     if dump is not None:
         lines += [
@@ -380,7 +430,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--pairs", type=int, default=4, help="rounds of alternating runs, one run per arm (4)")
+    parser.add_argument("--pairs", type=int, default=6, help="rounds of alternating runs, one run per arm (6)")
     parser.add_argument(
         "--arms",
         default="all",

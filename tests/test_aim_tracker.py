@@ -241,7 +241,7 @@ DRIVER = textwrap.dedent(
         callback.on_log(args, state, control, logs={"loss": 1.0 / step})
         slowest = max(slowest, time.monotonic() - start)
         if step == pause_at:  # let the test break Aim now, once the run exists
-            while (tracker.run_hash is None or callback._pending) and not tracker.degraded:  # all written
+            while (tracker.run_hash is None or callback._pending or callback._points) and not tracker.degraded:
                 time.sleep(0.05)
             with open(marker + ".paused", "w") as paused:  # says which process writes the run
                 paused.write(str(callback._writer.pid if callback._writer else ""))

@@ -1,9 +1,10 @@
 """The journal: an append-only JSON-lines file that holds every point of a run while it trains.
 
 It exists because the dump is written once, at the end: a run killed with SIGKILL (or by the OOM killer) never gets
-there. Each record is written and flushed on its own, so it is in the kernel's page cache, and survives the death of
-the process, as soon as ``write`` returns. ``fsync`` (which survives a node crash too) costs milliseconds, so it runs
-at most every ``sync_interval`` seconds and at ``close``, never once per record.
+there. ``write`` only queues its records (the training thread pays microseconds); a writer thread encodes, writes and
+flushes them as they come, so they are in the kernel's page cache, and survive the death of the process,
+milliseconds later. ``fsync`` (which survives a node crash too) costs milliseconds, so it runs at most every
+``sync_interval`` seconds and at ``close``, never once per record.
 
 Records are JSON objects with a ``type``:
 
@@ -20,6 +21,7 @@ Records are JSON objects with a ``type``:
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from typing import Any, TextIO
@@ -46,37 +48,62 @@ class Journal:
     def __init__(self, path: str, sync_interval: float = 5.0):
         self.path = path
         self.sync_interval = sync_interval
-        self._lock = threading.Lock()
         self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
         self._last_sync = time.monotonic()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._writer = threading.Thread(target=self._write_queued, name="journal-writer", daemon=True)
+        self._writer.start()
 
     def write(self, *records: dict[str, Any]) -> None:
-        """Append records, one line each, with a single write and flush."""
-        text = "".join(_ENCODER.encode(record) + "\n" for record in records)
+        """Queue records for the writer thread, which appends them one line each, in order; dropped once closed."""
         with self._lock:
-            if self._file is None:
-                return
-            try:
-                self._file.write(text)
-                self._file.flush()
-                if time.monotonic() - self._last_sync >= self.sync_interval:
-                    os.fsync(self._file.fileno())
-                    self._last_sync = time.monotonic()
-            except OSError as exc:
-                logger.warning("journal %s stopped: %s; the dump at the end still gets every point", self.path, exc)
-                self._file = None
+            if not self._closed:
+                self._queue.put(records)
 
     def close(self) -> None:
+        """Write everything queued, fsync and close; later writes are dropped."""
         with self._lock:
-            if self._file is None:
+            if self._closed:
                 return
-            try:
-                self._file.flush()
+            self._closed = True
+            self._queue.put(None)
+        self._writer.join()
+
+    def _write_queued(self) -> None:
+        """The writer thread: everything queued at once, one write and flush per batch."""
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            closing = batch[-1] is None
+            if self._file is not None:
+                text = "".join(_ENCODER.encode(record) + "\n" for records in batch if records for record in records)
+                self._append(text, sync=closing)
+            if closing:
+                self._close_file()
+                return
+
+    def _append(self, text: str, sync: bool) -> None:
+        try:
+            self._file.write(text)
+            self._file.flush()
+            if sync or time.monotonic() - self._last_sync >= self.sync_interval:
                 os.fsync(self._file.fileno())
-                self._file.close()
-            except OSError as exc:
-                logger.warning("journal %s could not be closed cleanly: %s", self.path, exc)
-            self._file = None
+                self._last_sync = time.monotonic()
+        except (OSError, ValueError) as exc:
+            logger.warning("journal %s stopped: %s; the dump at the end still gets every point", self.path, exc)
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.close()
+        except OSError as exc:
+            logger.warning("journal %s could not be closed cleanly: %s", self.path, exc)
+        self._file = None
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:

@@ -1,12 +1,13 @@
-"""aim tracker: one Aim run per job that can never hang, fail or slow down training.
+"""aim tracker: one Aim run per job, written outside the training process, that can never hang or fail training.
 
 Design
 ------
 The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started on
 first use. ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them
 to the child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU
-work (~0.4 ms per point) runs beside training instead of competing with it for the GIL. The first message opens the
-run, so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run
+work (~0.4 ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered
+and sent together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second. The first message opens
+the run, so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run
 overlaps with model loading.
 
 Aim fails in ways that block rather than raise: a locked repo waits minutes for its lock, and once a remote server is
@@ -64,7 +65,8 @@ WRITER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aim_wr
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 _LOG_PREFIXES = ("train_", "eval_", "test_")
 _CLOSING = "closing the Aim run"
-_CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
+_CLOSE_EXIT_S = 5.0
+_TRACK_INTERVAL_S = 0.5  # how long a writer that acknowledged the close may take to exit before it is killed
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
 
@@ -97,6 +99,7 @@ class SafeAimCallback(TrainerCallback):
         # What each sent, unanswered message does, oldest first, and when the oldest could start (monotonic).
         self._pending: collections.deque[str] = collections.deque()
         self._progress_at = 0.0
+        self._points: list[list] = []  # tracked, not yet queued for the writer
         self._writer_done = threading.Event()  # the writer answered the close, failed or exited
         self._closed = False
         self._state_lock = threading.RLock()
@@ -116,7 +119,7 @@ class SafeAimCallback(TrainerCallback):
         context: dict | None = None,
     ) -> None:
         """Record one point of the series ``name``/``context``."""
-        self._send({"op": "track", "points": [[float(value), name, step, epoch, dict(context or {})]]}, "tracking")
+        self._track_points([[float(value), name, step, epoch, dict(context or {})]])
 
     def set_params(self, params: dict, name: str) -> None:
         """Merge ``params`` into the run param ``name``, so queries like ``run.<name>.<key> == …`` find the run."""
@@ -130,6 +133,7 @@ class SafeAimCallback(TrainerCallback):
             self._closed = True
             if self._writer is None or self.degraded:
                 return
+            self._flush_points()
             self._enqueue({"op": "close"}, _CLOSING)
         while not self._writer_done.wait(0.1):
             if self._blocked():
@@ -139,10 +143,24 @@ class SafeAimCallback(TrainerCallback):
         except subprocess.TimeoutExpired:
             self._writer.kill()
 
+    def _track_points(self, points: list[list]) -> None:
+        """Buffer points: the sender thread sends them together every ``_TRACK_INTERVAL_S`` (and before any other
+        message), so tracking wakes the training process's helper threads a few times a second, not per point."""
+        with self._state_lock:
+            if points and self._open():
+                self._points.extend(points)
+
+    def _flush_points(self) -> None:
+        with self._state_lock:
+            if self._points:
+                self._enqueue({"op": "track", "points": self._points}, "tracking")
+                self._points = []
+
     def _send(self, message: dict[str, Any], what: str) -> None:
-        """Queue ``message`` for the writer, after every earlier one; dropped once tracking stopped."""
+        """Queue ``message`` for the writer, after every point tracked before it; dropped once tracking stopped."""
         with self._state_lock:
             if self._open():
+                self._flush_points()
                 self._enqueue(message, what)
 
     def _open(self) -> bool:
@@ -197,8 +215,7 @@ class SafeAimCallback(TrainerCallback):
                     name, context = key[len(prefix) :], {"subset": prefix[:-1]}
                     break
             points.append([float(value), name, step, epoch, context])
-        if points:
-            self._send({"op": "track", "points": points}, "tracking the trainer logs")
+        self._track_points(points)
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -242,7 +259,13 @@ class SafeAimCallback(TrainerCallback):
         stream = self._writer.stdin
         closing = False
         while not closing:
-            messages = [self._outbox.get()]
+            try:
+                messages = [self._outbox.get(timeout=_TRACK_INTERVAL_S)]
+            except queue.Empty:
+                if self.degraded:
+                    return
+                self._flush_points()
+                continue
             while not self._outbox.empty():
                 messages.append(self._outbox.get())
             closing = any(message["op"] == "close" for message in messages)

@@ -1,0 +1,77 @@
+"""Loaded into every run of ``benchmarks/overhead.py`` (its folder goes on PYTHONPATH): attributes the training loop.
+
+Comparing whole runs cannot resolve a 1 % difference on a machine whose speed drifts by 20 % between runs, so each
+run also measures, in itself, what goes where. Every trainer callback's hooks are timed on the training thread (so a
+callback's cost is known exactly, whatever the machine did meanwhile), and at train end the CPU time of the training
+thread, of every other thread and of child processes (the Aim writer) is taken from /proc. The numbers go, as JSON, to
+``$OVERHEAD_ATTRIBUTION_PATH``; without that variable nothing is installed (and the variable is removed, so child
+processes such as the Aim writer stay uninstrumented). Every arm is instrumented the same way. Hooks are keyed
+``module.Class``.
+"""
+
+import json
+import os
+import threading
+import time
+
+
+def _install(path: str) -> None:
+    import psutil
+    from transformers.trainer_callback import CallbackHandler
+
+    hook_seconds: dict[str, float] = {}
+    loop: dict[str, float] = {}
+    original_call_event = CallbackHandler.call_event
+
+    def timed(key: str, hook):
+        def run_hook(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                hook_seconds[key] = hook_seconds.get(key, 0.0) + time.perf_counter() - start
+
+        return run_hook
+
+    def cpu_snapshot() -> dict[str, float]:
+        process = psutil.Process()
+        training_thread = threading.main_thread().native_id
+        threads = {thread.id: thread.user_time + thread.system_time for thread in process.threads()}
+        children = 0.0
+        for child in process.children(recursive=True):
+            try:
+                times = child.cpu_times()
+                children += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return {
+            "time": time.perf_counter(),
+            "training_thread_cpu": threads.pop(training_thread, 0.0),
+            "other_threads_cpu": sum(threads.values()),
+            "children_cpu": children,
+        }
+
+    def call_event(self, event, args, state, control, **kwargs):
+        for callback in self.callbacks:
+            if not getattr(callback, "_overhead_timed", False):
+                name = f"{type(callback).__module__}.{type(callback).__qualname__}"
+                for hook in (attribute for attribute in dir(type(callback)) if attribute.startswith("on_")):
+                    setattr(callback, hook, timed(name, getattr(callback, hook)))
+                callback._overhead_timed = True
+        if event == "on_train_begin":
+            loop["begin"] = cpu_snapshot()
+        if event == "on_train_end":
+            loop["end"] = cpu_snapshot()
+            begin, end = loop["begin"], loop["end"]
+            result = {key: end[key] - begin[key] for key in begin}
+            result.update(steps=state.global_step, hook_seconds=dict(hook_seconds))
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(result, handle)
+        return original_call_event(self, event, args, state, control, **kwargs)
+
+    CallbackHandler.call_event = call_event
+
+
+_path = os.environ.pop("OVERHEAD_ATTRIBUTION_PATH", None)
+if _path:
+    _install(_path)
