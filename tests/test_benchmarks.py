@@ -15,10 +15,19 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
     for run in results["runs"]:
         assert len(run["losses"]) == 2
         assert 0 < run["loop_s"] < run["process_s"] and 0 < run["startup_s"] < run["process_s"]
-        assert run["cpu_s"] > 0
+        assert 0 < run["step_s"] < run["loop_s"] and run["cpu_s"] > 0
+        # The in-run attribution saw the trainer's callbacks in every arm, and ours only in ours.
+        hooks = run["attribution"]["hook_seconds"]
+        assert run["attribution"]["steps"] == 2 and any(name.startswith("transformers.") for name in hooks)
+        ours = {name.rsplit(".", 1)[-1] for name in hooks if not name.startswith(("transformers.", "trl."))}
+        expected = {"trl": set(), "sft_trainer": {"FileLoggingCallback", "GracefulStopCallback"}}
+        assert ours == expected.get(run["arm"], {"BenchmarkCallback", "BenchmarkAimCallback", "GracefulStopCallback"})
+    # The Aim writer is a child process of bench_train only.
+    attribution = {arm: row["attribution"] for arm, row in results["summary"].items()}
+    assert attribution["bench_train"]["child_processes_cpu_us"] > 0 == attribution["trl"]["child_processes_cpu_us"]
     for arm, row in results["summary"].items():
         assert row["same_work"], arm
         assert row["runs"] == 1 and row["process"]["ratio"] > 0
     assert results["dump"]["points"] == 1000 and results["dump"]["bytes"] > 0
     table = capsys.readouterr().out
-    assert "| bench_train | 1 |" in table and "Dump of 1,000 points" in table
+    assert "| bench_train | 1 |" in table and "Dump of 1,000 points" in table and "our hooks µs/step" in table
