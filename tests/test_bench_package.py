@@ -99,7 +99,11 @@ def test_journal_rebuilds_the_same_dump_and_survives_a_torn_line(tmp_path):
 
 def test_rebuild_command(tmp_path, capsys):
     path = tmp_path / "run.journal.jsonl"
-    simulated_run(path)  # never finished: as after SIGKILL
+    record = simulated_run(path)  # never finished: as after SIGKILL, once the writer thread flushed
+    deadline = time.monotonic() + 10
+    while len(path.read_text().splitlines()) < len(record.records):
+        assert time.monotonic() < deadline, "the journal was not flushed within 10 s"
+        time.sleep(0.05)
     assert rebuild_main([str(path)]) == 0
     output = tmp_path / "run.rebuilt.json"
     assert default_output(str(path)) == str(output)
