@@ -2,8 +2,9 @@
 
 Aim costs ~0.4 ms of CPU per tracked point; inside the training process that work competes with the training loop
 for the GIL. Here it runs beside it, and a writer that Aim blocks for good (a locked repo, a dead server: aim#3067)
-is simply killed. ``tuning.trackers.aimstack.SafeAimCallback`` starts it by path (``python aim_writer.py``), so it
-imports only the standard library, psutil and aim.
+is simply killed. ``tuning.trackers.aimstack.SafeAimCallback`` starts it by path (``python aim_writer.py``) when
+the tracker is created, so it imports only the standard library, psutil and aim, while the job prepares; the run
+is created by the first message.
 
 Protocol: one JSON object per line. The tracker sends, in this order, ``{"op": "open", ...}``, any number of
 ``{"op": "track", "points": [[value, name, step, epoch, context], ...]}`` and ``{"op": "set", "name": ...,
@@ -23,6 +24,10 @@ import socket
 import sys
 import time
 from typing import Any
+
+# Imported at start, before any message: the tracker starts the writer early so that this overlaps its job's setup.
+import psutil
+from aim import Run
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
@@ -63,9 +68,6 @@ class Writer:
             raise ServerGone(f"the Aim server aim://{self.server[0]}:{self.server[1]} is unreachable ({exc})") from exc
 
     def open(self, message: dict[str, Any]) -> str:
-        import psutil
-        from aim import Run
-
         self.probe(force=True)
         self.run = Run(
             repo=message["repo"],

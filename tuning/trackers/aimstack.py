@@ -2,8 +2,8 @@
 
 Design
 ------
-The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started on
-first use. ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them
+The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started with
+the callback so that it imports Aim while the job loads data and the model; the run is created on first use. ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them
 to the child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU
 work (~0.4 ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered
 and sent together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second. The first message opens
@@ -102,7 +102,13 @@ class SafeAimCallback(TrainerCallback):
         self._points: list[list] = []  # tracked, not yet queued for the writer
         self._writer_done = threading.Event()  # the writer answered the close, failed or exited
         self._closed = False
+        self._run_requested = False
         self._state_lock = threading.RLock()
+        if self._enabled:
+            # Start the writer now: it imports Aim (~1.5 s of CPU) while this process loads data and the model. The
+            # run itself (and so the repo) is created only on first use.
+            with self._state_lock:
+                self._start_writer()
 
     @property
     def degraded(self) -> bool:
@@ -133,8 +139,11 @@ class SafeAimCallback(TrainerCallback):
             self._closed = True
             if self._writer is None or self.degraded:
                 return
-            self._flush_points()
-            self._enqueue({"op": "close"}, _CLOSING)
+            if self._run_requested:
+                self._flush_points()
+                self._enqueue({"op": "close"}, _CLOSING)
+            else:
+                self._outbox.put(None)  # no run to close: the writer just ends with its input
         while not self._writer_done.wait(0.1):
             if self._blocked():
                 return
@@ -164,11 +173,23 @@ class SafeAimCallback(TrainerCallback):
                 self._enqueue(message, what)
 
     def _open(self) -> bool:
-        """Start the writer unless tracking is off, stopped or closed; whether messages can go to it."""
+        """Open the run unless tracking is off, stopped or closed; whether messages can go to it."""
         with self._state_lock:
-            if not self._enabled or self._closed or self._blocked():
+            if not self._enabled or self._closed or self._writer is None or self._blocked():
                 return False
-            return self._writer is not None or self._start_writer()
+            if not self._run_requested:
+                self._run_requested = True
+                open_run = {
+                    "op": "open",
+                    "repo": self.repo,
+                    "experiment": self.experiment,
+                    "system_tracking_interval": self.system_tracking_interval,
+                    "pid": os.getpid(),
+                    "executable": sys.executable,
+                    "arguments": sys.argv,
+                }
+                self._enqueue(open_run, f"creating the Aim run in {self.repo}")
+            return True
 
     def _enqueue(self, message: dict[str, Any], what: str) -> None:
         with self._state_lock:
@@ -223,8 +244,8 @@ class SafeAimCallback(TrainerCallback):
 
     # ---- the writer process ----
 
-    def _start_writer(self) -> bool:
-        """Start the writer and queue the message that opens the run; False (tracking degraded) if it cannot."""
+    def _start_writer(self) -> None:
+        """Start the writer process and its sender and reader threads; tracking degrades if it cannot start."""
         server = _server_address(self.repo)
         command = [sys.executable, WRITER_SCRIPT, "--timeout", str(self.timeout)]
         if server is not None:
@@ -236,22 +257,11 @@ class SafeAimCallback(TrainerCallback):
             )
         except OSError as exc:
             self._degrade(f"starting the Aim writer failed: {exc!r}")
-            return False
+            return
         threading.Thread(target=self._send_messages, name="aim-sender", daemon=True).start()
         threading.Thread(target=self._read_answers, name="aim-reader", daemon=True).start()
         # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
         atexit.register(self.close)
-        open_run = {
-            "op": "open",
-            "repo": self.repo,
-            "experiment": self.experiment,
-            "system_tracking_interval": self.system_tracking_interval,
-            "pid": os.getpid(),
-            "executable": sys.executable,
-            "arguments": sys.argv,
-        }
-        self._enqueue(open_run, f"creating the Aim run in {self.repo}")
-        return True
 
     def _send_messages(self) -> None:
         """The sender thread: the writer's input, everything queued at once; blocks (on a full pipe) instead of the
@@ -268,6 +278,8 @@ class SafeAimCallback(TrainerCallback):
                 continue
             while not self._outbox.empty():
                 messages.append(self._outbox.get())
+            if messages[-1] is None:  # closed before any run was opened
+                break
             closing = any(message["op"] == "close" for message in messages)
             try:
                 stream.write("".join(json.dumps(message, default=str) + "\n" for message in messages))
@@ -297,7 +309,9 @@ class SafeAimCallback(TrainerCallback):
                 break
         else:
             code = self._writer.wait()
-            if not self.degraded and not self._writer_done.is_set():
+            with self._state_lock:
+                unexpected = not self.degraded and (self._pending or not self._closed)
+            if unexpected:
                 self._degrade(f"the Aim writer exited unexpectedly (exit status {code})")
         self._writer_done.set()
 
