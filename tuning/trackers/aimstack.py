@@ -3,12 +3,13 @@
 Design
 ------
 The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started with
-the callback so that it imports Aim while the job loads data and the model; the run is created on first use. ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them
-to the child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU
-work (~0.4 ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered
-and sent together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second. The first message opens
-the run, so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run
-overlaps with model loading.
+the callback so that it imports Aim while the job loads data and the model; the run is created on first use.
+``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them to the
+child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.4
+ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered and sent
+together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second. The first message opens the run,
+so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run overlaps
+with model loading.
 
 Aim fails in ways that block rather than raise: a locked repo waits minutes for its lock, and once a remote server is
 gone the client queues writes forever and ``Run.close()`` never returns (aim issue #3067). So tracking *degrades*
