@@ -5,7 +5,8 @@ time since the previous step ended, so data loading, logging, evaluation and che
 ``step_tokens`` (non-padding tokens of the step over all ranks, from the trainer's ``num_input_tokens_seen``, which
 ``include_num_input_tokens_seen="non_padding"`` turns on and which the trainer gathers across ranks),
 ``step_samples`` (the global batch: per-device batch x gradient accumulation x world size) and ``tokens_per_second``.
-Trainer logs are recorded as Aim names them: ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``.
+Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``): ``train_``/``eval_``/
+``test_`` prefixes become ``{"subset": ...}``.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
 the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
@@ -13,7 +14,6 @@ all-reduced (MAX, on a CPU group) at every step end, so every rank stops after t
 """
 
 import math
-import numbers
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,18 +26,10 @@ from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOK
 from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.benchmarking.watchdog import StallWatchdog
+from tuning.trackers.tracker import log_series
 
 Mirror = Callable[[str, float, int | None, dict[str, Any]], None]
-_LOG_PREFIXES = ("train_", "eval_", "test_")
 _MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
-
-
-def log_series(key: str) -> tuple[str, dict[str, str]]:
-    """A trainer log key as a series name and context, the way the Aim tracker names it."""
-    for prefix in _LOG_PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix) :], {"subset": prefix[:-1]}
-    return key, {}
 
 
 class BenchmarkCallback(TrainerCallback):
@@ -140,12 +132,9 @@ class BenchmarkCallback(TrainerCallback):
         self._beat()
         if not self._main or self.record is None or not logs:
             return
-        points = [
-            (*log_series(key), value)
-            for key, value in logs.items()
-            if isinstance(value, numbers.Real) and not isinstance(value, bool)
-        ]
-        self.record.record_many([(name, value, state.global_step, context) for name, context, value in points])
+        self.record.record_many(
+            [(name, value, state.global_step, context) for name, context, value in log_series(logs)]
+        )
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._beat()

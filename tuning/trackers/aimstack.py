@@ -38,7 +38,6 @@ import collections
 import importlib.util
 import json
 import logging
-import numbers
 import os
 import queue
 import re
@@ -51,7 +50,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig
-from tuning.trackers.tracker import Tracker, is_main_process
+from tuning.trackers.tracker import Tracker, is_main_process, log_series
 from tuning.utils.error_reporting import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the writer process needs it; fail while the registry can say so
@@ -64,10 +63,9 @@ DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 WRITER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aim_writer.py")
 
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
-_LOG_PREFIXES = ("train_", "eval_", "test_")
 _CLOSING = "closing the Aim run"
-_CLOSE_EXIT_S = 5.0
-_TRACK_INTERVAL_S = 0.5  # how long a writer that acknowledged the close may take to exit before it is killed
+_CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
+_TRACK_INTERVAL_S = 0.5
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
 
@@ -226,18 +224,8 @@ class SafeAimCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        points = []
         step, epoch = state.global_step, state.epoch
-        for key, value in logs.items():
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                continue
-            name, context = key, {}
-            for prefix in _LOG_PREFIXES:
-                if key.startswith(prefix):
-                    name, context = key[len(prefix) :], {"subset": prefix[:-1]}
-                    break
-            points.append([float(value), name, step, epoch, context])
-        self._track_points(points)
+        self._track_points([[float(value), name, step, epoch, context] for name, context, value in log_series(logs)])
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

@@ -1,13 +1,32 @@
 """The tracker interface every backend implements."""
 
+import numbers
 import os
+from collections.abc import Iterator
+from typing import Any
 
 from transformers import TrainerCallback
+
+_LOG_PREFIXES = ("train_", "eval_", "test_")
 
 
 def is_main_process() -> bool:
     """True on global rank 0 (or without torchrun): trackers act there only, so a job makes one tracker run."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
+    """The numbers of a trainer log as ``(series name, context, value)``, named the way every tracker names them:
+    ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``."""
+    for key, value in logs.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        name, context = key, {}
+        for prefix in _LOG_PREFIXES:
+            if key.startswith(prefix):
+                name, context = key[len(prefix) :], {"subset": prefix[:-1]}
+                break
+        yield name, context, value
 
 
 class Tracker:
