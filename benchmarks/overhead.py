@@ -24,8 +24,8 @@ Every arm is timed the same way, from outside and by the trainer itself:
 Ratios are medians of per-round ratios against the trl run of the same round, so slow drift of a shared machine
 cancels out. The per-step losses must agree across arms (the ``same work`` column): proof the work was identical.
 
-Then it times bench_train's record path on a 100 000-point run: the journal write of each step's points (paid in the
-loop) and the end-of-run aggregation into the dump plus writing it (target < 1 s).
+Then it times bench_train's record path on a 100 000-point run: recording each step's points (paid in the loop), the
+journal's writer thread catching up, and the end-of-run aggregation into the dump plus writing it (target < 1 s).
 
     python benchmarks/overhead.py                      # the full measurement (about 5 min on 2 quiet cores)
     python benchmarks/overhead.py --pairs 1 --max_steps 20 --arms trl,sft_trainer   # a quick check
@@ -243,10 +243,8 @@ def summarise(runs: list[Run], arms: list[str]) -> dict[str, dict]:
                 "max_s": max(values),
                 "ratio": statistics.median(ratios),
             }
-        row["attribution"] = {
-            key: statistics.median(per_step_attribution(run.attribution)[key] for run in own)
-            for key in ATTRIBUTION_COLUMNS
-        }
+        per_step = [per_step_attribution(run.attribution) for run in own]
+        row["attribution"] = {key: statistics.median(values[key] for values in per_step) for key in ATTRIBUTION_COLUMNS}
         summary[arm] = row
     return summary
 

@@ -53,8 +53,7 @@ class Journal:
         self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until close()
         self._last_sync = time.monotonic()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._closing = threading.Event()
-        self._closed = False
+        self._closing = threading.Event()  # set by close(): no more writes; the writer thread finishes
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write_queued, name="journal-writer", daemon=True)
         self._writer.start()
@@ -62,16 +61,15 @@ class Journal:
     def write(self, *records: dict[str, Any]) -> None:
         """Queue records for the writer thread, which appends them one line each, in order; dropped once closed."""
         with self._lock:
-            if not self._closed:
+            if not self._closing.is_set():
                 self._queue.put(records)  # nobody waits on the queue: no thread wakes up now
 
     def close(self) -> None:
         """Write everything queued, fsync and close; later writes are dropped."""
         with self._lock:
-            if self._closed:
+            if self._closing.is_set():
                 return
-            self._closed = True
-        self._closing.set()
+            self._closing.set()
         self._writer.join()
 
     def _write_queued(self) -> None:
