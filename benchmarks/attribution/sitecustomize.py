@@ -20,7 +20,7 @@ def _install(path: str) -> None:
     from transformers.trainer_callback import CallbackHandler
 
     hook_seconds: dict[str, float] = {}
-    loop: dict[str, float] = {}
+    train_begin: dict[str, float] = {}  # the snapshot taken at on_train_begin
     original_call_event = CallbackHandler.call_event
 
     def timed(key: str, hook):
@@ -59,11 +59,10 @@ def _install(path: str) -> None:
                     setattr(callback, hook, timed(name, getattr(callback, hook)))
                 callback._overhead_timed = True
         if event == "on_train_begin":
-            loop["begin"] = cpu_snapshot()
+            train_begin.update(cpu_snapshot())
         if event == "on_train_end":
-            loop["end"] = cpu_snapshot()
-            begin, end = loop["begin"], loop["end"]
-            result = {key: end[key] - begin[key] for key in begin}
+            end = cpu_snapshot()
+            result = {key: end[key] - train_begin[key] for key in train_begin}
             result.update(steps=state.global_step, hook_seconds=dict(hook_seconds))
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(result, handle)
