@@ -97,6 +97,31 @@ def test_journal_rebuilds_the_same_dump_and_survives_a_torn_line(tmp_path):
         read_journal(str(broken))
 
 
+def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
+    """Points are written without building their dicts: each line must still be what json writes for the record."""
+    import numpy as np
+
+    path = tmp_path / "run.journal.jsonl"
+    record = RunRecord(Journal(str(path)), HEADER)
+    points = [
+        ("loss", 1.25, 3, None),
+        ('we"ird\\name é', np.float32(0.1), None, {"subset": "eval"}),
+        ("gpu_memory_used_bytes", 2**40, np.int64(7), {"gpu": 1}),
+        ("zero", -0.0, 0, {}),
+        ("tiny", 1e-300, 10**12, {"nested": {"a": [1, "b"]}}),
+        ("nan", float("nan"), 1, None),
+    ]
+    record.record_many(points)
+    record.finish("ok", training_steps=1)
+    lines = path.read_text().splitlines()[1:-1]
+    written = [json.loads(line) for line in lines]
+    assert [(p["name"], p["step"], p["context"]) for p in written] == [
+        (name, None if step is None else int(step), context or {}) for name, _, step, context in points
+    ]
+    assert [p["value"] for p in written] == [1.25, float(np.float32(0.1)), 2.0**40, -0.0, 1e-300, None]
+    assert lines == [json.dumps(p, allow_nan=False) for p in written]
+
+
 def test_rebuild_command(tmp_path, capsys):
     path = tmp_path / "run.journal.jsonl"
     record = simulated_run(path)  # never finished: as after SIGKILL, once the writer thread flushed

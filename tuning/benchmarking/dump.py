@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any
 
+from tuning.benchmarking.journal import Point
 from tuning.benchmarking.schema import (
     MODEL_LOAD_TIME,
     PROCESS_RSS,
@@ -59,23 +60,17 @@ def _context_key(context: dict[str, Any]) -> Hashable:
     return key
 
 
-def _series(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _series(points: list[Point]) -> list[dict[str, Any]]:
     """Points grouped into ``{name, context, steps, values, timestamps}`` series, in order of first appearance."""
     by_key: dict[tuple[str, Hashable], dict[str, Any]] = {}
-    for point in points:
-        key = (point["name"], _context_key(point["context"]))
+    for name, context, step, value, at in points:
+        key = (name, _context_key(context))
         series = by_key.get(key)
         if series is None:
-            series = by_key[key] = {
-                "name": point["name"],
-                "context": point["context"],
-                "steps": [],
-                "values": [],
-                "timestamps": [],
-            }
-        series["steps"].append(point["step"])
-        series["values"].append(point["value"])
-        series["timestamps"].append(point["time"])
+            series = by_key[key] = {"name": name, "context": context, "steps": [], "values": [], "timestamps": []}
+        series["steps"].append(step)
+        series["values"].append(value)
+        series["timestamps"].append(at)
     return list(by_key.values())
 
 
@@ -149,16 +144,22 @@ def _summary(
     }
 
 
-def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records."""
+def build_dump(records: list[dict[str, Any] | Point], rebuilt_from_journal: bool = False) -> dict[str, Any]:
+    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records: dicts as read from
+    a journal, points also as the ``Point`` tuples a live run keeps."""
     header = records[0]
     notes: dict[str, Any] = {}
-    points: list[dict[str, Any]] = []
+    points: list[Point] = []
     end: dict[str, Any] | None = None
+    last_time = 0.0
     for record in records[1:]:
+        if type(record) is tuple:
+            points.append(record)
+            continue
+        last_time = max(last_time, record.get("time", 0.0))
         kind = record["type"]
         if kind == "point":
-            points.append(record)
+            points.append((record["name"], record["context"], record["step"], record["value"], record["time"]))
         elif kind == "note":
             notes.update({key: value for key, value in record.items() if key != "type"})
         elif kind == "end":
@@ -166,7 +167,10 @@ def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False
     series = _series(points)
     training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
     warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
-    last_time = end["time"] if end else max((record.get("time", 0.0) for record in records), default=0.0)
+    if end is not None:
+        last_time = end["time"]
+    elif points:
+        last_time = max(last_time, max(point[4] for point in points))
     if end is None:
         status, stop_reason = "error", None
         error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}

@@ -31,6 +31,28 @@ logger = logging.getLogger(__name__)
 # One encoder for every record: json.dumps builds a new one per call whenever an option is given.
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
+# A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf. A tuple
+# costs the training thread a tenth of a dict, and encodes in a third of the time (``_encode_point``).
+Point = tuple[str, dict[str, Any], int | None, float | None, float]
+_POINT_HEADS: dict[str, str] = {}  # series name → the encoded start of its point records
+
+
+def _encode_point(point: Point) -> str:
+    """The ``point`` record of ``point`` as JSON, exactly as the encoder writes the record's dict (keys in the order
+    ``type``, ``name``, ``context``, ``step``, ``value``, ``time``), without building the dict."""
+    name, context, step, value, at = point
+    head = _POINT_HEADS.get(name)
+    if head is None:
+        head = _POINT_HEADS[name] = f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": '
+    context_json = _ENCODER.encode(context) if context else "{}"
+    step_json = "null" if step is None else int(step)
+    value_json = "null" if value is None else float.__repr__(value)
+    return f'{head}{context_json}, "step": {step_json}, "value": {value_json}, "time": {float.__repr__(at)}}}'
+
+
+def _encode(record: dict[str, Any] | Point) -> str:
+    return _encode_point(record) if type(record) is tuple else _ENCODER.encode(record)
+
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
     """Where the journal of ``metrics_path`` lives: ``run.json`` → ``run.journal.jsonl`` (``run.rank3.journal.jsonl``
@@ -58,8 +80,9 @@ class Journal:
         self._writer = threading.Thread(target=self._write_queued, name="journal-writer", daemon=True)
         self._writer.start()
 
-    def write(self, *records: dict[str, Any]) -> None:
-        """Queue records for the writer thread, which appends them one line each, in order; dropped once closed."""
+    def write(self, *records: dict[str, Any] | Point) -> None:
+        """Queue records (dicts, or ``Point`` tuples) for the writer thread, which appends them one line each, in
+        order; dropped once closed."""
         with self._lock:
             if not self._closing.is_set():
                 self._queue.put(records)  # nobody waits on the queue: no thread wakes up now
@@ -80,7 +103,7 @@ class Journal:
             while not self._queue.empty():
                 batch.extend(self._queue.get())
             if self._file is not None and (batch or closing):
-                self._append("".join(_ENCODER.encode(record) + "\n" for record in batch), sync=closing)
+                self._append("".join(_encode(record) + "\n" for record in batch), sync=closing)
             if closing:
                 self._close_file()
                 return

@@ -6,39 +6,36 @@ import time
 from typing import Any
 
 from tuning.benchmarking.dump import build_dump
-from tuning.benchmarking.journal import Journal
+from tuning.benchmarking.journal import Journal, Point
 from tuning.benchmarking.schema import SCHEMA_VERSION
 from tuning.trackers import Tracker
 
+_NO_CONTEXT: dict[str, Any] = {}
 
-def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> dict[str, Any]:
+
+def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> Point:
     value = float(value)
-    return {
-        "type": "point",
-        "name": name,
-        "context": dict(context or {}),
-        "step": step,
-        "value": value if math.isfinite(value) else None,
-        "time": now,
-    }
+    return (name, context or _NO_CONTEXT, step, value if math.isfinite(value) else None, now)
 
 
 class RunRecord(Tracker):
     """Journal records of one run (format in ``tuning.benchmarking.journal``); thread-safe.
 
-    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it.
+    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it. Points
+    are kept as ``Point`` tuples until the dump is built (recording runs on the training thread at every step), and
+    their contexts are kept, not copied: do not change a context after recording it.
     """
 
     name = "benchmark_record"
 
     def __init__(self, journal: Journal, header: dict[str, Any]):
         self.journal = journal
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any] | Point] = []
         self._lock = threading.Lock()
         self._finished = False
         self._append({"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header})
 
-    def _append(self, *records: dict[str, Any]) -> None:
+    def _append(self, *records: dict[str, Any] | Point) -> None:
         with self._lock:
             if self._finished:
                 return  # e.g. a last system-metrics sample racing the end of the run
@@ -52,7 +49,7 @@ class RunRecord(Tracker):
     def record_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
         """Several ``(name, value, step, context)`` points measured together, journaled with one write."""
         now = time.time()
-        self._append(*(_point(name, value, step, context, now) for name, value, step, context in points))
+        self._append(*[_point(name, value, step, context, now) for name, value, step, context in points])
 
     def note(self, **facts: Any) -> None:
         """Facts learnt while running (``run_hash``, ``warmup_steps``, ...): later notes override earlier ones."""

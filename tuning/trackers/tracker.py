@@ -15,18 +15,29 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def _series_name(key: str) -> tuple[str, dict[str, str]]:
+    for prefix in _LOG_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :], {"subset": prefix[:-1]}
+    return key, {}
+
+
+# Log key → (series name, context). Trainers log the same few keys at every step, so each is named once.
+_SERIES_NAMES: dict[str, tuple[str, dict[str, str]]] = {}
+
+
 def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
     """The numbers of a trainer log as ``(series name, context, value)``, named the way every tracker names them:
-    ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``."""
+    ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``. The contexts are shared between calls: read
+    them, never change them. Runs at every logging step, hence the fast path for plain floats and ints."""
     for key, value in logs.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kind = type(value)
+        if kind is not float and kind is not int and (kind is bool or not isinstance(value, numbers.Real)):
             continue
-        name, context = key, {}
-        for prefix in _LOG_PREFIXES:
-            if key.startswith(prefix):
-                name, context = key[len(prefix) :], {"subset": prefix[:-1]}
-                break
-        yield name, context, value
+        named = _SERIES_NAMES.get(key)
+        if named is None:
+            named = _SERIES_NAMES[key] = _series_name(key)
+        yield named[0], named[1], value
 
 
 class Tracker:
