@@ -623,7 +623,9 @@ def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
     assert stop.received_signal == signal.SIGTERM
     assert er.last_global_step() == 3
     assert not (tmp_path / "out" / "checkpoint-3").exists()  # no checkpoint started inside the grace period
-    assert signal.getsignal(signal.SIGTERM) is before  # restored on train end
+    assert signal.getsignal(signal.SIGTERM) == stop._handle  # kept past train end, while the report is due
+    stop.restore_signal_handlers()
+    assert signal.getsignal(signal.SIGTERM) is before
     report = build_error_report(TrainingInterrupted(stop.received_signal), global_step=er.last_global_step())
     assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 3)
 
@@ -646,6 +648,34 @@ callbacks = [t._signal_at_step(2, signal.SIGTERM, signal.SIGTERM), GracefulStopC
 t._tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
 print("survived")
 """
+
+
+SIGTERM_WHILE_REPORTING_SCRIPT = """
+import os, pathlib, signal, sys
+import tests.test_error_reporting as t
+from tuning.utils.error_reporting import GracefulStopCallback
+stop = GracefulStopCallback()
+trainer = t._tiny_trainer(pathlib.Path(sys.argv[1]), [t._signal_at_step(2, signal.SIGTERM), stop])
+trainer.train()
+os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends it to every worker once one has exited
+print("survived", trainer.state.global_step, flush=True)
+stop.restore_signal_handlers()
+print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+"""
+
+
+def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_WHILE_REPORTING_SCRIPT, str(tmp_path)],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours = [line for line in result.stdout.splitlines() if line.startswith(("survived", "restored"))]
+    assert ours == ["survived 2", "restored True"]
 
 
 def test_second_sigterm_falls_back_to_the_default_action(tmp_path):

@@ -489,11 +489,14 @@ def _build_graceful_stop_callback() -> type:
         """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary.
 
         The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks
-        ``received_signal`` and raises ``TrainingInterrupted``. A second signal gets the handler that was installed
-        before, so the user can still force a stop. Checkpoints and evaluations are skipped once stopping: the grace
-        period before SIGKILL (30 s by default on Kubernetes) is short and half a checkpoint is worse than none.
-        With several ranks the decision is agreed every step (an all-reduce on a CPU group, no device sync), since a
-        rank that stops alone leaves the others blocked in a collective. Also records the global step for reports.
+        ``received_signal`` and raises ``TrainingInterrupted``. A second signal before the stop gets the handler
+        that was installed before, so the user can still force a stop. Once the stop is agreed, a repeated SIGTERM
+        is ignored and the handlers stay installed past train end, until the caller's ``restore_signal_handlers()``
+        (our CLIs just exit): torchrun sends SIGTERM to every worker as soon as one exits, and it must not cut a
+        report short. Checkpoints and evaluations are skipped once stopping: the grace period before SIGKILL (30 s
+        by default on Kubernetes) is short and half a checkpoint is worse than none. With several ranks the
+        decision is agreed every step (an all-reduce on a CPU group, no device sync), since a rank that stops alone
+        leaves the others blocked in a collective. Also records the global step for reports.
         """
 
         signals = (signal.SIGTERM, signal.SIGINT)
@@ -523,6 +526,8 @@ def _build_graceful_stop_callback() -> type:
                     signal.Signals(signum).name,
                 )
                 return
+            if self._stopping and signum == signal.SIGTERM:
+                return  # already stopping as fast as it can (no logging here: it may interrupt a write to stderr)
             previous = self._previous.get(signum)
             self.restore_signal_handlers()
             if callable(previous):
@@ -560,7 +565,8 @@ def _build_graceful_stop_callback() -> type:
                 control.should_evaluate = False
 
         def on_train_end(self, args, state, control, **kwargs):
-            self.restore_signal_handlers()
+            if not self._stopping:
+                self.restore_signal_handlers()
 
     GracefulStopCallback.__module__ = __name__
     GracefulStopCallback.__qualname__ = "GracefulStopCallback"
