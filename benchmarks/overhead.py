@@ -61,6 +61,7 @@ class Settings:
 
     max_steps: int = 300
     batch_size: int = 4
+    gradient_accumulation_steps: int = 1
     max_seq_length: int = 128
     seed: int = 42
     learning_rate: float = 5e-5
@@ -96,6 +97,7 @@ def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[
         "output_dir": output_dir,
         "max_steps": settings.max_steps,
         "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
         "learning_rate": settings.learning_rate,
         "seed": settings.seed,
         "bf16": False,
@@ -365,6 +367,7 @@ def measure(settings: Settings, arms: list[str], pairs: int, warmup: bool, workd
 SETTING_HELP = {
     "max_steps": "optimizer steps per run",
     "batch_size": "per-device train batch size",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (and per logged step)",
     "max_seq_length": "truncation length of each example",
     "seed": "training seed (data order)",
     "learning_rate": "learning rate",

@@ -19,6 +19,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+from tuning.trackers import aim_writer
 from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
 from tuning.utils.error_reporting import UserInputError
 
@@ -116,6 +117,46 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     assert series(run, "loss", {"subset": "train"}) == {5: 0.4}  # the trainer's final train_loss
     assert any(name.startswith("__system__") for name, _context in run["metrics"])  # Aim's own sampler
     assert read_runs(repo, 'run.experiment_metadata.dataset_id == "another-dataset"') == []
+
+
+# ---- the writer started before the job's imports ----
+
+
+@pytest.mark.parametrize(
+    "argv, asks",
+    [
+        (["--tracker", "aim", "--aim_repo", "r"], True),
+        (["--trackers", "file_logger", "aim", "--max_steps", "3"], True),
+        (["--trackers=aim"], True),
+        (["--trackers", "file_logger", "--aim_repo", "aim"], False),
+        (["--experiment", "aim", "--trackers", "none"], False),
+    ],
+)
+def test_command_lines_that_ask_for_aim(argv, asks):
+    assert aim_writer.asks_for_aim(argv) is asks
+
+
+def test_tracker_adopts_the_writer_started_early(tmp_path):
+    aim_writer.start_early()
+    early = aim_writer._early_writer
+    callback = SafeAimCallback(str(tmp_path / "repo"))
+    assert early is not None and callback._writer is early
+    drive(callback, tmp_path / "out", steps=3)
+    assert not callback.degraded
+    (run,) = read_runs(tmp_path / "repo")
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
+    assert SafeAimCallback(str(tmp_path / "repo"))._writer is not early  # adopted once
+
+
+def test_unadopted_early_writer_exits_with_its_process():
+    probe = "from tuning.trackers import aim_writer; aim_writer.start_early(); print(aim_writer._early_writer.pid)"
+    # The writer inherits stderr, so this returns once the writer, too, has exited.
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
+    pid = int(result.stdout)
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
 def test_run_hash_goes_to_output_dir_by_default(tmp_path):

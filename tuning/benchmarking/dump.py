@@ -67,7 +67,8 @@ def _series(points: list[Point]) -> list[dict[str, Any]]:
         key = (name, _context_key(context))
         series = by_key.get(key)
         if series is None:
-            series = by_key[key] = {"name": name, "context": context, "steps": [], "values": [], "timestamps": []}
+            # The series' own copy: recorders share context dicts between points.
+            series = by_key[key] = {"name": name, "context": dict(context), "steps": [], "values": [], "timestamps": []}
         series["steps"].append(step)
         series["values"].append(value)
         series["timestamps"].append(at)

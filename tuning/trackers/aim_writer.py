@@ -2,35 +2,83 @@
 
 Aim costs ~0.4 ms of CPU per tracked point; inside the training process that work competes with the training loop
 for the GIL. Here it runs beside it, and a writer that Aim blocks for good (a locked repo, a dead server: aim#3067)
-is simply killed. ``tuning.trackers.aimstack.SafeAimCallback`` starts it by path (``python aim_writer.py``) when
-the tracker is created, so it imports only the standard library, psutil and aim, while the job prepares; the run
-is created by the first message.
+is simply killed. It runs as a script (``spawn``), imports Aim at once (~2 s of CPU) and waits for its first
+message, which says which run to create: so a writer can start before its job knows its configuration.
+``tuning.trackers.aimstack.SafeAimCallback`` starts one when the tracker is created, or adopts the one that
+``start_early`` started before the job's own heavy imports (``wrappers/bench_train.py`` does), so that importing Aim
+overlaps those instead of the first training steps. Importing this module in the training process stays cheap.
 
-Protocol: one JSON object per line. The tracker sends, in this order, ``{"op": "open", ...}``, any number of
-``{"op": "track", "points": [[value, name, step, epoch, context], ...]}`` and ``{"op": "set", "name": ...,
-"params": {...}}``, then ``{"op": "close"}``. After each chunk of input it answers ``{"ack": n}``: n messages are
-done so far (the first ack after the open also carries ``run_hash``). When a message fails, the answer adds
-``"failed": repr of the exception`` (the message after the n-th failed) or ``"gone": reason`` (the remote server
-is unreachable) and the writer exits.
-When its input ends without a close (the training process died), it closes the run itself within ``--timeout``.
+Protocol: one JSON object per line. The tracker sends, in this order, ``{"op": "open", ...}`` (repo, experiment,
+``timeout``, ``server``, ...), any number of ``{"op": "track", "points": [[value, name, step, epoch, context],
+...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}``. After each chunk of input it
+answers ``{"ack": n}``: n messages are done so far (the first ack after the open also carries ``run_hash``). When a
+message fails, the answer adds ``"failed": repr of the exception`` (the message after the n-th failed) or ``"gone":
+reason`` (the remote server is unreachable) and the writer exits.
+When its input ends without a close (the training process died), it closes the run itself within the open's
+``timeout``; a writer whose input ends before any open just exits.
 """
 
-import argparse
+import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
 
-# Imported at start, before any message: the tracker starts the writer early so that this overlaps its job's setup.
-import psutil
-from aim import Run
+if __name__ == "__main__":  # the writer process: import Aim now, before any message (see the module docstring)
+    import psutil
+    from aim import Run
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+
+_early_writer: subprocess.Popen | None = None
+
+
+def spawn() -> subprocess.Popen:
+    """A new writer process, talking text over its stdin and stdout. Its own session: a Ctrl-C meant for training
+    must not kill the run before training closes it."""
+    command = [sys.executable, os.path.abspath(__file__)]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def asks_for_aim(argv: list[str]) -> bool:
+    """Whether a command line names the aim tracker (``--tracker aim``, ``--trackers file_logger aim``,
+    ``--trackers=aim``): enough to decide on ``start_early``, which only saves time."""
+    in_trackers, values = False, []
+    for arg in argv:
+        if arg.startswith("--"):
+            flag, _, value = arg.partition("=")
+            in_trackers = flag in ("--tracker", "--trackers")
+            if in_trackers and value:
+                values.append(value)
+        elif in_trackers:
+            values.append(arg)
+    return any("aim" in value for value in values)
+
+
+def start_early() -> None:
+    """Start this process's writer now (on global rank 0 only, where the tracker writes), for the aim tracker that
+    the job creates later to adopt. Unadopted, it exits when this process does (its input ends)."""
+    global _early_writer
+    if _early_writer is None and int(os.environ.get("RANK", "0")) == 0 and importlib.util.find_spec("aim"):
+        with contextlib.suppress(OSError):  # the tracker tries again, and reports it, when it is created
+            _early_writer = spawn()
+
+
+def adopt_or_spawn() -> subprocess.Popen:
+    """The writer ``start_early`` started, if it is still waiting for its run; else a new one."""
+    global _early_writer
+    writer, _early_writer = _early_writer, None
+    if writer is not None and writer.poll() is None:
+        return writer
+    return spawn()
 
 
 def installed_packages() -> dict[str, str]:
@@ -49,8 +97,9 @@ class ServerGone(Exception):
 
 
 class Writer:
-    def __init__(self, server: tuple[str, int] | None):
-        self.server = server
+    def __init__(self):
+        self.server: tuple[str, int] | None = None
+        self.close_timeout = DEFAULT_CLOSE_TIMEOUT_S
         self.run: Any = None
         self.done = 0
         self.new_run_hash: str | None = None
@@ -68,6 +117,10 @@ class Writer:
             raise ServerGone(f"the Aim server aim://{self.server[0]}:{self.server[1]} is unreachable ({exc})") from exc
 
     def open(self, message: dict[str, Any]) -> str:
+        if message.get("server"):
+            host, _, port = message["server"].rpartition(":")
+            self.server = (host, int(port))
+        self.close_timeout = message.get("timeout", DEFAULT_CLOSE_TIMEOUT_S)
         self.probe(force=True)
         self.run = Run(
             repo=message["repo"],
@@ -125,12 +178,7 @@ class Writer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default=None, help="host:port of a remote Aim server to probe")
-    parser.add_argument("--timeout", type=float, default=30.0, help="bound on closing the run when input ends")
-    args = parser.parse_args()
-    host, _, port = (args.server or "").rpartition(":")
-    writer = Writer((host, int(port)) if args.server else None)
+    writer = Writer()
     # The protocol keeps the real stdout; anything Aim prints goes to stderr instead.
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -146,7 +194,7 @@ def main() -> None:
         if finished:
             os._exit(0)  # never Aim's exit hooks: with a dead server they wait forever
     # The training process is gone without closing the run: close it, but never hang around doing so.
-    signal.alarm(max(1, int(args.timeout)))
+    signal.alarm(max(1, int(writer.close_timeout)))
     if writer.run is not None:
         try:
             writer.probe(force=True)

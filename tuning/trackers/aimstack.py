@@ -3,7 +3,8 @@
 Design
 ------
 The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstring has the protocol), started with
-the callback so that it imports Aim while the job loads data and the model; the run is created on first use.
+the callback (or earlier, by ``aim_writer.start_early``) so that it imports Aim while the job loads data and the
+model; the run is created on first use.
 ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them to the
 child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.4
 ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered and sent
@@ -50,6 +51,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig
+from tuning.trackers import aim_writer
 from tuning.trackers.tracker import Tracker, is_main_process, log_series
 from tuning.utils.error_reporting import UserInputError
 
@@ -60,7 +62,6 @@ logger = logging.getLogger(__name__)
 
 RUN_HASH_FILENAME = "aimstack_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
-WRITER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aim_writer.py")
 
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 _CLOSING = "closing the Aim run"
@@ -181,6 +182,8 @@ class SafeAimCallback(TrainerCallback):
                 open_run = {
                     "op": "open",
                     "repo": self.repo,
+                    "timeout": self.timeout,
+                    "server": "{}:{}".format(*server) if (server := _server_address(self.repo)) else None,
                     "experiment": self.experiment,
                     "system_tracking_interval": self.system_tracking_interval,
                     "pid": os.getpid(),
@@ -235,15 +238,8 @@ class SafeAimCallback(TrainerCallback):
 
     def _start_writer(self) -> None:
         """Start the writer process and its sender and reader threads; tracking degrades if it cannot start."""
-        server = _server_address(self.repo)
-        command = [sys.executable, WRITER_SCRIPT, "--timeout", str(self.timeout)]
-        if server is not None:
-            command += ["--server", f"{server[0]}:{server[1]}"]
         try:
-            # Its own session: a Ctrl-C meant for training must not kill the run before training closes it.
-            self._writer = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
-            )
+            self._writer = aim_writer.adopt_or_spawn()
         except OSError as exc:
             self._degrade(f"starting the Aim writer failed: {exc!r}")
             return

@@ -3,9 +3,10 @@
 import numbers
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import TrainerCallback
+if TYPE_CHECKING:  # importing transformers takes seconds; tuning.trackers stays light without it
+    from transformers import TrainerCallback
 
 _LOG_PREFIXES = ("train_", "eval_", "test_")
 
@@ -49,7 +50,7 @@ class Tracker:
 
     name: str = "base"
 
-    def get_hf_callback(self) -> TrainerCallback | None:
+    def get_hf_callback(self) -> "TrainerCallback | None":
         """The callback to hand to ``train(callbacks=…)``; None when the backend needs none."""
         return None
 
