@@ -12,6 +12,9 @@ sft_trainer, bench_train; sft_trainer, bench_train, trl; …), so that no arm ow
                with ``--arms trl_plain``; not in ``all``)
   sft_trainer  ``tuning/sft_trainer.py`` with the default file logger
   bench_train  ``wrappers/bench_train.py`` with a local Aim repo, its journal and system metrics
+  bench_train_no_aim
+               the same without Aim (``--trackers none``): what bench_train's own measuring costs, apart from Aim's
+               writer process
 
 Every arm is timed the same way, from outside and by the trainer itself:
   process  spawn to exit (imports, data, model load, training, saving)
@@ -27,7 +30,7 @@ cancels out. The per-step losses must agree across arms (the ``same work`` colum
 Then it times bench_train's record path on a 100 000-point run: recording each step's points (paid in the loop), the
 journal's writer thread catching up, and the end-of-run aggregation into the dump plus writing it (target < 1 s).
 
-    python benchmarks/overhead.py                      # the full measurement (about 5 min on 2 quiet cores)
+    python benchmarks/overhead.py                      # the full measurement (about 8 min on 2 quiet cores)
     python benchmarks/overhead.py --pairs 1 --max_steps 20 --arms trl,sft_trainer   # a quick check
 """
 
@@ -138,7 +141,7 @@ def sft_trainer_command(settings: Settings, model_dir: str, run_dir: Path) -> li
     return our_command("tuning/sft_trainer.py", settings, model_dir, run_dir, "--trackers", "file_logger")
 
 
-def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+def bench_train_command(settings: Settings, model_dir: str, run_dir: Path, *trackers: str) -> list[str]:
     # One Aim repo for all runs, as a benchmarking team keeps one.
     return our_command(
         "wrappers/bench_train.py",
@@ -146,9 +149,7 @@ def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> li
         model_dir,
         run_dir,
         "--trackers",
-        "aim",
-        "--aim_repo",
-        str(run_dir.parent / "aim"),
+        *(trackers or ("aim", "--aim_repo", str(run_dir.parent / "aim"))),
         "--experiment",
         "overhead",
         "--metrics_path",
@@ -156,6 +157,10 @@ def bench_train_command(settings: Settings, model_dir: str, run_dir: Path) -> li
         "--system_metrics_interval",
         str(settings.system_metrics_interval),
     )
+
+
+def bench_train_no_aim_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
+    return bench_train_command(settings, model_dir, run_dir, "none")
 
 
 def trl_plain_command(settings: Settings, model_dir: str, run_dir: Path) -> list[str]:
@@ -166,9 +171,10 @@ ARMS = {
     "trl": trl_command,
     "sft_trainer": sft_trainer_command,
     "bench_train": bench_train_command,
+    "bench_train_no_aim": bench_train_no_aim_command,
     "trl_plain": trl_plain_command,
 }
-DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
+DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train", "bench_train_no_aim")
 
 
 def child_env(settings: Settings) -> dict[str, str]:

@@ -11,7 +11,7 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
     output = tmp_path / "overhead.json"
     overhead.main(["--pairs", "1", "--max_steps", "2", "--no_warmup", "--dump_points", "1000", "--output", str(output)])
     results = json.loads(output.read_text())
-    assert [run["arm"] for run in results["runs"]] == ["trl", "sft_trainer", "bench_train"]
+    assert [run["arm"] for run in results["runs"]] == ["trl", "sft_trainer", "bench_train", "bench_train_no_aim"]
     for run in results["runs"]:
         assert len(run["losses"]) == 2
         assert 0 < run["loop_s"] < run["process_s"] and 0 < run["startup_s"] < run["process_s"]
@@ -20,11 +20,16 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
         hooks = run["attribution"]["hook_seconds"]
         assert run["attribution"]["steps"] == 2 and any(name.startswith("transformers.") for name in hooks)
         ours = {name.rsplit(".", 1)[-1] for name in hooks if not name.startswith(("transformers.", "trl."))}
-        expected = {"trl": set(), "sft_trainer": {"FileLoggingCallback", "GracefulStopCallback"}}
-        assert ours == expected.get(run["arm"], {"BenchmarkCallback", "BenchmarkAimCallback", "GracefulStopCallback"})
-    # The Aim writer is a child process of bench_train only.
-    attribution = {arm: row["attribution"] for arm, row in results["summary"].items()}
-    assert attribution["bench_train"]["child_processes_cpu_us"] > 0 == attribution["trl"]["child_processes_cpu_us"]
+        expected = {
+            "trl": set(),
+            "sft_trainer": {"FileLoggingCallback", "GracefulStopCallback"},
+            "bench_train": {"BenchmarkCallback", "BenchmarkAimCallback", "GracefulStopCallback"},
+            "bench_train_no_aim": {"BenchmarkCallback", "GracefulStopCallback"},
+        }
+        assert ours == expected[run["arm"]]
+    # The Aim writer is a child process of bench_train with Aim only.
+    children = {arm: row["attribution"]["child_processes_cpu_us"] for arm, row in results["summary"].items()}
+    assert children["bench_train"] > 0 == children["trl"] == children["bench_train_no_aim"]
     for arm, row in results["summary"].items():
         assert row["same_work"], arm
         assert row["runs"] == 1 and row["process"]["ratio"] > 0
