@@ -5,6 +5,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -479,6 +480,16 @@ def test_run_with_error_reporting_in_process(tmp_path, monkeypatch, capsys):
     assert "Traceback (most recent call last)" in err
     assert err.rstrip().splitlines()[-1].startswith("TUNING_ERROR category=gpu_oom rank=0 step=7 exit_code=204")
     assert (tmp_path / "log").read_text() == f"gpu_oom: OutOfMemoryError: {CUDA_OOM_TEXT}\n"
+
+
+def test_marker_starts_a_line_after_an_open_progress_bar(capsys):
+    def fail_mid_progress_bar():
+        sys.stderr.write("\r  5%|▌         | 5/100 [00:01<00:19]")  # tqdm leaves its line open
+        raise TrainingInterrupted(signal.SIGTERM)  # reported without a traceback
+
+    assert run_with_error_reporting(fail_mid_progress_bar) == 143
+    marker = r"^TUNING_ERROR category=interrupted rank=0 step=\S+ exit_code=143 type=TrainingInterrupted: "
+    assert re.search(marker, capsys.readouterr().err, re.M)
 
 
 def test_failing_hook_does_not_change_the_exit_code(caplog):

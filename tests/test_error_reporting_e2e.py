@@ -220,7 +220,8 @@ def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_mod
     os.kill(worker_pid(launcher, 1), signal.SIGTERM)
     stderr = finish(launcher, timeout=120)
     found = sorted(markers(stderr), key=lambda marker: marker[1])
-    assert [(m[0], m[1], m[3]) for m in found] == [("interrupted", "0", "143"), ("interrupted", "1", "143")]
+    expected = [("interrupted", "0", "143"), ("interrupted", "1", "143")]
+    assert [(m[0], m[1], m[3]) for m in found] == expected, stderr[-6000:]
     assert found[0][2] == found[1][2]  # both ranks stopped after the same optimizer step
     assert sorted(termination_lines(tmp_path / "termination-log")) == [
         "interrupted: rank 0: TrainingInterrupted: training stopped by SIGTERM",

@@ -64,7 +64,7 @@ from tuning.utils.error_reporting import (
     TrainingStalled,
     UserInputError,
     build_error_report,
-    error_marker,
+    print_error_marker,
     run_with_error_reporting,
     termination_line,
     write_json_atomic,
@@ -430,7 +430,7 @@ class BenchmarkJob:
         )
         report = build_error_report(stalled, global_step=self.global_step(), extra={"thread_stacks": thread_stacks()})
         write_termination_log(termination_line(report))
-        print(error_marker(report), file=sys.stderr, flush=True)
+        print_error_marker(report)
         self.report_failure(report)
         os._exit(report["exit_code"])
 

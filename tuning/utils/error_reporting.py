@@ -418,6 +418,13 @@ def error_marker(report: dict[str, Any]) -> str:
     )
 
 
+def print_error_marker(report: dict[str, Any]) -> None:
+    """Print the marker on a line of its own, in one write: a progress bar (of this rank or, under torchrun, of
+    another writing to the same stream) may have left the current line open."""
+    sys.stderr.write(f"\n{error_marker(report)}\n")
+    sys.stderr.flush()
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write JSON through a temporary file in the same directory and ``os.replace``: readers never see half a file."""
     path = os.fspath(path)
@@ -470,7 +477,7 @@ def run_with_error_reporting(
         # printed its own.
         if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted):
             traceback.print_exception(exc, file=sys.stderr)
-        print(error_marker(report), file=sys.stderr, flush=True)
+        print_error_marker(report)
         if on_error is not None:
             try:
                 on_error(report)
