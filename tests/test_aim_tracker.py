@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -38,6 +39,19 @@ def drive(callback: SafeAimCallback, output_dir: Path, steps: int = 5) -> Traine
     callback.on_log(args, state, control, logs={"train_runtime": 1.5, "train_loss": 0.4})
     callback.on_train_end(args, state, control)
     return state
+
+
+def wait_for_exit(pid: int, timeout: float, message: str) -> None:
+    """Wait until process ``pid`` has exited (gone, or a zombie: an orphan nobody may reap); fail with ``message``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
 
 
 def degraded_warnings(caplog) -> list[str]:
@@ -155,18 +169,8 @@ def test_unadopted_early_writer_exits_with_its_process():
         [sys.executable, "-c", probe], env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
-    status = Path(f"/proc/{int(result.stdout)}/status")
-
-    def writer_ended() -> bool:
-        try:
-            return "zombie" in status.read_text()
-        except FileNotFoundError:
-            return True
-
-    deadline = time.monotonic() + 10  # its pipes close early in its exit; the process entry goes a moment later
-    while not writer_ended():
-        assert time.monotonic() < deadline, "the unadopted writer outlived its process"
-        time.sleep(0.05)
+    # Its pipes close early in its exit; the process entry goes a moment later.
+    wait_for_exit(int(result.stdout), 10, "the unadopted writer outlived its process")
 
 
 def test_run_hash_goes_to_output_dir_by_default(tmp_path):
@@ -397,8 +401,6 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
 
 def test_killed_training_process_leaves_a_closed_run(tmp_path):
     """SIGKILL the training process mid-run: its Aim writer sees its input end, closes the run and exits."""
-    import psutil
-
     script, marker, repo = tmp_path / "driver.py", str(tmp_path / "marker"), tmp_path / "repo"
     script.write_text(DRIVER)
     config = json.dumps({"aim_repo": str(repo), "aim_close_timeout": 20})
@@ -412,18 +414,7 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     finally:
         child.kill()
         child.wait()
-    writer = psutil.Process(int(Path(marker + ".paused").read_text()))
-
-    def writer_ended() -> bool:
-        try:
-            return writer.status() == psutil.STATUS_ZOMBIE  # orphaned, so nobody may reap it
-        except psutil.NoSuchProcess:
-            return True
-
-    deadline = time.monotonic() + 30
-    while not writer_ended():
-        assert time.monotonic() < deadline, "the Aim writer outlived its training process by 30 s"
-        time.sleep(0.1)
+    wait_for_exit(int(Path(marker + ".paused").read_text()), 30, "the Aim writer outlived its training process by 30 s")
     (run,) = read_runs(repo)
     assert not run["active"]
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
