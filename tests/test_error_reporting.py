@@ -675,28 +675,26 @@ print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
 """
 
 
-def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", SIGTERM_WHILE_REPORTING_SCRIPT, str(tmp_path)],
+def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run ``script`` in its own Python process: a signal that kills it must not kill pytest."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
         env=subprocess_env(),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
+    result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     ours = [line for line in result.stdout.splitlines() if line.startswith(("survived", "restored"))]
     assert ours == ["survived 2", "restored True"]
 
 
 def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", SECOND_SIGTERM_SCRIPT, str(tmp_path)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
     assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
     assert "survived" not in result.stdout
