@@ -9,11 +9,11 @@ message, which says which run to create: so a writer can start before its job kn
 overlaps those instead of the first training steps. Importing this module in the training process stays cheap.
 
 Protocol: one JSON object per line. The tracker sends, in this order, ``{"op": "open", ...}`` (repo, experiment,
-``timeout``, ``server``, ...), any number of ``{"op": "track", "points": [[value, name, step, epoch, context],
-...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}``. After each chunk of input it
-answers ``{"ack": n}``: n messages are done so far (the first ack after the open also carries ``run_hash``). When a
-message fails, the answer adds ``"failed": repr of the exception`` (the message after the n-th failed) or ``"gone":
-reason`` (the remote server is unreachable) and the writer exits.
+``timeout``, ``server`` as [host, port] or null, ...), any number of ``{"op": "track", "points": [[value, name, step,
+epoch, context], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}``. After each
+chunk of input it answers ``{"ack": n}``: n messages are done so far (the first ack after the open also carries
+``run_hash``). When a message fails, the answer adds ``"failed": repr of the exception`` (the message after the n-th
+failed) or ``"gone": reason`` (the remote server is unreachable) and the writer exits.
 When its input ends without a close (the training process died), it closes the run itself within the open's
 ``timeout``; a writer whose input ends before any open just exits.
 """
@@ -118,8 +118,8 @@ class Writer:
 
     def open(self, message: dict[str, Any]) -> str:
         if message.get("server"):
-            host, _, port = message["server"].rpartition(":")
-            self.server = (host, int(port))
+            host, port = message["server"]
+            self.server = host, port
         self.close_timeout = message.get("timeout", DEFAULT_CLOSE_TIMEOUT_S)
         self.probe(force=True)
         self.run = Run(

@@ -179,12 +179,11 @@ class SafeAimCallback(TrainerCallback):
                 return False
             if not self._run_requested:
                 self._run_requested = True
-                server = _server_address(self.repo)
                 open_run = {
                     "op": "open",
                     "repo": self.repo,
                     "timeout": self.timeout,
-                    "server": f"{server[0]}:{server[1]}" if server else None,
+                    "server": _server_address(self.repo),
                     "experiment": self.experiment,
                     "system_tracking_interval": self.system_tracking_interval,
                     "pid": os.getpid(),
