@@ -152,30 +152,29 @@ def build_dump(records: list[dict[str, Any] | Point], rebuilt_from_journal: bool
     notes: dict[str, Any] = {}
     points: list[Point] = []
     end: dict[str, Any] | None = None
-    last_time = 0.0
+    latest = 0.0  # the latest record's time apart from points (a run without an end stopped at its latest record)
     for record in records[1:]:
         if type(record) is tuple:
             points.append(record)
             continue
-        last_time = max(last_time, record.get("time", 0.0))
         kind = record["type"]
         if kind == "point":
             points.append((record["name"], record["context"], record["step"], record["value"], record["time"]))
-        elif kind == "note":
+            continue
+        latest = max(latest, record.get("time", 0.0))
+        if kind == "note":
             notes.update({key: value for key, value in record.items() if key != "type"})
         elif kind == "end":
             end = record
     series = _series(points)
     training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
     warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
-    if end is not None:
-        last_time = end["time"]
-    elif points:
-        last_time = max(last_time, max(point[4] for point in points))
     if end is None:
+        last_time = max([latest, *(point[4] for point in points)])
         status, stop_reason = "error", None
         error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}
     else:
+        last_time = end["time"]
         status, stop_reason, error = end["status"], end.get("stop_reason"), end.get("error")
     return {
         "schema_version": SCHEMA_VERSION,
