@@ -66,8 +66,10 @@ def asks_for_aim(argv: list[str]) -> bool:
 def start_early() -> None:
     """Start this process's writer now (on global rank 0 only, where the tracker writes), for the aim tracker that
     the job creates later to adopt. Unadopted, it exits when this process does (its input ends)."""
+    from tuning.trackers.tracker import is_main_process  # here: the writer process itself never needs it
+
     global _early_writer
-    if _early_writer is None and int(os.environ.get("RANK", "0")) == 0 and importlib.util.find_spec("aim"):
+    if _early_writer is None and is_main_process() and importlib.util.find_spec("aim"):
         with contextlib.suppress(OSError):  # the tracker tries again, and reports it, when it is created
             _early_writer = spawn()
 
