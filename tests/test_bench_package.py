@@ -15,6 +15,7 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, validate_dump
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
+from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
 from tuning.utils.error_reporting import UserInputError
 
@@ -208,3 +209,27 @@ def test_system_metrics_sampler():
     count = len(points)
     time.sleep(0.15)
     assert len(points) == count  # stopped means stopped
+
+
+def test_token_counter_counts_training_forwards_per_step(tiny_model):
+    """Mask sums of training micro-batches only, every token of a row without a mask, nothing once detached."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    input_ids = torch.ones((2, 6), dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    counter = StepTokenCounter(model, torch.device("cpu"))
+    model.train()
+    model(input_ids=input_ids, attention_mask=mask)
+    model(input_ids=input_ids[:1])  # unpadded: all 6 count
+    model.eval()
+    model(input_ids=input_ids, attention_mask=mask)  # evaluation does not count
+    counter.end_step(1, 0.5)
+    counter.end_step(2, 0.25)  # a step without a training forward
+    assert counter.ready() == [(1, 0.5, 16), (2, 0.25, 0)]
+    counter.detach()
+    model.train()
+    model(input_ids=input_ids, attention_mask=mask)
+    counter.end_step(3, 0.5)
+    assert counter.ready(wait=True) == [(3, 0.5, 0)]

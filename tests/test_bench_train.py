@@ -155,6 +155,9 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
     assert dump["summary"]["peak_rss_bytes"] > 10_000_000 and dump["summary"]["measured_steps"] >= 3
     names = {m["name"] for m in dump["metrics"]}
     assert {"loss", "learning_rate", "model_load_time", "step_tokens", "cpu_percent", "process_rss_bytes"} <= names
+    # Our token count (no sync per micro-batch) agrees with the one TRL logs; the trainer's own count stays off.
+    assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1]
+    assert "num_input_tokens_seen" not in names
     assert series(dump, "loss")["steps"] == list(range(1, dump["training_steps"] + 1))
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
 

@@ -360,7 +360,6 @@ class BenchmarkJob:
             )
             trackers.append(aim_tracker)
 
-        train_args.include_num_input_tokens_seen = "non_padding"  # the trainer counts real tokens on every rank
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
         self.bench = BenchmarkCallback(
             self.record,

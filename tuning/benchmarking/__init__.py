@@ -5,6 +5,7 @@
 - ``dump``: journal records → dump (summary, aggregates), atomic write, report file names
 - ``record``: ``RunRecord``, the live run's records (also a ``Tracker``)
 - ``callback``: ``BenchmarkCallback``, per-step measurement, stop decisions, sampler and watchdog lifetimes
+- ``tokens``: ``StepTokenCounter``, non-padding tokens per optimizer step without a device sync
 - ``system_metrics``, ``stopping``, ``watchdog``: the background sampler, the stop rule, the stall watchdog
 - ``rebuild``: ``python -m tuning.benchmarking.rebuild JOURNAL``
 

@@ -2,9 +2,9 @@
 
 Per step (global rank 0 records them; series names in ``tuning.benchmarking.schema``): ``step_time_seconds`` (wall
 time since the previous step ended, so data loading, logging, evaluation and checkpoints in between count),
-``step_tokens`` (non-padding tokens of the step over all ranks, from the trainer's ``num_input_tokens_seen``, which
-``include_num_input_tokens_seen="non_padding"`` turns on and which the trainer gathers across ranks),
-``step_samples`` (the global batch: per-device batch x gradient accumulation x world size) and ``tokens_per_second``.
+``step_samples`` (the global batch: per-device batch x gradient accumulation x world size), ``step_tokens``
+(non-padding tokens of the step over all ranks, counted by ``tokens.StepTokenCounter`` without a device sync; on a GPU
+they are recorded a step or two late, under their own step) and ``tokens_per_second``.
 Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``): ``train_``/``eval_``/
 ``test_`` prefixes become ``{"subset": ...}``.
 
@@ -25,6 +25,7 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
+from tuning.benchmarking.tokens import StepTokenCounter, StepTokens
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 
@@ -65,7 +66,7 @@ class BenchmarkCallback(TrainerCallback):
         self._first_step = 0
         self._train_start = 0.0
         self._last_step_end = 0.0
-        self._tokens_seen = 0
+        self._tokens: StepTokenCounter | None = None
         self._last_warmup_step: int | None = None
         self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup
         self._measured_steps = 0
@@ -89,7 +90,8 @@ class BenchmarkCallback(TrainerCallback):
 
         self._main = state.is_world_process_zero
         self.global_step = self._first_step = state.global_step
-        self._tokens_seen = state.num_input_tokens_seen
+        if kwargs.get("model") is not None:
+            self._tokens = StepTokenCounter(kwargs["model"], args.device)
         self._train_start = self._last_step_end = time.time()
         if self._main and self.record is not None:
             self.record.note(train_start=self._train_start)
@@ -107,18 +109,14 @@ class BenchmarkCallback(TrainerCallback):
         now = time.time()
         step, duration = state.global_step, now - self._last_step_end
         self._last_step_end, self.global_step = now, step
-        tokens, self._tokens_seen = state.num_input_tokens_seen - self._tokens_seen, state.num_input_tokens_seen
+        if self._tokens is not None:
+            self._tokens.end_step(step, duration)
+            counted = self._tokens.ready()
+        else:
+            counted = []
         if self._main:
             global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            points = [(STEP_TIME, duration), (STEP_SAMPLES, global_batch)]
-            if args.include_num_input_tokens_seen != "no":
-                points += [(STEP_TOKENS, tokens), (TOKENS_PER_SECOND, tokens / duration if duration > 0 else math.nan)]
-            if self.record is not None:
-                self.record.record_many([(name, value, step, None) for name, value in points])
-            if self.mirror is not None:
-                for name, value in points:
-                    if name in _MIRRORED:
-                        self.mirror(name, value, step, {})
+            self._record_steps([(STEP_TIME, duration, step), (STEP_SAMPLES, global_batch, step)], counted)
         if self._last_warmup_step is not None:
             self._recent.append(duration)
             self._measured_steps += 1
@@ -149,18 +147,37 @@ class BenchmarkCallback(TrainerCallback):
         self._beat()
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._tokens is not None:
+            counted = self._tokens.ready(wait=True)
+            if self._main:
+                self._record_steps([], counted)
         if self._main and self.record is not None:
             self.record.note(train_end=time.time())
         self.close()
 
     def close(self) -> None:
-        """Stop the sampler and the watchdog; also called by the wrapper when training raised."""
+        """Stop the sampler, the watchdog and the token count; also called by the wrapper when training raised."""
+        if self._tokens is not None:
+            self._tokens.detach()
+            self._tokens = None
         if self.watchdog is not None:
             self.watchdog.disarm()
         if self.sampler is not None:
             self.sampler.stop()
 
     # ---- helpers ----
+
+    def _record_steps(self, points: list[tuple[str, float, int]], counted: list[StepTokens]) -> None:
+        """Record ``(name, value, step)`` points and the token totals of the steps in ``counted``."""
+        for step, duration, tokens in counted:
+            points.append((STEP_TOKENS, tokens, step))
+            points.append((TOKENS_PER_SECOND, tokens / duration if duration > 0 else math.nan, step))
+        if self.record is not None:
+            self.record.record_many([(name, value, step, None) for name, value, step in points])
+        if self.mirror is not None:
+            for name, value, step in points:
+                if name in _MIRRORED:
+                    self.mirror(name, value, step, {})
 
     def _beat(self) -> None:
         if self.watchdog is not None:

@@ -1,0 +1,72 @@
+"""Non-padding tokens per optimizer step, counted without a device sync or a collective per micro-batch.
+
+The trainer's own count (``include_num_input_tokens_seen``) gathers a number across ranks and reads it back to the host
+after every micro-batch: a collective and a device sync each time, on top of the same pair TRL's SFTTrainer already
+spends on its ``num_tokens`` log, plus three more values in every log line. A benchmark must not add that. Here a
+forward pre-hook sums the attention mask of each training micro-batch on the device where it lies; at the step's end
+the sums are all-reduced over ranks once, and the total is copied to the host without blocking; it is read once the
+copy is done, at a later step's end or at the latest when training ends. On CPU everything completes at once.
+"""
+
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+StepTokens = tuple[int, float, int]  # (optimizer step, its duration in seconds, tokens over all ranks)
+
+
+class StepTokenCounter:
+    """Counts the tokens every training forward pass of ``model`` receives, per optimizer step."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self._device = device  # where a step without a counted micro-batch puts its zero
+        self._counts: list[torch.Tensor] = []
+        self._pending: deque[tuple[int, float, torch.Tensor, Any]] = deque()
+        self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if not module.training:
+            return  # evaluation
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            self._counts.append(mask.sum(dtype=torch.int64))
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(input_ids, torch.Tensor):  # no mask, no padding (e.g. packed rows): every token counts
+            self._counts.append(input_ids.new_full((), input_ids.numel(), dtype=torch.int64))
+
+    def end_step(self, step: int, duration: float) -> None:
+        """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
+        if self._counts:
+            total = torch.stack(self._counts).sum()
+            self._counts = []
+        else:
+            total = torch.zeros((), dtype=torch.int64, device=self._device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        if total.is_cuda:
+            host = torch.empty((), dtype=torch.int64, pin_memory=True)
+            host.copy_(total, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            self._pending.append((step, duration, host, copied))
+        else:
+            self._pending.append((step, duration, total.cpu(), None))
+
+    def ready(self, wait: bool = False) -> list[StepTokens]:
+        """The steps whose totals have reached the host, oldest first; ``wait`` waits for all of them."""
+        done: list[StepTokens] = []
+        while self._pending:
+            step, duration, host, copied = self._pending[0]
+            if copied is not None and not copied.query():
+                if not wait:
+                    break
+                copied.synchronize()
+            self._pending.popleft()
+            done.append((step, duration, int(host)))
+        return done
+
+    def detach(self) -> None:
+        self._handle.remove()
