@@ -235,8 +235,8 @@ def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) ->
             if state.is_world_process_zero:
                 self.set_params(params, "benchmark")
 
-        def mirror(self, name: str, value: float, step: int | None, context: dict[str, Any]) -> None:
-            self.track(value, name, step=step, context=context)
+        def mirror(self, points: list[tuple[str, float, int | None, dict[str, Any] | None]]) -> None:
+            self.track_many(points)
 
     class BenchmarkAimTracker(Tracker):
         """train() hands its trackers model_load_time and the metadata: the metadata becomes the run params

@@ -29,17 +29,18 @@ from tuning.benchmarking.tokens import StepTokenCounter, StepTokens
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 
-Mirror = Callable[[str, float, int | None, dict[str, Any]], None]
+Points = list[tuple[str, float, int | None, dict[str, Any] | None]]  # (name, value, step, context)
+Mirror = Callable[[Points], None]
 _MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
 
 
 class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
 
-    ``mirror(name, value, step, context)`` also receives the step time, token throughput and system series (not the
-    trainer logs, which trackers see themselves), e.g. to send them to Aim; system samples reach it with step None. With
-    ``system_metrics_interval`` a sampler runs from train begin to train end, its points labelled with the step in
-    progress.
+    ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
+    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim; system samples
+    reach it with step None. With ``system_metrics_interval`` a sampler runs from train begin to train end, its points
+    labelled with the step in progress.
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class BenchmarkCallback(TrainerCallback):
         self._measured_steps = 0
         self._measured_seconds = 0.0
         self._main = False
+        self._global_batch = 0  # samples per optimizer step over all ranks
         self._group: Any = None
         self._joint = False
 
@@ -81,7 +83,7 @@ class BenchmarkCallback(TrainerCallback):
         if self.record is not None:
             self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
         if self.mirror is not None and self._main:
-            self.mirror(name, value, None, context)
+            self.mirror([(name, value, None, context)])
 
     # ---- hooks ----
 
@@ -89,6 +91,7 @@ class BenchmarkCallback(TrainerCallback):
         import torch.distributed as dist
 
         self._main = state.is_world_process_zero
+        self._global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         self.global_step = self._first_step = state.global_step
         if kwargs.get("model") is not None:
             self._tokens = StepTokenCounter(kwargs["model"], args.device)
@@ -115,8 +118,7 @@ class BenchmarkCallback(TrainerCallback):
         else:
             counted = []
         if self._main:
-            global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            self._record_steps([(STEP_TIME, duration, step), (STEP_SAMPLES, global_batch, step)], counted)
+            self._record_steps([(STEP_TIME, duration, step), (STEP_SAMPLES, self._global_batch, step)], counted)
         if self._last_warmup_step is not None:
             self._recent.append(duration)
             self._measured_steps += 1
@@ -175,9 +177,7 @@ class BenchmarkCallback(TrainerCallback):
         if self.record is not None:
             self.record.record_many([(name, value, step, None) for name, value, step in points])
         if self.mirror is not None:
-            for name, value, step in points:
-                if name in _MIRRORED:
-                    self.mirror(name, value, step, {})
+            self.mirror([(name, value, step, None) for name, value, step in points if name in _MIRRORED])
 
     def _beat(self) -> None:
         if self.watchdog is not None:

@@ -21,30 +21,38 @@ class StepTokenCounter:
     """Counts the tokens every training forward pass of ``model`` receives, per optimizer step."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
-        self._device = device  # where a step without a counted micro-batch puts its zero
-        self._counts: list[torch.Tensor] = []
-        self._pending: deque[tuple[int, float, torch.Tensor, Any]] = deque()
+        self._device = device  # where a step's count goes for the all-reduce when it has none on a device
+        self._world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self._host_tokens = 0  # counted from tensors on the CPU: read at once, nothing to wait for
+        self._device_counts: list[torch.Tensor] = []  # sums still on an accelerator
+        self._pending: deque[tuple[int, float, int | torch.Tensor, Any]] = deque()
         self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if not module.training:
             return  # evaluation
         mask = kwargs.get("attention_mask")
-        if mask is not None:
-            self._counts.append(mask.sum(dtype=torch.int64))
-            return
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        if isinstance(input_ids, torch.Tensor):  # no mask, no padding (e.g. packed rows): every token counts
-            self._counts.append(input_ids.new_full((), input_ids.numel(), dtype=torch.int64))
+        if mask is None:
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            if isinstance(input_ids, torch.Tensor):  # no mask, no padding (e.g. packed rows): every token counts
+                self._host_tokens += input_ids.numel()
+        elif mask.is_cpu:
+            self._host_tokens += int(mask.sum())
+        else:
+            self._device_counts.append(mask.sum(dtype=torch.int64))
 
     def end_step(self, step: int, duration: float) -> None:
         """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
-        if self._counts:
-            total = torch.stack(self._counts).sum()
-            self._counts = []
+        host_tokens, self._host_tokens = self._host_tokens, 0
+        if self._device_counts:
+            total = torch.stack(self._device_counts).sum() + host_tokens
+            self._device_counts = []
+        elif self._world_size == 1:
+            self._pending.append((step, duration, host_tokens, None))
+            return
         else:
-            total = torch.zeros((), dtype=torch.int64, device=self._device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            total = torch.tensor(host_tokens, dtype=torch.int64, device=self._device)
+        if self._world_size > 1:
             dist.all_reduce(total)
         if total.is_cuda:
             host = torch.empty((), dtype=torch.int64, pin_memory=True)
@@ -53,7 +61,7 @@ class StepTokenCounter:
             copied.record()
             self._pending.append((step, duration, host, copied))
         else:
-            self._pending.append((step, duration, total.cpu(), None))
+            self._pending.append((step, duration, int(total), None))
 
     def ready(self, wait: bool = False) -> list[StepTokens]:
         """The steps whose totals have reached the host, oldest first; ``wait`` waits for all of them."""

@@ -127,6 +127,12 @@ class SafeAimCallback(TrainerCallback):
         """Record one point of the series ``name``/``context``."""
         self._track_points([[float(value), name, step, epoch, dict(context or {})]])
 
+    def track_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
+        """Record ``(name, value, step, context)`` points together (one lock, one check of the writer)."""
+        self._track_points(
+            [[float(value), name, step, None, dict(context or {})] for name, value, step, context in points]
+        )
+
     def set_params(self, params: dict, name: str) -> None:
         """Merge ``params`` into the run param ``name``, so queries like ``run.<name>.<key> == …`` find the run."""
         self._send({"op": "set", "name": name, "params": dict(params)}, f"setting the run param {name}")
