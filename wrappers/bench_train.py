@@ -228,15 +228,13 @@ def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) ->
 
     class BenchmarkAimCallback(SafeAimCallback):
         """The tracker's callback (every Aim call isolated: a dead server costs a warning, never the job), plus the
-        benchmark flags as ``run.benchmark.*`` and ``mirror`` for the step-time, throughput and system series."""
+        benchmark flags as ``run.benchmark.*``; its ``track_many`` receives the step-time, throughput and system
+        series."""
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             super().on_train_begin(args, state, control, model=model, **kwargs)
             if state.is_world_process_zero:
                 self.set_params(params, "benchmark")
-
-        def mirror(self, points: list[tuple[str, float, int | None, dict[str, Any] | None]]) -> None:
-            self.track_many(points)
 
     class BenchmarkAimTracker(Tracker):
         """train() hands its trackers model_load_time and the metadata: the metadata becomes the run params
@@ -368,7 +366,7 @@ class BenchmarkJob:
             warmup_seconds=flags.skip_warmup_seconds,
             system_metrics_interval=flags.system_metrics_interval if sampling else None,
             watchdog=watchdog,
-            mirror=self.aim.mirror if self.aim is not None else None,
+            mirror=self.aim.track_many if self.aim is not None else None,
         )
         graceful_stop = GracefulStopCallback()
         callbacks = [tracker.get_hf_callback() for tracker in trackers]
