@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -397,6 +398,47 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
     assert report["warnings"] == 1
     assert report["slowest_call_s"] < 0.5 and report["close_s"] < 3
     assert report["exit_s"] < 15
+
+
+def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
+    """Aim's client waits on a connection the server accepted and never answers, while new connections are refused:
+    the writer's server watch, not Aim, must say the server is gone."""
+    held: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    port = listener.getsockname()[1]
+
+    def accept_and_hold() -> None:
+        while listener.fileno() != -1:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept_and_hold, daemon=True).start()
+    writer = aim_writer.spawn()
+    try:
+        open_run = {"op": "open", "repo": f"aim://127.0.0.1:{port}", "server": ["127.0.0.1", port], "timeout": 30}
+        open_run.update(experiment="e", system_tracking_interval=None, pid=os.getpid(), executable="", arguments=[])
+        writer.stdin.write(json.dumps(open_run) + "\n")
+        writer.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not held:  # Aim's client has connected and now waits for an answer
+            assert writer.poll() is None and time.monotonic() < deadline, "the writer never connected"
+            time.sleep(0.05)
+        listener.close()
+        closed_at = time.monotonic()
+        answer = json.loads(writer.stdout.readline())
+        assert "unreachable" in answer.get("gone", ""), answer
+        assert time.monotonic() - closed_at < aim_writer.PROBE_INTERVAL_S + aim_writer.PROBE_TIMEOUT_S + 2
+        wait_for_exit(writer.pid, 5, "the writer outlived its server")
+    finally:
+        writer.kill()
+        listener.close()
+        for connection in held:
+            connection.close()
 
 
 def test_killed_training_process_leaves_a_closed_run(tmp_path):

@@ -27,8 +27,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 if __name__ == "__main__":  # the writer process: import Aim now, before any message (see the module docstring)
     import psutil
@@ -99,31 +100,48 @@ class ServerGone(Exception):
 
 
 class Writer:
-    def __init__(self):
+    def __init__(self, replies: TextIO):
         self.server: tuple[str, int] | None = None
         self.close_timeout = DEFAULT_CLOSE_TIMEOUT_S
         self.run: Any = None
         self.done = 0
         self.new_run_hash: str | None = None
-        self._last_probe = 0.0
+        self._replies = replies
+        self._reply_lock = threading.Lock()  # answers come from the main loop and from the server watch
 
-    def probe(self, force: bool = False) -> None:
-        """Raise ``ServerGone`` when the server no longer accepts connections (checked every few seconds)."""
-        now = time.monotonic()
-        if self.server is None or (not force and now - self._last_probe < PROBE_INTERVAL_S):
+    def reply(self, answer: dict[str, Any]) -> None:
+        with self._reply_lock:
+            self._replies.write(json.dumps(answer) + "\n")
+
+    def probe(self) -> None:
+        """Raise ``ServerGone`` when the server no longer accepts connections."""
+        if self.server is None:
             return
-        self._last_probe = now
         try:
             socket.create_connection(self.server, timeout=PROBE_TIMEOUT_S).close()
         except OSError as exc:
             raise ServerGone(f"the Aim server aim://{self.server[0]}:{self.server[1]} is unreachable ({exc})") from exc
+
+    def watch_server(self) -> None:
+        """A thread: probe the server every few seconds, also while Aim's client is stuck inside a call on a dead
+        server, and answer ``gone`` and exit once it is."""
+        while True:
+            time.sleep(PROBE_INTERVAL_S)
+            try:
+                self.probe()
+            except ServerGone as exc:
+                with contextlib.suppress(OSError, ValueError):  # the tracker may be gone too
+                    self.reply({"ack": self.done, "gone": str(exc)})
+                os._exit(0)
 
     def open(self, message: dict[str, Any]) -> str:
         if message.get("server"):
             host, port = message["server"]
             self.server = host, port
         self.close_timeout = message.get("timeout", DEFAULT_CLOSE_TIMEOUT_S)
-        self.probe(force=True)
+        self.probe()
+        if self.server is not None:
+            threading.Thread(target=self.watch_server, name="aim-server-watch", daemon=True).start()
         self.run = Run(
             repo=message["repo"],
             experiment=message["experiment"],
@@ -143,7 +161,8 @@ class Writer:
 
     def handle(self, message: dict[str, Any]) -> None:
         op = message["op"]
-        self.probe(force=op == "close")
+        if op == "close":
+            self.probe()
         if op == "open":
             self.new_run_hash = self.open(message)
         elif op == "track":
@@ -180,9 +199,8 @@ class Writer:
 
 
 def main() -> None:
-    writer = Writer()
     # The protocol keeps the real stdout; anything Aim prints goes to stderr instead.
-    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    writer = Writer(os.fdopen(os.dup(1), "w", buffering=1))
     os.dup2(2, 1)
 
     # Whatever arrived together is handled together and answered once: one wake-up of the tracker per chunk.
@@ -192,14 +210,14 @@ def main() -> None:
         if not lines:
             continue
         answer, finished = writer.handle_chunk(lines)
-        replies.write(json.dumps(answer) + "\n")
+        writer.reply(answer)
         if finished:
             os._exit(0)  # never Aim's exit hooks: with a dead server they wait forever
     # The training process is gone without closing the run: close it, but never hang around doing so.
     signal.alarm(max(1, int(writer.close_timeout)))
     if writer.run is not None:
         try:
-            writer.probe(force=True)
+            writer.probe()
             writer.run.close()
         except Exception as exc:
             print(f"aim writer: could not close the run after the training process ended: {exc!r}", file=sys.stderr)

@@ -19,8 +19,9 @@ Failures are
 
 - a message the writer has not finished ``timeout`` seconds after it could start on it (checked at every call and
   while closing);
-- a remote server that no longer accepts TCP connections: the writer probes it every few seconds and before
-  closing, since Aim's client does not report a dead server;
+- a remote server that no longer accepts TCP connections: the writer probes it every few seconds, from a thread
+  of its own (a call stuck in Aim's client does not delay it), and before closing, since Aim's client does not
+  report a dead server;
 - any exception raised by Aim (unwritable repo, refused connection), or the writer dying.
 
 Closing (at the end of training or, when training raised, at exit) waits for the queued messages under the same
