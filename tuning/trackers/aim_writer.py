@@ -161,8 +161,6 @@ class Writer:
 
     def handle(self, message: dict[str, Any]) -> None:
         op = message["op"]
-        if op == "close":
-            self.probe()
         if op == "open":
             self.new_run_hash = self.open(message)
         elif op == "track":
@@ -172,6 +170,7 @@ class Writer:
             for key, value in message["params"].items():
                 self.run.set((message["name"], key), value, strict=False)
         elif op == "close":
+            self.probe()  # Run.close() on a dead server would never return
             self.run.close()
         else:
             raise ValueError(f"unknown message {op!r}")
