@@ -404,6 +404,7 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
     """Aim's client waits on a connection the server accepted and never answers, while new connections are refused:
     the writer's server watch, not Aim, must say the server is gone."""
     held: list[socket.socket] = []
+    asked = threading.Event()  # a client sent a request: Aim's, not the writer's own probe (which sends nothing)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -413,7 +414,11 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
     def accept_and_hold() -> None:
         while listener.fileno() != -1:
             try:
-                held.append(listener.accept()[0])
+                connection = listener.accept()[0]
+                held.append(connection)
+                connection.settimeout(5)
+                if connection.recv(1, socket.MSG_PEEK):
+                    asked.set()
             except OSError:
                 continue
 
@@ -425,7 +430,7 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
         writer.stdin.write(json.dumps(open_run) + "\n")
         writer.stdin.flush()
         deadline = time.monotonic() + 60
-        while not held:  # Aim's client has connected and now waits for an answer
+        while not asked.is_set():  # Aim's client has asked and now waits for an answer
             assert writer.poll() is None and time.monotonic() < deadline, "the writer never connected"
             time.sleep(0.05)
         listener.close()
