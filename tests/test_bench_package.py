@@ -233,3 +233,38 @@ def test_token_counter_counts_training_forwards_per_step(tiny_model):
     model(input_ids=input_ids, attention_mask=mask)
     counter.end_step(3, 0.5)
     assert counter.ready(wait=True) == [(3, 0.5, 0)]
+
+
+def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_path):
+    """Steps and logs noted between record intervals keep their own time and order, logs are copied when noted, and
+    ``close`` (the way out when training raised or stalled) records whatever was still waiting."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tuning.benchmarking.callback import RECORD_INTERVAL_S, BenchmarkCallback
+
+    record = RunRecord(Journal(str(tmp_path / "j.jsonl")), HEADER)
+    mirrored = []
+    callback = BenchmarkCallback(record, StopRule(), warmup_steps=0, mirror=mirrored.extend)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3, report_to=[])
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    step_ends = {}
+    for step in (1, 2, 3):
+        state.global_step = step
+        logs = {"loss": 1.0 / step, "total_flos": 9.0}
+        callback.on_log(args, state, control, logs=logs)
+        logs.pop("total_flos")  # as transformers' PrinterCallback does, after this callback noted the log
+        callback.on_step_end(args, state, control)
+        step_ends[step] = callback._last_step_end
+    assert time.time() - callback._recorded_at < RECORD_INTERVAL_S, "the steps came faster than the interval"
+    callback.close()
+    dump = record.finish("error", training_steps=3)
+    series = {item["name"]: item for item in dump["metrics"]}
+    assert series[STEP_TIME]["steps"] == [1, 2, 3]
+    assert series[STEP_TIME]["timestamps"] == [step_ends[1], step_ends[2], step_ends[3]]
+    assert series[STEP_SAMPLES]["values"] == [3, 3, 3]
+    assert series["loss"]["values"] == [1.0, 0.5, pytest.approx(1 / 3)]
+    assert series["total_flos"]["steps"] == [1, 2, 3]
+    assert [(name, step) for name, _, step, _ in mirrored] == [(STEP_TIME, 1), (STEP_TIME, 2), (STEP_TIME, 3)]
+    points = [record for record in read_journal(str(tmp_path / "j.jsonl")) if record["type"] == "point"]
+    assert [point["time"] for point in points] == sorted(point["time"] for point in points)

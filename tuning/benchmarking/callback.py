@@ -3,10 +3,13 @@
 Per step (global rank 0 records them; series names in ``tuning.benchmarking.schema``): ``step_time_seconds`` (wall
 time since the previous step ended, so data loading, logging, evaluation and checkpoints in between count),
 ``step_samples`` (the global batch: per-device batch x gradient accumulation x world size), ``step_tokens``
-(non-padding tokens of the step over all ranks, counted by ``tokens.StepTokenCounter`` without a device sync; on a GPU
-they are recorded a step or two late, under their own step) and ``tokens_per_second``.
-Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``): ``train_``/``eval_``/
-``test_`` prefixes become ``{"subset": ...}``.
+(non-padding tokens of the step over all ranks, counted by ``tokens.StepTokenCounter`` without a device sync) and
+``tokens_per_second``. Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``):
+``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``.
+
+A step's end only notes its time; the points are built and recorded every ``RECORD_INTERVAL_S`` (0.1 s), several steps
+together, each under its own step and time, and at train end (or ``close``) whatever is left. Python that runs right
+after a training step runs on caches the step flushed, several times slower than the same code run in a batch.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
 the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
@@ -14,6 +17,7 @@ all-reduced (MAX, on a CPU group) at every step end, so every rank stops after t
 """
 
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,13 +29,14 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
-from tuning.benchmarking.tokens import StepTokenCounter, StepTokens
+from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 
 Points = list[tuple[str, float, int | None, dict[str, Any] | None]]  # (name, value, step, context)
 Mirror = Callable[[Points], None]
 _MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
+RECORD_INTERVAL_S = 0.1
 
 
 class BenchmarkCallback(TrainerCallback):
@@ -68,6 +73,10 @@ class BenchmarkCallback(TrainerCallback):
         self._train_start = 0.0
         self._last_step_end = 0.0
         self._tokens: StepTokenCounter | None = None
+        # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
+        self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
+        self._recorded_at = 0.0
+        self._record_lock = threading.Lock()
         self._last_warmup_step: int | None = None
         self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup
         self._measured_steps = 0
@@ -95,7 +104,7 @@ class BenchmarkCallback(TrainerCallback):
         self.global_step = self._first_step = state.global_step
         if kwargs.get("model") is not None:
             self._tokens = StepTokenCounter(kwargs["model"], args.device)
-        self._train_start = self._last_step_end = time.time()
+        self._train_start = self._last_step_end = self._recorded_at = time.time()
         if self._main and self.record is not None:
             self.record.note(train_start=self._train_start)
         self._end_warmup_if_over(state.global_step, 0.0)
@@ -114,11 +123,10 @@ class BenchmarkCallback(TrainerCallback):
         self._last_step_end, self.global_step = now, step
         if self._tokens is not None:
             self._tokens.end_step(step, duration)
-            counted = self._tokens.ready()
-        else:
-            counted = []
         if self._main:
-            self._record_steps([(STEP_TIME, duration, step), (STEP_SAMPLES, self._global_batch, step)], counted)
+            self._unrecorded.append((step, now, duration))
+        if now - self._recorded_at >= RECORD_INTERVAL_S:
+            self._record_unrecorded(now)
         if self._last_warmup_step is not None:
             self._recent.append(duration)
             self._measured_steps += 1
@@ -130,11 +138,8 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self._beat()
-        if not self._main or self.record is None or not logs:
-            return
-        self.record.record_many(
-            [(name, value, state.global_step, context) for name, context, value in log_series(logs)]
-        )
+        if self._main and self.record is not None and logs:
+            self._unrecorded.append((state.global_step, time.time(), dict(logs)))  # a copy: callbacks edit logs
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._beat()
@@ -149,16 +154,15 @@ class BenchmarkCallback(TrainerCallback):
         self._beat()
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._tokens is not None:
-            counted = self._tokens.ready(wait=True)
-            if self._main:
-                self._record_steps([], counted)
+        self._record_unrecorded(time.time(), wait=True)
         if self._main and self.record is not None:
             self.record.note(train_end=time.time())
         self.close()
 
     def close(self) -> None:
-        """Stop the sampler, the watchdog and the token count; also called by the wrapper when training raised."""
+        """Record what is left, stop the sampler, the watchdog and the token count; also called by the wrapper when
+        training raised or stalled (then without waiting for token counts still on a device, which may hang)."""
+        self._record_unrecorded(time.time())
         if self._tokens is not None:
             self._tokens.detach()
             self._tokens = None
@@ -169,15 +173,30 @@ class BenchmarkCallback(TrainerCallback):
 
     # ---- helpers ----
 
-    def _record_steps(self, points: list[tuple[str, float, int]], counted: list[StepTokens]) -> None:
-        """Record ``(name, value, step)`` points and the token totals of the steps in ``counted``."""
-        for step, duration, tokens in counted:
-            points.append((STEP_TOKENS, tokens, step))
-            points.append((TOKENS_PER_SECOND, tokens / duration if duration > 0 else math.nan, step))
-        if self.record is not None:
-            self.record.record_many([(name, value, step, None) for name, value, step in points])
-        if self.mirror is not None:
-            self.mirror([(name, value, step, None) for name, value, step in points if name in _MIRRORED])
+    def _record_unrecorded(self, now: float, wait: bool = False) -> None:
+        """Record the steps and logs noted since the last call, and the token totals that have reached the host
+        (``wait``: all of them). Every rank calls it, to drain its token count; rank 0 records. The stall watchdog
+        may call it (through ``close``) while the training thread is stuck, hence the lock."""
+        with self._record_lock:
+            self._recorded_at = now
+            counted = self._tokens.ready(wait) if self._tokens is not None else []
+            mirrored: Points = []
+            while self._unrecorded:
+                step, at, entry = self._unrecorded.popleft()
+                if type(entry) is float:  # a step's duration
+                    points: Points = [(STEP_TIME, entry, step, None), (STEP_SAMPLES, self._global_batch, step, None)]
+                    mirrored.append(points[0])
+                else:  # a trainer log
+                    points = [(name, value, step, context) for name, context, value in log_series(entry)]
+                if self.record is not None:
+                    self.record.record_many(points, at=at)
+            if counted and self._main:
+                points = [point for counts in counted for point in _token_points(*counts)]
+                if self.record is not None:
+                    self.record.record_many(points, at=now)
+                mirrored.extend(points[1::2])
+            if mirrored and self.mirror is not None:
+                self.mirror(mirrored)
 
     def _beat(self) -> None:
         if self.watchdog is not None:
@@ -190,6 +209,7 @@ class BenchmarkCallback(TrainerCallback):
         if step - self._first_step >= self.warmup_steps and elapsed >= self.warmup_seconds:
             self._last_warmup_step = step
             if self._main and self.record is not None:
+                self._record_unrecorded(time.time())  # the journal stays in time order
                 self.record.note(warmup_steps=step, warmup_seconds=elapsed)
 
     def _decide_stop(self, control, elapsed: float) -> None:
@@ -205,3 +225,9 @@ class BenchmarkCallback(TrainerCallback):
         if code:
             self.stop_reason = reason_from_code(code)
             control.should_training_stop = True
+
+
+def _token_points(step: int, duration: float, tokens: int) -> Points:
+    """``step_tokens`` then ``tokens_per_second`` of one step."""
+    throughput = tokens / duration if duration > 0 else math.nan
+    return [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]

@@ -46,9 +46,10 @@ class RunRecord(Tracker):
         """One point of the series ``name``/``context``; NaN and infinities are kept as null (JSON has neither)."""
         self.record_many([(name, value, step, context)])
 
-    def record_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
-        """Several ``(name, value, step, context)`` points measured together, journaled with one write."""
-        now = time.time()
+    def record_many(self, points: list[tuple[str, float, int | None, dict | None]], at: float | None = None) -> None:
+        """Several ``(name, value, step, context)`` points measured together (at ``at``, default now), journaled
+        with one write."""
+        now = time.time() if at is None else at
         self._append(*[_point(name, value, step, context, now) for name, value, step, context in points])
 
     def note(self, **facts: Any) -> None:

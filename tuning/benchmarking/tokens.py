@@ -5,7 +5,9 @@ after every micro-batch: a collective and a device sync each time, on top of the
 spends on its ``num_tokens`` log, plus three more values in every log line. A benchmark must not add that. Here a
 forward pre-hook sums the attention mask of each training micro-batch on the device where it lies; at the step's end
 the sums are all-reduced over ranks once, and the total is copied to the host without blocking; it is read once the
-copy is done, at a later step's end or at the latest when training ends. On CPU everything completes at once.
+copy is done, when the caller next asks (``ready``) or at the latest when training ends. In a single CPU process the
+masks themselves are kept until the caller asks and summed then, several steps together: summing right after the
+forward pass runs on caches the step just flushed and costs several times as much.
 """
 
 from collections import deque
@@ -23,9 +25,11 @@ class StepTokenCounter:
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self._device = device  # where a step's count goes for the all-reduce when it has none on a device
         self._world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        self._host_tokens = 0  # counted from tensors on the CPU: read at once, nothing to wait for
+        self._host_tokens = 0  # rows without a mask: every token counts
+        self._host_masks: list[torch.Tensor] = []  # masks on the CPU, summed when read
         self._device_counts: list[torch.Tensor] = []  # sums still on an accelerator
-        self._pending: deque[tuple[int, float, int | torch.Tensor, Any]] = deque()
+        # (step, duration, tokens counted so far, CPU masks still to sum, device total, event of its copy to the host)
+        self._pending: deque[tuple[int, float, int, list[torch.Tensor], torch.Tensor | None, Any]] = deque()
         self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -37,19 +41,21 @@ class StepTokenCounter:
             if isinstance(input_ids, torch.Tensor):  # no mask, no padding (e.g. packed rows): every token counts
                 self._host_tokens += input_ids.numel()
         elif mask.is_cpu:
-            self._host_tokens += int(mask.sum())
+            self._host_masks.append(mask)
         else:
             self._device_counts.append(mask.sum(dtype=torch.int64))
 
     def end_step(self, step: int, duration: float) -> None:
         """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
         host_tokens, self._host_tokens = self._host_tokens, 0
+        host_masks, self._host_masks = self._host_masks, []
+        if self._world_size == 1 and not self._device_counts:
+            self._pending.append((step, duration, host_tokens, host_masks, None, None))
+            return
+        host_tokens += _mask_sum(host_masks)
         if self._device_counts:
             total = torch.stack(self._device_counts).sum() + host_tokens
             self._device_counts = []
-        elif self._world_size == 1:
-            self._pending.append((step, duration, host_tokens, None))
-            return
         else:
             total = torch.tensor(host_tokens, dtype=torch.int64, device=self._device)
         if self._world_size > 1:
@@ -59,22 +65,27 @@ class StepTokenCounter:
             host.copy_(total, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            self._pending.append((step, duration, host, copied))
+            self._pending.append((step, duration, 0, [], host, copied))
         else:
-            self._pending.append((step, duration, int(total), None))
+            self._pending.append((step, duration, int(total), [], None, None))
 
     def ready(self, wait: bool = False) -> list[StepTokens]:
         """The steps whose totals have reached the host, oldest first; ``wait`` waits for all of them."""
         done: list[StepTokens] = []
         while self._pending:
-            step, duration, host, copied = self._pending[0]
+            step, duration, tokens, host_masks, host, copied = self._pending[0]
             if copied is not None and not copied.query():
                 if not wait:
                     break
                 copied.synchronize()
             self._pending.popleft()
-            done.append((step, duration, int(host)))
+            tokens += _mask_sum(host_masks)
+            done.append((step, duration, tokens if host is None else tokens + int(host)))
         return done
 
     def detach(self) -> None:
         self._handle.remove()
+
+
+def _mask_sum(masks: list[torch.Tensor]) -> int:
+    return sum(int(mask.sum()) for mask in masks)
