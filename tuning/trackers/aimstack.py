@@ -7,18 +7,19 @@ the callback (or earlier, by ``aim_writer.start_early``) so that it imports Aim 
 model; the run is created on first use.
 ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them to the
 child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.4
-ms per point) runs beside training instead of competing with it for the GIL. Tracked points are buffered and sent
-together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second. The first message opens the run,
-so ``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run overlaps
-with model loading.
+ms per point) runs beside training instead of competing with it for the GIL. Tracked points and trainer logs are
+buffered and sent together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second; the sender
+thread, not the training thread, turns logs into points. The first message opens the run, so ``track``/
+``set_params`` calls made before training starts are queued, not lost, and opening the run overlaps with model
+loading.
 
 Aim fails in ways that block rather than raise: a locked repo waits minutes for its lock, and once a remote server is
 gone the client queues writes forever and ``Run.close()`` never returns (aim issue #3067). So tracking *degrades*
 instead: the first failure logs one warning, sets ``degraded_reason``, kills the writer and drops every later call.
 Failures are
 
-- a message the writer has not finished ``timeout`` seconds after it could start on it (checked at every call and
-  while closing);
+- a message the writer has not finished ``timeout`` seconds after it could start on it (checked at every call, by
+  ``on_log`` at most every second, and while closing);
 - a remote server that no longer accepts TCP connections: the writer probes it every few seconds, from a thread
   of its own (a call stuck in Aim's client does not delay it), and before closing, since Aim's client does not
   report a dead server;
@@ -68,6 +69,7 @@ _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 _CLOSING = "closing the Aim run"
 _CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
 _TRACK_INTERVAL_S = 0.5
+_RECHECK_S = 1.0
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
 
@@ -101,6 +103,9 @@ class SafeAimCallback(TrainerCallback):
         self._pending: collections.deque[str] = collections.deque()
         self._progress_at = 0.0
         self._points: list[list] = []  # tracked, not yet queued for the writer
+        # Trainer logs not yet turned into points (appended by the training thread without the lock).
+        self._logs: collections.deque[tuple[int, float | None, dict[str, Any]]] = collections.deque()
+        self._open_until = 0.0  # until then (monotonic), on_log skips checking that the run can take messages
         self._writer_done = threading.Event()  # the writer answered the close, failed or exited
         self._closed = False
         self._run_requested = False
@@ -144,6 +149,7 @@ class SafeAimCallback(TrainerCallback):
             if not self._enabled or self._closed:
                 return
             self._closed = True
+            self._open_until = 0.0
             if self._writer is None or self.degraded:
                 return
             if self._run_requested:
@@ -168,6 +174,10 @@ class SafeAimCallback(TrainerCallback):
 
     def _flush_points(self) -> None:
         with self._state_lock:
+            while self._logs:
+                step, epoch, logs = self._logs.popleft()
+                series = log_series(logs)
+                self._points.extend([float(value), name, step, epoch, context] for name, context, value in series)
             if self._points:
                 self._enqueue({"op": "track", "points": self._points}, "tracking")
                 self._points = []
@@ -232,10 +242,16 @@ class SafeAimCallback(TrainerCallback):
             self.set_params(config.to_dict(), "model")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        # Only noted here (a copy: callbacks edit logs); the sender thread turns logs into points when it sends them.
+        # Whether the run still takes messages (and the writer is not stuck) is checked at most every second.
         if not state.is_world_process_zero or not logs:
             return
-        step, epoch = state.global_step, state.epoch
-        self._track_points([[float(value), name, step, epoch, context] for name, context, value in log_series(logs)])
+        if time.monotonic() >= self._open_until:
+            with self._state_lock:
+                if not self._open():
+                    return
+                self._open_until = time.monotonic() + _RECHECK_S
+        self._logs.append((state.global_step, state.epoch, dict(logs)))
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -325,6 +341,7 @@ class SafeAimCallback(TrainerCallback):
             if self.degraded_reason is not None:
                 return
             self.degraded_reason = reason
+            self._open_until = 0.0
             writer = self._writer
         if writer is not None:
             writer.kill()  # stuck or broken: nothing it still holds is worth waiting for
