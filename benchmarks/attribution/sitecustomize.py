@@ -3,10 +3,10 @@
 Comparing whole runs cannot resolve a 1 % difference on a machine whose speed drifts by 20 % between runs, so each
 run also measures, in itself, what goes where. Every trainer callback's hooks are timed on the training thread (so a
 callback's cost is known exactly, whatever the machine did meanwhile), and at train end the CPU time of the training
-thread, of every other thread and of child processes (the Aim writer) is taken from /proc. The numbers go, as JSON, to
-``$OVERHEAD_ATTRIBUTION_PATH``; without that variable nothing is installed (and the variable is removed, so child
-processes such as the Aim writer stay uninstrumented). Every arm is instrumented the same way. Hooks are keyed
-``module.Class``.
+thread, of every other thread (in nanoseconds) and of child processes (the Aim writer) is taken from /proc. The
+numbers go, as JSON, to ``$OVERHEAD_ATTRIBUTION_PATH``; without that variable nothing is installed (and the variable
+is removed, so child processes such as the Aim writer stay uninstrumented). Every arm is instrumented the same way.
+Hooks are keyed ``module.Class``.
 """
 
 import json
@@ -33,10 +33,23 @@ def _install(path: str) -> None:
 
         return run_hook
 
+    def thread_cpu_seconds() -> dict[int, float]:
+        """CPU time of each thread of this process, from the scheduler's nanosecond count where Linux keeps one
+        (/proc/self/task/*/schedstat); psutil's per-thread times count 10 ms clock ticks, too coarse for threads that
+        wake a few times a second."""
+        try:
+            seconds = {}
+            for tid in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as handle:
+                    seconds[int(tid)] = int(handle.read().split()[0]) / 1e9
+            return seconds
+        except (OSError, ValueError, IndexError):
+            return {thread.id: thread.user_time + thread.system_time for thread in psutil.Process().threads()}
+
     def cpu_snapshot() -> dict[str, float]:
         process = psutil.Process()
         training_thread = threading.main_thread().native_id
-        threads = {thread.id: thread.user_time + thread.system_time for thread in process.threads()}
+        threads = thread_cpu_seconds()
         children = 0.0
         for child in process.children(recursive=True):
             try:
