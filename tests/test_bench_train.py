@@ -15,7 +15,7 @@ from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subproce
 from tests.helpers.aim import AimServer, read_runs
 from tuning.benchmarking.dump import build_dump
 from tuning.benchmarking.journal import read_journal
-from tuning.benchmarking.schema import STEP_TIME, validate_dump
+from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, TOKENS_PER_SECOND, validate_dump
 from tuning.sft_trainer import get_parser
 
 BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
@@ -124,6 +124,8 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert run["experiment"] == "123"
     assert run["params"]["experiment_metadata"] == dump["metadata"]
     assert sorted(run["metrics"][(STEP_TIME, "{}")]) == [1, 2, 3, 4]
+    assert sorted(run["metrics"][(TOKENS_PER_SECOND, "{}")]) == [1, 2, 3, 4]
+    assert (STEP_SAMPLES, "{}") not in run["metrics"]  # in the dump only: Aim gets the series worth its time
     assert ("cpu_percent", "{}") in run["metrics"] and ("model_load_time", '{"subset": "additional_metrics"}') in run[
         "metrics"
     ]

@@ -180,12 +180,12 @@ class BenchmarkCallback(TrainerCallback):
         with self._record_lock:
             self._recorded_at = now
             counted = self._tokens.ready(wait) if self._tokens is not None else []
-            mirrored: Points = []
+            measured: Points = []  # the per-step series (not the trainer logs, which trackers see themselves)
             while self._unrecorded:
                 step, at, entry = self._unrecorded.popleft()
                 if type(entry) is float:  # a step's duration
                     points: Points = [(STEP_TIME, entry, step, None), (STEP_SAMPLES, self._global_batch, step, None)]
-                    mirrored.append(points[0])
+                    measured.extend(points)
                 else:  # a trainer log
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]
                 if self.record is not None:
@@ -194,9 +194,9 @@ class BenchmarkCallback(TrainerCallback):
                 points = [point for counts in counted for point in _token_points(*counts)]
                 if self.record is not None:
                     self.record.record_many(points, at=now)
-                mirrored.extend(points[1::2])
-            if mirrored and self.mirror is not None:
-                self.mirror(mirrored)
+                measured.extend(points)
+            if measured and self.mirror is not None:
+                self.mirror([point for point in measured if point[0] in _MIRRORED])
 
     def _beat(self) -> None:
         if self.watchdog is not None:
@@ -228,6 +228,6 @@ class BenchmarkCallback(TrainerCallback):
 
 
 def _token_points(step: int, duration: float, tokens: int) -> Points:
-    """``step_tokens`` then ``tokens_per_second`` of one step."""
+    """``step_tokens`` and ``tokens_per_second`` of one step."""
     throughput = tokens / duration if duration > 0 else math.nan
     return [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]
