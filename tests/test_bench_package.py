@@ -113,9 +113,13 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
         ("nan", float("nan"), 1, None),
     ]
     record.record_many(points)
+    record.record_many([("loss", 0.5, 4, None), ("loss", 0.25, 5, None)], at=1.5)  # one time, formatted once
     record.finish("ok", training_steps=1)
     lines = path.read_text().splitlines()[1:-1]
     written = [json.loads(line) for line in lines]
+    assert [p["time"] for p in written[-2:]] == [1.5, 1.5] and written[0]["time"] > 1.5
+    assert [p["value"] for p in written[-2:]] == [0.5, 0.25]
+    lines, written = lines[:-2], written[:-2]
     assert [(p["name"], p["step"], p["context"]) for p in written] == [
         (name, None if step is None else int(step), context or {}) for name, _, step, context in points
     ]

@@ -21,11 +21,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from transformers import TrainerCallback
 
-from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
@@ -33,7 +34,6 @@ from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 
-Points = list[tuple[str, float, int | None, dict[str, Any] | None]]  # (name, value, step, context)
 Mirror = Callable[[Points], None]
 _MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
 RECORD_INTERVAL_S = 0.1
@@ -43,9 +43,9 @@ class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
 
     ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
-    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim; system samples
-    reach it with step None. With ``system_metrics_interval`` a sampler runs from train begin to train end, its points
-    labelled with the step in progress.
+    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim, ordered by step
+    within each call; system samples reach it with step None. With ``system_metrics_interval`` a sampler runs from
+    train begin to train end, its points labelled with the step in progress.
     """
 
     def __init__(
@@ -181,6 +181,7 @@ class BenchmarkCallback(TrainerCallback):
             self._recorded_at = now
             counted = self._tokens.ready(wait) if self._tokens is not None else []
             measured: Points = []  # the per-step series (not the trainer logs, which trackers see themselves)
+            batches: list[tuple[float, Points]] = []  # (time, points measured then), journaled with one write
             while self._unrecorded:
                 step, at, entry = self._unrecorded.popleft()
                 if type(entry) is float:  # a step's duration
@@ -188,15 +189,15 @@ class BenchmarkCallback(TrainerCallback):
                     measured.extend(points)
                 else:  # a trainer log
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]
-                if self.record is not None:
-                    self.record.record_many(points, at=at)
+                batches.append((at, points))
             if counted and self._main:
                 points = [point for counts in counted for point in _token_points(*counts)]
-                if self.record is not None:
-                    self.record.record_many(points, at=now)
+                batches.append((now, points))
                 measured.extend(points)
-            if measured and self.mirror is not None:
-                self.mirror([point for point in measured if point[0] in _MIRRORED])
+            if batches and self.record is not None:
+                self.record.record_batches(batches)
+            if measured and self.mirror is not None:  # step by step, so that a step's series can go together
+                self.mirror(sorted((point for point in measured if point[0] in _MIRRORED), key=itemgetter(2)))
 
     def _beat(self) -> None:
         if self.watchdog is not None:

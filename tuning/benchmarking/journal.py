@@ -32,26 +32,34 @@ logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
 # A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf. A tuple
-# costs the training thread a tenth of a dict, and encodes in a third of the time (``_encode_point``).
+# costs the training thread a tenth of a dict, and encodes in a sixth of the time (``_encode``).
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
 _POINT_HEADS: dict[str, str] = {}  # series name → the encoded start of its point records
 
 
-def _encode_point(point: Point) -> str:
-    """The ``point`` record of ``point`` as JSON, exactly as the encoder writes the record's dict (keys in the order
-    ``type``, ``name``, ``context``, ``step``, ``value``, ``time``), without building the dict."""
-    name, context, step, value, at = point
-    head = _POINT_HEADS.get(name)
-    if head is None:
-        head = _POINT_HEADS[name] = f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": '
-    context_json = _ENCODER.encode(context) if context else "{}"
-    step_json = "null" if step is None else int(step)
-    value_json = "null" if value is None else float.__repr__(value)
-    return f'{head}{context_json}, "step": {step_json}, "value": {value_json}, "time": {float.__repr__(at)}}}'
-
-
-def _encode(record: dict[str, Any] | Point) -> str:
-    return _encode_point(record) if type(record) is tuple else _ENCODER.encode(record)
+def _encode(records: list[dict[str, Any] | Point]) -> str:
+    """JSON lines of ``records``, points exactly as the encoder writes the record's dict (keys in the order
+    ``type``, ``name``, ``context``, ``step``, ``value``, ``time``) without building it. One loop, no call per
+    point, and a time shared by consecutive points (a step's series) is formatted once: the journal's writer thread
+    holds the GIL while it encodes, and the training thread waits for it."""
+    lines = []
+    last_time, time_json = None, ""
+    for record in records:
+        if type(record) is not tuple:
+            lines.append(_ENCODER.encode(record))
+            continue
+        name, context, step, value, at = record
+        head = _POINT_HEADS.get(name)
+        if head is None:
+            head = _POINT_HEADS[name] = f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": '
+        if at != last_time:
+            last_time, time_json = at, float.__repr__(at)
+        context_json = _ENCODER.encode(context) if context else "{}"
+        step_json = "null" if step is None else int(step)
+        value_json = "null" if value is None else float.__repr__(value)
+        lines.append(f'{head}{context_json}, "step": {step_json}, "value": {value_json}, "time": {time_json}}}')
+    lines.append("")
+    return "\n".join(lines)
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
@@ -103,7 +111,7 @@ class Journal:
             while not self._queue.empty():
                 batch.extend(self._queue.get())
             if self._file is not None and (batch or closing):
-                self._append("".join(_encode(record) + "\n" for record in batch), sync=closing)
+                self._append(_encode(batch), sync=closing)
             if closing:
                 self._close_file()
                 return

@@ -11,6 +11,7 @@ from tuning.benchmarking.schema import SCHEMA_VERSION
 from tuning.trackers import Tracker
 
 _NO_CONTEXT: dict[str, Any] = {}
+Points = list[tuple[str, float, int | None, dict | None]]  # (name, value, step, context)
 
 
 def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> Point:
@@ -46,11 +47,16 @@ class RunRecord(Tracker):
         """One point of the series ``name``/``context``; NaN and infinities are kept as null (JSON has neither)."""
         self.record_many([(name, value, step, context)])
 
-    def record_many(self, points: list[tuple[str, float, int | None, dict | None]], at: float | None = None) -> None:
+    def record_many(self, points: Points, at: float | None = None) -> None:
         """Several ``(name, value, step, context)`` points measured together (at ``at``, default now), journaled
         with one write."""
-        now = time.time() if at is None else at
-        self._append(*[_point(name, value, step, context, now) for name, value, step, context in points])
+        self.record_batches([(time.time() if at is None else at, points)])
+
+    def record_batches(self, batches: list[tuple[float, Points]]) -> None:
+        """Points measured at different times, as ``(time, points)`` pairs in time order, journaled with one write."""
+        self._append(
+            *[_point(name, value, step, context, at) for at, points in batches for name, value, step, context in points]
+        )
 
     def note(self, **facts: Any) -> None:
         """Facts learnt while running (``run_hash``, ``warmup_steps``, ...): later notes override earlier ones."""
