@@ -5,6 +5,7 @@ runs in a child process, since a hang there is exactly the failure under test.
 """
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -12,8 +13,10 @@ import sys
 import textwrap
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -37,7 +40,10 @@ def drive(callback: SafeAimCallback, output_dir: Path, steps: int = 5) -> Traine
     for step in range(1, steps + 1):
         state.global_step, state.epoch = step, step / steps
         callback.on_log(args, state, control, logs={"loss": 1.0 / step, "learning_rate": 1e-5, "epoch": state.epoch})
-    callback.on_log(args, state, control, logs={"train_runtime": 1.5, "train_loss": 0.4})
+    # numpy numbers (callbacks log them too) are numbers in Aim, not strings
+    callback.on_log(
+        args, state, control, logs={"train_runtime": 1.5, "train_loss": 0.4, "train_tflops": np.float32(2.5)}
+    )
     callback.on_train_end(args, state, control)
     return state
 
@@ -117,6 +123,12 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     # train() reports these before the trainer (and so the run) exists.
     tracker.set_params(METADATA, "experiment_metadata")
     tracker.track(1.25, "model_load_time")
+    # The writer tracks a row of points of one step and context with one call: the same series twice in a row (step
+    # None: Aim counts on) must still be two points.
+    tracker.callback.track_many(
+        [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
+        + [("step_time_seconds", 0.25, 3, None), ("tokens_per_second", 400.0, 3, None)]
+    )
     drive(tracker.get_hf_callback(), output_dir)
 
     assert not tracker.degraded and not degraded_warnings(caplog)
@@ -128,10 +140,38 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     assert run["params"]["hparams"]["output_dir"] == str(output_dir)
     assert {"aim", "transformers", "torch"} <= set(run["params"]["__system_params"]["packages"])
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
+    assert series(run, "learning_rate") == {step: pytest.approx(1e-5) for step in range(1, 6)}
+    assert series(run, "gpu_power_watts", {"gpu": 0}) == {0: 100.0, 1: 120.0}
+    assert series(run, "step_time_seconds") == {3: 0.25} and series(run, "tokens_per_second") == {3: 400.0}
     assert series(run, "model_load_time", {"subset": "additional_metrics"}) == {0: 1.25}
     assert series(run, "loss", {"subset": "train"}) == {5: 0.4}  # the trainer's final train_loss
+    assert series(run, "tflops", {"subset": "train"}) == {5: 2.5}
     assert any(name.startswith("__system__") for name, _context in run["metrics"])  # Aim's own sampler
     assert read_runs(repo, 'run.experiment_metadata.dataset_id == "another-dataset"') == []
+
+
+# ---- the writer process ----
+
+
+def test_messages_reach_the_writer_as_plain_python_and_whole():
+    """Whatever a job tracks arrives as plain values (the writer cannot import the job's classes), and a message cut
+    between two reads waits for its end."""
+
+    class Custom:
+        def __str__(self) -> str:
+            return "custom"
+
+    params = {"f32": np.float32(2.5), "i64": np.int64(3), "custom": Custom(), "ordered": OrderedDict(a=1)}
+    params.update(row=(1, 2), nested={"listed": [np.float64(0.5), None, float("nan")]})
+    first, second = aim_writer.encode({"op": "set", "name": "p", "params": params}), aim_writer.encode({"op": "close"})
+    messages, rest = aim_writer.decode(first + second[:3])
+    assert len(messages) == 1 and rest == second[:3]
+    assert aim_writer.decode(rest + second[3:]) == ([{"op": "close"}], b"")
+    sent = messages[0]["params"]
+    assert [type(sent[key]) for key in ("f32", "i64", "custom", "ordered")] == [float, int, str, dict]
+    assert sent["f32"] == 2.5 and sent["i64"] == 3 and sent["custom"] == "custom" and sent["ordered"] == {"a": 1}
+    assert sent["row"] == (1, 2) and sent["nested"]["listed"][:2] == [0.5, None]
+    assert type(sent["nested"]["listed"][0]) is float and math.isnan(sent["nested"]["listed"][2])
 
 
 # ---- the writer started before the job's imports ----
@@ -259,6 +299,7 @@ def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
     (run,) = read_runs(aim_server.repo, METADATA_QUERY)
     assert run["hash"] == tracker.run_hash and run["experiment"] == "remote"
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
+    assert series(run, "learning_rate") == {step: pytest.approx(1e-5) for step in range(1, 6)}
     assert series(run, "model_load_time", {"subset": "additional_metrics"}) == {0: 2.5}
 
 
@@ -297,7 +338,8 @@ DRIVER = textwrap.dedent(
         callback.on_log(args, state, control, logs={"loss": 1.0 / step})
         slowest = max(slowest, time.monotonic() - start)
         if step == pause_at:  # let the test break Aim now, once the run exists
-            while (tracker.run_hash is None or callback._pending or callback._points) and not tracker.degraded:
+            unsent = lambda: callback._pending or callback._points or callback._logs  # noqa: E731
+            while (tracker.run_hash is None or unsent()) and not tracker.degraded:
                 time.sleep(0.05)
             with open(marker + ".paused", "w") as paused:  # says which process writes the run
                 paused.write(str(callback._writer.pid if callback._writer else ""))
@@ -427,7 +469,7 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
     try:
         open_run = {"op": "open", "repo": f"aim://127.0.0.1:{port}", "server": ["127.0.0.1", port], "timeout": 30}
         open_run.update(experiment="e", system_tracking_interval=None, pid=os.getpid(), executable="", arguments=[])
-        writer.stdin.write(json.dumps(open_run) + "\n")
+        writer.stdin.write(aim_writer.encode(open_run))
         writer.stdin.flush()
         deadline = time.monotonic() + 60
         while not asked.is_set():  # Aim's client has asked and now waits for an answer

@@ -6,12 +6,12 @@ The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstri
 the callback (or earlier, by ``aim_writer.start_early``) so that it imports Aim while the job loads data and the
 model; the run is created on first use.
 ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them to the
-child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.4
+child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.3
 ms per point) runs beside training instead of competing with it for the GIL. Tracked points and trainer logs are
-buffered and sent together every ``_TRACK_INTERVAL_S``, so those threads wake a few times a second; the sender
-thread, not the training thread, turns logs into points. The first message opens the run, so ``track``/
-``set_params`` calls made before training starts are queued, not lost, and opening the run overlaps with model
-loading.
+buffered and sent together every ``_TRACK_INTERVAL_S``, so those threads wake about once a second; trainer logs go
+as they are, and the writer process turns them into points, not this one. The first message opens the run, so
+``track``/``set_params`` calls made before training starts are queued, not lost, and opening the run overlaps with
+model loading.
 
 Aim fails in ways that block rather than raise: a locked repo waits minutes for its lock, and once a remote server is
 gone the client queues writes forever and ``Run.close()`` never returns (aim issue #3067). So tracking *degrades*
@@ -54,7 +54,7 @@ from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig
 from tuning.trackers import aim_writer
-from tuning.trackers.tracker import Tracker, is_main_process, log_series
+from tuning.trackers.tracker import Tracker, is_main_process
 from tuning.utils.error_reporting import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the writer process needs it; fail while the registry can say so
@@ -68,7 +68,7 @@ DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 _CLOSING = "closing the Aim run"
 _CLOSE_EXIT_S = 5.0  # how long a writer that acknowledged the close may take to exit before it is killed
-_TRACK_INTERVAL_S = 0.5
+_TRACK_INTERVAL_S = 1.0
 _RECHECK_S = 1.0
 # Aim's own bounds for its system-metrics sampler.
 _MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
@@ -136,7 +136,10 @@ class SafeAimCallback(TrainerCallback):
     def track_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
         """Record ``(name, value, step, context)`` points together (one lock, one check of the writer)."""
         self._track_points(
-            [[float(value), name, step, None, dict(context or {})] for name, value, step, context in points]
+            [
+                [float(value), name, step, None, {} if context is None else dict(context)]
+                for name, value, step, context in points
+            ]
         )
 
     def set_params(self, params: dict, name: str) -> None:
@@ -174,12 +177,9 @@ class SafeAimCallback(TrainerCallback):
 
     def _flush_points(self) -> None:
         with self._state_lock:
-            while self._logs:
-                step, epoch, logs = self._logs.popleft()
-                series = log_series(logs)
-                self._points.extend([float(value), name, step, epoch, context] for name, context, value in series)
-            if self._points:
-                self._enqueue({"op": "track", "points": self._points}, "tracking")
+            logs = [self._logs.popleft() for _ in range(len(self._logs))]
+            if self._points or logs:
+                self._enqueue({"op": "track", "points": self._points, "logs": logs}, "tracking")
                 self._points = []
 
     def _send(self, message: dict[str, Any], what: str) -> None:
@@ -290,7 +290,7 @@ class SafeAimCallback(TrainerCallback):
                 break
             closing = any(message["op"] == "close" for message in messages)
             try:
-                stream.write("".join(json.dumps(message, default=str) + "\n" for message in messages))
+                stream.write(b"".join(aim_writer.encode(message) for message in messages))
                 stream.flush()
             except (OSError, ValueError):
                 return  # the writer is gone; the reader reports why
