@@ -28,7 +28,7 @@ Ratios are medians of per-round ratios against the trl run of the same round, so
 cancels out. The per-step losses must agree across arms (the ``same work`` column): proof the work was identical.
 
 Then it times bench_train's record path on a 100 000-point run: recording each step's points (paid in the loop), the
-journal's writer thread catching up, and the end-of-run aggregation into the dump plus writing it (target < 1 s).
+journal's writer catching up, and the end-of-run aggregation into the dump plus writing it (target < 1 s).
 
     python benchmarks/overhead.py                      # the full measurement (about 8 min on 2 quiet cores)
     python benchmarks/overhead.py --pairs 1 --max_steps 20 --arms trl,sft_trainer   # a quick check
@@ -335,7 +335,7 @@ def markdown_table(summary: dict[str, dict], dump: dict | None) -> str:
             f"Dump of {dump['points']:,} points: aggregate {dump['aggregate_s']:.3f} s + write {dump['write_s']:.3f} s "
             f"= {dump['total_s']:.3f} s ({'✓' if dump['total_s'] < DUMP_TARGET_S else '✗'} < {DUMP_TARGET_S:g} s), "
             f"{dump['bytes'] / 1e6:.1f} MB. While training: recording costs the training thread "
-            f"{dump['record_us_per_step']:.0f} µs per step of {len(DUMP_SERIES)} points; the journal's writer thread "
+            f"{dump['record_us_per_step']:.0f} µs per step of {len(DUMP_SERIES)} points; the journal's writer "
             f"wrote all {dump['points']:,} in {dump['journal_catch_up_s']:.2f} s more",
         ]
     return "\n".join(lines)
@@ -402,7 +402,7 @@ DUMP_SERIES = (
 def dump_benchmark(points: int, workdir: Path) -> dict:
     """Time bench_train's record path on ``points`` points, ten per step: recording each step's points while training
     (``RunRecord.record_many``, as the benchmark callback calls it, on the training thread), the journal's writer
-    thread catching up with them (spread over training in a real run, where points come at training's pace), then
+    catching up with them (spread over training in a real run, where points come at training's pace), then
     the end-of-run work: aggregating into the dump (``RunRecord.finish``) and writing it (``write_dump``)."""
     from tuning.benchmarking.dump import write_dump
     from tuning.benchmarking.journal import Journal, journal_path

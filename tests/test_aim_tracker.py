@@ -27,6 +27,7 @@ from tuning.config.tracker_configs import AimConfig, TrackerConfigs
 from tuning.trackers import aim_writer
 from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
 from tuning.utils.error_reporting import UserInputError
+from tuning.utils.pipe_messages import decode, encode
 
 # ---- in-process helpers ----
 
@@ -163,10 +164,10 @@ def test_messages_reach_the_writer_as_plain_python_and_whole():
 
     params = {"f32": np.float32(2.5), "i64": np.int64(3), "custom": Custom(), "ordered": OrderedDict(a=1)}
     params.update(row=(1, 2), nested={"listed": [np.float64(0.5), None, float("nan")]})
-    first, second = aim_writer.encode({"op": "set", "name": "p", "params": params}), aim_writer.encode({"op": "close"})
-    messages, rest = aim_writer.decode(first + second[:3])
+    first, second = encode({"op": "set", "name": "p", "params": params}), encode({"op": "close"})
+    messages, rest = decode(first + second[:3])
     assert len(messages) == 1 and rest == second[:3]
-    assert aim_writer.decode(rest + second[3:]) == ([{"op": "close"}], b"")
+    assert decode(rest + second[3:]) == ([{"op": "close"}], b"")
     sent = messages[0]["params"]
     assert [type(sent[key]) for key in ("f32", "i64", "custom", "ordered")] == [float, int, str, dict]
     assert sent["f32"] == 2.5 and sent["i64"] == 3 and sent["custom"] == "custom" and sent["ordered"] == {"a": 1}
@@ -469,7 +470,7 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
     try:
         open_run = {"op": "open", "repo": f"aim://127.0.0.1:{port}", "server": ["127.0.0.1", port], "timeout": 30}
         open_run.update(experiment="e", system_tracking_interval=None, pid=os.getpid(), executable="", arguments=[])
-        writer.stdin.write(aim_writer.encode(open_run))
+        writer.stdin.write(encode(open_run))
         writer.stdin.flush()
         deadline = time.monotonic() + 60
         while not asked.is_set():  # Aim's client has asked and now waits for an answer

@@ -8,7 +8,7 @@ message, which says which run to create: so a writer can start before its job kn
 ``start_early`` started before the job's own heavy imports (``wrappers/bench_train.py`` does), so that importing Aim
 overlaps those instead of the first training steps. Importing this module in the training process stays cheap.
 
-Protocol: the tracker sends messages (dicts, framed by ``encode``: a length, then a pickle of plain Python values),
+Protocol: the tracker sends messages (dicts, framed by ``tuning.utils.pipe_messages``: a length, then a pickle),
 in this order: ``{"op": "open", ...}`` (repo, experiment, ``timeout``, ``server`` as [host, port] or None, ...), any
 number of ``{"op": "track", "points": [[value, name, step, epoch, context], ...], "logs": [[step, epoch, {trainer
 log}], ...]}`` (logs become points here, named as every tracker names them, by
@@ -24,18 +24,14 @@ When its input ends without a close (the training process died), it closes the r
 import contextlib
 import importlib.metadata
 import importlib.util
-import io
 import json
-import numbers
 import os
-import pickle
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any, TextIO
 
 if __name__ == "__main__":  # the writer process: import Aim now, before any message (see the module docstring)
@@ -49,6 +45,7 @@ if __name__ == "__main__":  # the writer process: import Aim now, before any mes
     # checkout that is not installed.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tuning.trackers.tracker import log_series
+    from tuning.utils.pipe_messages import decode
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
@@ -58,51 +55,11 @@ _early_writer: subprocess.Popen | None = None
 
 
 def spawn() -> subprocess.Popen:
-    """A new writer process, reading messages (``encode``) on its stdin and answering JSON lines on its stdout. Its
+    """A new writer process, reading messages (``tuning.utils.pipe_messages``) on its stdin and answering JSON lines
+    on its stdout. Its
     own session: a Ctrl-C meant for training must not kill the run before training closes it."""
     command = [sys.executable, os.path.abspath(__file__)]
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-
-
-_PLAIN_TYPES = (int, float, str, dict, list)
-
-
-class _PlainPickler(pickle.Pickler):
-    """Pickles plain Python only, so the writer never needs a class of the training process: numbers of other types
-    (numpy's) become ints or floats, other mappings dicts, other sequences lists, anything else its string."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if any(obj is kind for kind in _PLAIN_TYPES):  # the constructors below, which pickle by name
-            return NotImplemented
-        if isinstance(obj, numbers.Integral):
-            return int, (int(obj),)
-        if isinstance(obj, numbers.Real):
-            return float, (float(obj),)
-        if isinstance(obj, Mapping):
-            return dict, (dict(obj),)
-        if isinstance(obj, (list, tuple)):
-            return list, (list(obj),)
-        return str, (str(obj),)
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    """One message as the writer reads it: the length of its pickle (4 bytes, little-endian), then the pickle.
-    Pickling takes a tenth of the time of JSON, and the tracker's sender thread holds the GIL while it encodes."""
-    buffer = io.BytesIO()
-    _PlainPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(message)
-    return len(buffer.getbuffer()).to_bytes(4, "little") + buffer.getvalue()
-
-
-def decode(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
-    """The whole messages at the start of ``data``, and the rest (the start of a message still arriving)."""
-    messages, start = [], 0
-    while len(data) - start >= 4:
-        end = start + 4 + int.from_bytes(data[start : start + 4], "little")
-        if end > len(data):
-            break
-        messages.append(pickle.loads(data[start + 4 : end]))
-        start = end
-    return messages, data[start:]
 
 
 def asks_for_aim(argv: list[str]) -> bool:

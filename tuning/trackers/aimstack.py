@@ -56,6 +56,7 @@ from tuning.config.tracker_configs import AimConfig
 from tuning.trackers import aim_writer
 from tuning.trackers.tracker import Tracker, is_main_process
 from tuning.utils.error_reporting import UserInputError
+from tuning.utils.pipe_messages import encode
 
 if importlib.util.find_spec("aim") is None:  # the writer process needs it; fail while the registry can say so
     raise ImportError("No module named 'aim'")
@@ -290,7 +291,7 @@ class SafeAimCallback(TrainerCallback):
                 break
             closing = any(message["op"] == "close" for message in messages)
             try:
-                stream.write(b"".join(aim_writer.encode(message) for message in messages))
+                stream.write(b"".join(encode(message) for message in messages))
                 stream.flush()
             except (OSError, ValueError):
                 return  # the writer is gone; the reader reports why
