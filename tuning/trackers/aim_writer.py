@@ -56,8 +56,7 @@ _early_writer: subprocess.Popen | None = None
 
 def spawn() -> subprocess.Popen:
     """A new writer process, reading messages (``tuning.utils.pipe_messages``) on its stdin and answering JSON lines
-    on its stdout. Its
-    own session: a Ctrl-C meant for training must not kill the run before training closes it."""
+    on its stdout. Its own session: a Ctrl-C meant for training must not kill the run before training closes it."""
     command = [sys.executable, os.path.abspath(__file__)]
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
 
