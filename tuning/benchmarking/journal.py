@@ -4,11 +4,11 @@ It exists because the dump is written once, at the end: a run killed with SIGKIL
 there. ``write`` only queues its records; a sender thread wakes every ``flush_interval`` seconds (0.2) and hands
 everything queued, pickled (``tuning.utils.pipe_messages``), to the journal's writer process, which encodes the
 JSON, writes and flushes it: records are in the kernel's page cache within that interval, and the writer, which
-outlives the training process, writes what it received even when training dies. Encoding JSON costs ~4 µs of CPU per
-point, held under the GIL when a thread does it, ten times the pickling. Waking a thread per step would cost the
-training thread more than the writing itself (~0.2 ms per wake-up on a CPU, through the GIL). ``fsync`` (which
-survives a node crash too) costs milliseconds, so it runs at most every ``sync_interval`` seconds and at ``close``,
-never once per record.
+outlives the training process, writes what it received even when training dies. Encoding and writing the JSON took a
+thread of the training process ~4 µs of CPU per point (holding the GIL, which the training thread then waits for);
+pickling the batch takes ~1. Waking a thread per step would cost the training thread more than the writing itself
+(~0.2 ms per wake-up on a CPU, through the GIL). ``fsync`` (which survives a node crash too) costs milliseconds, so
+it runs at most every ``sync_interval`` seconds and at ``close``, never once per record.
 
 Records are JSON objects with a ``type``:
 
