@@ -36,7 +36,7 @@ from typing import Any
 if __name__ == "__main__":  # the writer process: ``tuning`` importable from a checkout too (this folder heads sys.path)
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tuning.utils.pipe_messages import decode, encode
+from tuning.utils.pipe_messages import encode, receive
 
 logger = logging.getLogger(__name__)
 # One encoder for every record: json.dumps builds a new one per call whenever an option is given.
@@ -144,10 +144,8 @@ def _write_journal(fd: int, sync_interval: float, path: str) -> None:
     ends (the journal was closed, or the training process died). After a failed write it only drains its input."""
     journal = os.fdopen(fd, "w", encoding="utf-8")
     last_sync = time.monotonic()
-    pending = b""
-    while chunk := os.read(sys.stdin.fileno(), 1 << 20):
-        batches, pending = decode(pending + chunk)
-        if not batches or journal.closed:
+    for batches in receive(sys.stdin.fileno()):
+        if journal.closed:
             continue
         try:
             journal.write("".join(map(_encode, batches)))

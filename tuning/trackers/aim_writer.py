@@ -45,7 +45,7 @@ if __name__ == "__main__":  # the writer process: import Aim now, before any mes
     # checkout that is not installed.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tuning.trackers.tracker import log_series
-    from tuning.utils.pipe_messages import decode
+    from tuning.utils.pipe_messages import receive
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
@@ -234,11 +234,7 @@ def main() -> None:
     os.dup2(2, 1)
 
     # Whatever arrived together is handled together and answered once: one wake-up of the tracker per chunk.
-    pending = b""
-    while chunk := os.read(sys.stdin.fileno(), 1 << 16):
-        messages, pending = decode(pending + chunk)
-        if not messages:
-            continue
+    for messages in receive(sys.stdin.fileno()):
         answer, finished = writer.handle_chunk(messages)
         writer.reply(answer)
         if finished:

@@ -8,8 +8,9 @@ import this before anything else.
 
 import io
 import numbers
+import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 _PLAIN_TYPES = (int, float, str, dict, list)
@@ -50,3 +51,12 @@ def decode(data: bytes) -> tuple[list[Any], bytes]:
         messages.append(pickle.loads(data[start + 4 : end]))
         start = end
     return messages, data[start:]
+
+
+def receive(fd: int) -> Iterator[list[Any]]:
+    """The messages arriving on ``fd``, a list per read (what arrived together), until its writer closes it."""
+    pending = b""
+    while chunk := os.read(fd, 1 << 20):
+        messages, pending = decode(pending + chunk)
+        if messages:
+            yield messages
