@@ -4,6 +4,7 @@ Hooks are driven with real transformers ``TrainingArguments``/``TrainerState`` o
 runs in a child process, since a hang there is exactly the failure under test.
 """
 
+import io
 import json
 import math
 import os
@@ -173,6 +174,38 @@ def test_messages_reach_the_writer_as_plain_python_and_whole():
     assert sent["f32"] == 2.5 and sent["i64"] == 3 and sent["custom"] == "custom" and sent["ordered"] == {"a": 1}
     assert sent["row"] == (1, 2) and sent["nested"]["listed"][:2] == [0.5, None]
     assert type(sent["nested"]["listed"][0]) is float and math.isnan(sent["nested"]["listed"][2])
+
+
+def test_writer_commits_a_message_once_per_container_and_every_point_lands(tmp_path, monkeypatch):
+    """Aim commits every write of a point to RocksDB on its own; the writer gathers a message's writes into one
+    commit per container of the run. An Aim whose internals moved (the batching silently off) fails here."""
+    from aim import Run
+    from aim.storage.rockscontainer import RocksContainer
+
+    from tuning.trackers.tracker import log_series
+
+    for name, value in {"Run": Run, "psutil": psutil, "log_series": log_series}.items():
+        monkeypatch.setattr(aim_writer, name, value, raising=False)  # what the writer's __main__ imports
+    commits = []
+    real_commit = RocksContainer.commit
+    monkeypatch.setattr(RocksContainer, "commit", lambda self, batch: commits.append(self) or real_commit(self, batch))
+    writer = aim_writer.Writer(io.StringIO(), packages={})
+    repo = tmp_path / "repo"
+    opened = {"repo": str(repo), "experiment": "batched", "system_tracking_interval": None, "pid": os.getpid()}
+    writer.handle({"op": "open", "executable": sys.executable, "arguments": [], **opened})
+    assert writer.containers and all(isinstance(container, RocksContainer) for container in writer.containers)
+
+    commits.clear()
+    points = [[0.5 * step, "step_time_seconds", step, None, {}] for step in range(5)]
+    logs = [[step, None, {"loss": 2.0 - step, "eval_loss": 3.0 - step}] for step in range(5)]
+    writer.handle({"op": "track", "points": points, "logs": logs})
+    assert 0 < len(commits) <= len(writer.containers)
+    writer.handle({"op": "close"})
+
+    [run] = read_runs(repo)
+    assert series(run, "step_time_seconds") == {step: 0.5 * step for step in range(5)}
+    assert series(run, "loss") == {step: 2.0 - step for step in range(5)}
+    assert series(run, "loss", {"subset": "eval"}) == {step: 3.0 - step for step in range(5)}
 
 
 # ---- the writer started before the job's imports ----
