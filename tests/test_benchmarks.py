@@ -27,6 +27,11 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
             "bench_train_no_aim": {"BenchmarkCallback", "GracefulStopCallback"},
         }
         assert ours == expected[run["arm"]]
+        # Each step's end, and the helper processes' spells of work (the journal's writer's, Aim's), were recorded.
+        assert len(run["attribution"]["step_ends"]) == 2
+        spells = run["attribution"]["helper_spells"]
+        assert (len(spells) > 0) == run["arm"].startswith("bench_train")
+        assert all(start <= end for start, end in spells)
     # The Aim writer is a child process of bench_train with Aim only.
     children = {arm: row["attribution"]["child_processes_cpu_us"] for arm, row in results["summary"].items()}
     assert children["bench_train"] > 0 == children["trl"] == children["bench_train_no_aim"]
@@ -34,5 +39,23 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
         assert row["same_work"], arm
         assert row["runs"] == 1 and row["process"]["ratio"] > 0
     assert results["dump"]["points"] == 1000 and results["dump"]["bytes"] > 0
+    assert results["interference"]["slowdown_percent"] is None  # two steps are too few to measure it
     table = capsys.readouterr().out
     assert "| bench_train | 1 |" in table and "Dump of 1,000 points" in table and "our hooks µs/step" in table
+    assert "Too few steps overlapped helper work" in table
+
+
+def test_interference_is_the_slowdown_of_steps_beside_helper_work_within_their_run():
+    """Steps a helper's spell covers against the other steps of the same run; a placebo (spells moved) finds none."""
+    durations = [0.010] * 300
+    spells = []
+    for first in (50, 150):
+        durations[first : first + 10] = [0.012] * 10  # 20 % slower beside the helper
+    step_ends = [sum(durations[: index + 1]) for index in range(len(durations))]
+    for first in (50, 150):
+        spells.append([step_ends[first - 1], step_ends[first + 9]])
+    attribution = {"step_ends": step_ends, "helper_spells": spells}
+    run = overhead.Run("bench_train", 0, 1.0, 1.0, 1.0, 1.0, 0.01, [], attribution)
+    measured = overhead.interference([run])
+    assert measured["steps"] == 20 and round(measured["slowdown_percent"], 6) == 20
+    assert abs(measured["placebo_percent"]) < 1e-9  # 0.5 s later the steps are the usual 10 ms

@@ -4,9 +4,16 @@ Comparing whole runs cannot resolve a 1 % difference on a machine whose speed dr
 run also measures, in itself, what goes where. Every trainer callback's hooks are timed on the training thread (so a
 callback's cost is known exactly, whatever the machine did meanwhile), and at train end the CPU time of the training
 thread, of every other thread (in nanoseconds) and of child processes (the Aim writer) is taken from /proc. The
-numbers go, as JSON, to ``$OVERHEAD_ATTRIBUTION_PATH``; without that variable nothing is installed (and the variable
-is removed, so child processes such as the Aim writer stay uninstrumented). Every arm is instrumented the same way.
-Hooks are keyed ``module.Class``.
+numbers go, as JSON, to ``$OVERHEAD_ATTRIBUTION_PATH``; without that variable none of this is installed (and the
+variable is removed, so child processes do not time hooks). Every arm is instrumented the same way.
+Hooks are keyed ``module.Class``; every hook is timed, also the empty ones a callback inherits (their time is mostly
+the timing's own, ~1 µs a call: an overestimate, kept so that nothing of a callback's cost goes unseen). Each step's
+end time is kept too.
+
+Helper processes (the Aim writer, the journal's writer) see ``$OVERHEAD_HELPER_SPELLS_DIR``: there, the start and
+end of each spell of work on the messages of one read (``tuning.utils.pipe_messages.receive``) are appended to
+``<pid>.jsonl`` as they happen (helpers end with ``os._exit``). Against the step end times, they show how much a
+helper working on the other CPU slows the steps it overlaps.
 """
 
 import json
@@ -21,6 +28,7 @@ def _install(path: str) -> None:
 
     hook_seconds: dict[str, float] = {}
     train_begin: dict[str, float] = {}  # the snapshot taken at on_train_begin
+    step_ends: list[float] = []
     original_call_event = CallbackHandler.call_event
 
     def timed(key: str, hook):
@@ -71,12 +79,14 @@ def _install(path: str) -> None:
                 for hook in (attribute for attribute in dir(type(callback)) if attribute.startswith("on_")):
                     setattr(callback, hook, timed(name, getattr(callback, hook)))
                 callback._overhead_timed = True
+        if event == "on_step_end":
+            step_ends.append(time.perf_counter())
         if event == "on_train_begin":
             train_begin.update(cpu_snapshot())
         if event == "on_train_end":
             end = cpu_snapshot()
             result = {key: end[key] - train_begin[key] for key in train_begin}
-            result.update(steps=state.global_step, hook_seconds=dict(hook_seconds))
+            result.update(steps=state.global_step, hook_seconds=dict(hook_seconds), step_ends=step_ends)
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(result, handle)
         return original_call_event(self, event, args, state, control, **kwargs)
@@ -84,6 +94,23 @@ def _install(path: str) -> None:
     CallbackHandler.call_event = call_event
 
 
+def _record_spells(directory: str) -> None:
+    from tuning.utils import pipe_messages
+
+    receive = pipe_messages.receive
+
+    def timed_receive(fd: int):
+        with open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a", buffering=1, encoding="utf-8") as spells:
+            for messages in receive(fd):
+                start = time.perf_counter()
+                yield messages  # the helper handles them before it asks for more
+                spells.write(f"[{start}, {time.perf_counter()}]\n")
+
+    pipe_messages.receive = timed_receive
+
+
 _path = os.environ.pop("OVERHEAD_ATTRIBUTION_PATH", None)
 if _path:
     _install(_path)
+elif os.environ.get("OVERHEAD_HELPER_SPELLS_DIR"):
+    _record_spells(os.environ["OVERHEAD_HELPER_SPELLS_DIR"])
