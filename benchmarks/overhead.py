@@ -31,7 +31,7 @@ Whole-run ratios cannot resolve 1 % where identical runs differ by 10 %, so each
 inside (``benchmarks/attribution/sitecustomize.py``): time in our callback hooks, CPU of our other threads, and the
 slowing of training by our child processes (the Aim writer, the journal's writer), which work on the other CPU: the
 steps a child's spell of work overlapped against the other steps of the same run give how much slower a step runs
-beside such work (pooled over all runs, with a placebo: the same spells moved to where there was none), and that
+beside such work (pooled over all runs, with placebos: the same spells moved to where there was none), and that
 times the children's CPU time is what they cost the loop. The sum is checked against the loop target.
 
 Then it times bench_train's record path on a 100 000-point run: recording each step's points (paid in the loop), the
@@ -56,6 +56,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ATTRIBUTION_DIR = REPO_ROOT / "benchmarks" / "attribution"  # its sitecustomize.py times each run's loop from inside
@@ -284,42 +285,39 @@ ATTRIBUTION_COLUMNS = {
     "total_percent": f"all ours, % of loop (≤ {(TARGETS['loop'] - 1) * 100:g})",
 }
 _TRAINER_MODULES = ("transformers.", "trl.")
-PLACEBO_SHIFT_S = 0.5
-MIN_IDLE_STEPS, MIN_BUSY_STEPS = 20, 10
+PLACEBO_SHIFTS_S = (0.25, 0.5, 0.75)
+MIN_STEPS = 10
 
 
 def steps_beside_helpers(attribution: dict, shift: float = 0.0) -> list[float]:
     """The steps of one run that helper work (a spell of the Aim writer or the journal's writer, on the other CPU)
-    overlapped for at least half their time, each divided by the median step that no helper work overlapped in the
-    same run, so that the machine's drift cancels; none without enough such steps. ``shift`` moves the spells: a
-    placebo, whose steps should come out no slower than the rest."""
+    overlapped for at least half their time, each divided by the median of the run's other steps, so that the
+    machine's drift cancels. ``shift`` moves the spells: a placebo, whose steps should come out no slower than the
+    rest."""
     spells = [(start + shift, end + shift) for start, end in attribution["helper_spells"]]
-    busy, idle = [], []
+    beside, other = [], []
     for begin, end in itertools.pairwise(attribution["step_ends"]):
         overlap = sum(max(0.0, min(end, stop) - max(begin, start)) for start, stop in spells)
-        if overlap >= (end - begin) / 2:
-            busy.append(end - begin)
-        elif overlap == 0:
-            idle.append(end - begin)
-    if len(idle) < MIN_IDLE_STEPS:
+        (beside if overlap >= (end - begin) / 2 else other).append(end - begin)
+    if len(other) < MIN_STEPS:
         return []
-    typical = statistics.median(idle)
-    return [duration / typical for duration in busy]
+    typical = statistics.median(other)
+    return [duration / typical for duration in beside]
 
 
-def interference(runs: list[Run]) -> dict[str, float | int | None]:
+def interference(runs: list[Run]) -> dict[str, Any]:
     """How much slower a training step runs while a helper process works beside it on this machine (the other vCPU
     may share a core, and they share caches and memory bandwidth), in %: the median over the overlapped steps of all
-    runs, each relative to its own run's typical step; the same with the spells moved ``PLACEBO_SHIFT_S`` (the
-    noise). None with fewer than ``MIN_BUSY_STEPS`` such steps (in practice only the Aim writer's spells last long
-    enough to cover steps)."""
-    result: dict[str, float | int | None] = {}
-    for key, shift in (("slowdown_percent", 0.0), ("placebo_percent", PLACEBO_SHIFT_S)):
+    runs, each relative to its own run's other steps; and the same with the spells moved by each of
+    ``PLACEBO_SHIFTS_S``, to where there was no such work (the noise). None with fewer than ``MIN_STEPS`` such steps
+    (in practice only the Aim writer's spells last long enough to cover a step)."""
+
+    def slowdown(shift: float) -> tuple[float | None, int]:
         relative = [ratio for run in runs for ratio in steps_beside_helpers(run.attribution, shift)]
-        result[key] = (statistics.median(relative) - 1) * 100 if len(relative) >= MIN_BUSY_STEPS else None
-        if not shift:
-            result["steps"] = len(relative)
-    return result
+        return ((statistics.median(relative) - 1) * 100 if len(relative) >= MIN_STEPS else None), len(relative)
+
+    measured, steps = slowdown(0.0)
+    return {"slowdown_percent": measured, "steps": steps, "placebo_percent": [slowdown(s)[0] for s in PLACEBO_SHIFTS_S]}
 
 
 def per_step_attribution(attribution: dict, helper_slowdown: float | None) -> dict[str, float | None]:
@@ -405,15 +403,18 @@ def markdown_table(summary: dict[str, dict], helpers: dict, dump: dict | None) -
     for arm, row in summary.items():
         cells = [arm] + [attribution_cell(key, row["attribution"][key]) for key in ATTRIBUTION_COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
+    placebos = ", ".join(
+        f"{shift:g} s: " + ("—" if percent is None else f"{percent:+.1f} %")
+        for shift, percent in zip(PLACEBO_SHIFTS_S, helpers["placebo_percent"], strict=True)
+    )
     if helpers["slowdown_percent"] is None:
         lines += ["", "Too few steps overlapped helper work to measure how much it slows training."]
     else:
         lines += [
             "",
             f"Steps that a child process's work overlapped (the other vCPU busy) took "
-            f"{helpers['slowdown_percent']:+.1f} % longer than the typical step of their run (median of "
-            f"{helpers['steps']}); the same with that work "
-            f"moved {PLACEBO_SHIFT_S:g} s, to where it was not: {helpers['placebo_percent']:+.1f} % (the noise)",
+            f"{helpers['slowdown_percent']:+.1f} % longer than the other steps of their run (median of "
+            f"{helpers['steps']}); the same with that work moved {placebos} (to where it was not: the noise)",
         ]
     if dump is not None:
         lines += [

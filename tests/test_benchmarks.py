@@ -46,7 +46,7 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
 
 
 def test_interference_is_the_slowdown_of_steps_beside_helper_work_within_their_run():
-    """Steps a helper's spell covers against the other steps of the same run; a placebo (spells moved) finds none."""
+    """Steps a helper's spell covers against the other steps of the same run; placebos (spells moved) find none."""
     durations = [0.010] * 300
     spells = []
     for first in (50, 150):
@@ -58,4 +58,4 @@ def test_interference_is_the_slowdown_of_steps_beside_helper_work_within_their_r
     run = overhead.Run("bench_train", 0, 1.0, 1.0, 1.0, 1.0, 0.01, [], attribution)
     measured = overhead.interference([run])
     assert measured["steps"] == 20 and round(measured["slowdown_percent"], 6) == 20
-    assert abs(measured["placebo_percent"]) < 1e-9  # 0.5 s later the steps are the usual 10 ms
+    assert all(abs(percent) < 1e-9 for percent in measured["placebo_percent"])  # moved, they cover usual steps
