@@ -1,7 +1,7 @@
 """The Aim writer: a child process of the aim tracker that owns the job's Aim run.
 
-Aim costs ~0.3 ms of CPU per tracked point (a third more without ``Writer.writes_together``, which commits the
-writes of a message together); inside the training process that work competes with the training loop for the GIL.
+Aim costs ~0.3 ms of CPU per tracked point (a third less than without ``Writer.writes_together``, which commits
+the writes of a message together); inside the training process that work competes with the training loop for the GIL.
 Here it runs beside it, and a writer that Aim blocks for good (a locked repo, a dead server: aim#3067) is simply
 killed. It runs as a script (``spawn``), imports Aim at once (~2 s of CPU) and waits for its first
 message, which says which run to create: so a writer can start before its job knows its configuration.
@@ -207,7 +207,7 @@ class Writer:
 
     @contextlib.contextmanager
     def writes_together(self):
-        """Aim commits every write of a tracked value to RocksDB on its own (about eight writes per point); within
+        """Aim commits every write of a tracked value to RocksDB on its own (about seven writes per point); within
         this block each of the run's local containers gathers them into one batch, written when the block ends.
         Tracking only writes to them (Aim's tracker reads nothing back), so nothing inside needs a write to land
         first."""
