@@ -2,6 +2,8 @@
 system metrics. Real files, threads and psutil; the training end to end lives in test_bench_train.py."""
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -125,6 +127,23 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
     ]
     assert [p["value"] for p in written] == [1.25, float(np.float32(0.1)), 2.0**40, -0.0, 1e-300, None]
     assert lines == [json.dumps(p, allow_nan=False) for p in written]
+
+
+def test_a_stuck_journal_writer_costs_close_its_timeout_not_a_hang(tmp_path, caplog):
+    """A writer that stops draining (here SIGSTOPped, as one stuck on a hung filesystem) while more than a pipe's
+    worth of records waits for it: close() kills it after its timeout, and what reached the file before stays."""
+    journal = Journal(str(tmp_path / "j.jsonl"), flush_interval=0.05)
+    journal.write({"type": "start", "time": 1.0, "schema_version": 1})
+    deadline = time.monotonic() + 30
+    while "start" not in (tmp_path / "j.jsonl").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(journal._writer.pid, signal.SIGSTOP)
+    journal.write(*[{"type": "note", "time": 2.0, "filler": "x" * 1000} for _ in range(300)])  # ~300 KB
+    start = time.monotonic()
+    journal.close(timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert journal._writer.poll() is not None and "did not finish within 1 s" in caplog.text
+    assert [record["time"] for record in read_journal(str(tmp_path / "j.jsonl"))] == [1.0]
 
 
 def test_rebuild_command(tmp_path, capsys):

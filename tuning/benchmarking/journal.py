@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 # One encoder for every record: json.dumps builds a new one per call whenever an option is given.
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
+CLOSE_TIMEOUT_S = 30.0
+
 # A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf. A tuple
 # costs the training thread a tenth of a dict, and pickles and encodes faster.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
@@ -109,13 +111,23 @@ class Journal:
             if not self._closing.is_set():
                 self._queue.put(records)  # nobody waits on the queue: no thread wakes up now
 
-    def close(self) -> None:
-        """Write everything queued, fsync and close (the writer process exits); later writes are dropped."""
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Write everything queued, fsync and close (the writer process exits); later writes are dropped. A writer
+        not done within ``timeout`` seconds (stuck on a hung filesystem, stopped) is killed, so that the end of a
+        job never waits on it: the journal keeps what was written, the dump gets every point anyway."""
         with self._lock:
             if self._closing.is_set():
                 return
             self._closing.set()
-        self._sender.join()
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            logger.warning(
+                "journal %s: its writer did not finish within %g s; killed it (the dump still gets every point)",
+                self.path,
+                timeout,
+            )
+            self._writer.kill()  # a send blocked on the full pipe now fails, and the sender thread ends
+            self._sender.join()
 
     def _send_queued(self) -> None:
         """The sender thread: every ``flush_interval``, everything queued to the writer process at once."""
