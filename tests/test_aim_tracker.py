@@ -4,6 +4,7 @@ Hooks are driven with real transformers ``TrainingArguments``/``TrainerState`` o
 runs in a child process, since a hang there is exactly the failure under test.
 """
 
+import collections
 import io
 import json
 import math
@@ -176,36 +177,84 @@ def test_messages_reach_the_writer_as_plain_python_and_whole():
     assert type(sent["nested"]["listed"][0]) is float and math.isnan(sent["nested"]["listed"][2])
 
 
-def test_writer_commits_a_message_once_per_container_and_every_point_lands(tmp_path, monkeypatch):
-    """Aim commits every write of a point to RocksDB on its own; the writer gathers a message's writes into one
-    commit per container of the run. An Aim whose internals moved (the batching silently off) fails here."""
-    from aim import Run
+def test_writer_tracks_what_aim_tracks_with_a_fraction_of_its_storage_work(tmp_path, monkeypatch):
+    """The writer's shortcuts (``Writer.writes_together``: one commit per container and message, no deletes, the
+    metadata written once per message) leave exactly what Aim's own ``Run.track`` of the same points leaves: every
+    value, and each series' first, last, minimum and maximum, across messages. An Aim whose internals moved (the
+    shortcuts silently off) fails the counts."""
+    from aim import Repo, Run
     from aim.storage.rockscontainer import RocksContainer
 
     from tuning.trackers.tracker import log_series
 
     for name, value in {"Run": Run, "psutil": psutil, "log_series": log_series}.items():
         monkeypatch.setattr(aim_writer, name, value, raising=False)  # what the writer's __main__ imports
-    commits = []
-    real_commit = RocksContainer.commit
-    monkeypatch.setattr(RocksContainer, "commit", lambda self, batch: commits.append(self) or real_commit(self, batch))
-    writer = aim_writer.Writer(io.StringIO(), packages={})
+    operations: collections.Counter = collections.Counter()
+    for method in ("commit", "_put", "_delete", "_delete_range"):
+        real = getattr(RocksContainer, method)
+
+        def counted(self, *args, real=real, method=method, **kwargs):
+            operations[method] += 1
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(RocksContainer, method, counted)
     repo = tmp_path / "repo"
-    opened = {"repo": str(repo), "experiment": "batched", "system_tracking_interval": None, "pid": os.getpid()}
+    writer = aim_writer.Writer(io.StringIO(), packages={})
+    opened = {"repo": str(repo), "experiment": "writer", "system_tracking_interval": None, "pid": os.getpid()}
     writer.handle({"op": "open", "executable": sys.executable, "arguments": [], **opened})
     assert writer.containers and all(isinstance(container, RocksContainer) for container in writer.containers)
+    losses = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 0.5]  # minimum and maximum move within and across messages
+    messages = []
+    for steps in (range(0, 5), range(5, 10)):
+        points = [[0.5 * step, "step_time_seconds", step, None, {}] for step in steps]
+        logs = [[step, step / 10, {"loss": losses[step], "eval_loss": -losses[step]}] for step in steps]
+        messages.append({"op": "track", "points": points, "logs": logs})
 
-    commits.clear()
-    points = [[0.5 * step, "step_time_seconds", step, None, {}] for step in range(5)]
-    logs = [[step, None, {"loss": 2.0 - step, "eval_loss": 3.0 - step}] for step in range(5)]
-    writer.handle({"op": "track", "points": points, "logs": logs})
-    assert 0 < len(commits) <= len(writer.containers)
+    writer_operations = []
+    for message in messages:
+        operations.clear()
+        writer.handle(message)
+        writer_operations.append(dict(operations))
     writer.handle({"op": "close"})
+    for counts in writer_operations:
+        assert 0 < counts["commit"] <= len(writer.containers), counts
+        assert counts.get("_delete", 0) == counts.get("_delete_range", 0) == 0, counts
+    # Once its series exist, a message writes each point's value, step, epoch and time, and per series at most its
+    # last value, last step, minimum and maximum (Aim itself rewrites those at every point).
+    assert writer_operations[1]["_put"] <= 4 * 15 + 4 * 3, writer_operations[1]
 
-    [run] = read_runs(repo)
-    assert series(run, "step_time_seconds") == {step: 0.5 * step for step in range(5)}
-    assert series(run, "loss") == {step: 2.0 - step for step in range(5)}
-    assert series(run, "loss", {"subset": "eval"}) == {step: 3.0 - step for step in range(5)}
+    reference = Run(repo=str(repo), experiment="aim", system_tracking_interval=None, log_system_params=False)
+    operations.clear()
+    for message in messages:
+        for value, name, step, epoch, context in message["points"]:
+            reference.track(value, name=name, step=step, epoch=epoch, context=context)
+        for step, epoch, logs in message["logs"]:
+            for name, context, value in log_series(logs):
+                reference.track(value, name=name, step=step, epoch=epoch, context=context)
+    reference_operations = sum(operations.values())
+    reference.close()
+    assert sum(map(sum, (counts.values() for counts in writer_operations))) * 3 < reference_operations
+
+    subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
+    stored = Repo(str(repo))
+
+    def tracked(run_hash: str) -> tuple[dict, dict]:
+        run = stored.get_run(run_hash)
+        values = {
+            (metric.name, json.dumps(metric.context.to_dict())): {
+                step: (value, None if math.isnan(epoch) else epoch)  # no epoch reads back as NaN
+                for step, (value, epoch, _time) in metric.data.items()
+            }
+            for metric in run.metrics()
+        }
+        return values, run.meta_run_tree.collect("traces")
+
+    values, traces = tracked(writer.run.hash)
+    assert (values, traces) == tracked(reference.hash)
+    assert values[("loss", "{}")] == {step: (loss, step / 10) for step, loss in enumerate(losses)}
+    assert values[("loss", json.dumps({"subset": "eval"}))][9] == (-0.5, 0.9)
+    loss_trace = next(trace["loss"] for trace in traces.values() if "loss" in trace and trace["loss"]["min"] == 0.5)
+    assert (loss_trace["last"], loss_trace["last_step"], loss_trace["max"]) == (0.5, 9, 9.0)
 
 
 # ---- the writer started before the job's imports ----
