@@ -16,15 +16,17 @@ end of each spell of work on the messages of one read (``tuning.utils.pipe_messa
 helper working on the other CPU slows the steps it overlaps.
 """
 
+import importlib.abc
+import importlib.machinery
 import json
 import os
+import sys
 import threading
 import time
 
 
-def _install(path: str) -> None:
+def _install(path: str, CallbackHandler: type) -> None:  # noqa: N803 (transformers' class, patched in place)
     import psutil
-    from transformers.trainer_callback import CallbackHandler
 
     hook_seconds: dict[str, float] = {}
     train_begin: dict[str, float] = {}  # the snapshot taken at on_train_begin
@@ -109,8 +111,31 @@ def _record_spells(directory: str) -> None:
     pipe_messages.receive = timed_receive
 
 
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    """Installs the timing when transformers' callback module is first imported, not at interpreter start: importing
+    it here would import torch and transformers (~10 s on this VM) before the script's first line, which would delay
+    what bench_train starts before its own heavy imports (the Aim writer) and misplace its work."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def find_spec(self, name, import_path, target=None):
+        if name != "transformers.trainer_callback":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, import_path)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _install(self.path, module.CallbackHandler)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 _path = os.environ.pop("OVERHEAD_ATTRIBUTION_PATH", None)
 if _path:
-    _install(_path)
+    sys.meta_path.insert(0, _InstallOnImport(_path))
 elif os.environ.get("OVERHEAD_HELPER_SPELLS_DIR"):
     _record_spells(os.environ["OVERHEAD_HELPER_SPELLS_DIR"])
