@@ -30,7 +30,7 @@ cancels out. The per-step losses must agree across arms (the ``same work`` colum
 Whole-run ratios cannot resolve 1 % where identical runs differ by 10 %, so each run also accounts for its loop from
 inside (``benchmarks/attribution/sitecustomize.py``): time in our callback hooks, CPU of our other threads, and the
 slowing of training by our child processes (the Aim writer, the journal's writer), which work on the other CPU: the
-steps a child's spell of work overlapped against the other steps of the same run give how much slower a step runs
+steps a child's spell of work overlapped, against the steps around them, give how much slower a step runs
 beside such work (pooled over all runs, with placebos: the same spells moved to where there was none), and that
 times the children's CPU time is what they cost the loop. The sum is checked against the loop target.
 
@@ -287,28 +287,35 @@ ATTRIBUTION_COLUMNS = {
 _TRAINER_MODULES = ("transformers.", "trl.")
 PLACEBO_SHIFTS_S = (0.25, 0.5, 0.75)
 MIN_STEPS = 10
+NEIGHBOURS = 10
 
 
 def steps_beside_helpers(attribution: dict, shift: float = 0.0) -> list[float]:
     """The steps of one run that helper work (a spell of the Aim writer or the journal's writer, on the other CPU)
-    overlapped for at least half their time, each divided by the median of the run's other steps, so that the
-    machine's drift cancels. ``shift`` moves the spells: a placebo, whose steps should come out no slower than the
-    rest."""
+    overlapped for at least half their time, each divided by the median of the steps around it that no spell covers
+    (up to ``NEIGHBOURS`` on each side), so that the machine's drift and the first steps' warm-up cancel. ``shift``
+    moves the spells: a placebo, whose steps should come out no slower than those around them."""
     spells = [(start + shift, end + shift) for start, end in attribution["helper_spells"]]
-    beside, other = [], []
+    durations, covered = [], []
     for begin, end in itertools.pairwise(attribution["step_ends"]):
         overlap = sum(max(0.0, min(end, stop) - max(begin, start)) for start, stop in spells)
-        (beside if overlap >= (end - begin) / 2 else other).append(end - begin)
-    if len(other) < MIN_STEPS:
-        return []
-    typical = statistics.median(other)
-    return [duration / typical for duration in beside]
+        durations.append(end - begin)
+        covered.append(overlap >= (end - begin) / 2)
+    relative = []
+    for index, duration in enumerate(durations):
+        if not covered[index]:
+            continue
+        around = range(max(0, index - NEIGHBOURS), min(len(durations), index + NEIGHBOURS + 1))
+        baseline = [durations[other] for other in around if not covered[other]]
+        if len(baseline) >= NEIGHBOURS // 2:
+            relative.append(duration / statistics.median(baseline))
+    return relative
 
 
 def interference(runs: list[Run]) -> dict[str, Any]:
     """How much slower a training step runs while a helper process works beside it on this machine (the other vCPU
     may share a core, and they share caches and memory bandwidth), in %: the median over the overlapped steps of all
-    runs, each relative to its own run's other steps; and the same with the spells moved by each of
+    runs, each relative to the steps around it; and the same with the spells moved by each of
     ``PLACEBO_SHIFTS_S``, to where there was no such work (the noise). None with fewer than ``MIN_STEPS`` such steps
     (in practice only the Aim writer's spells last long enough to cover a step)."""
 
@@ -413,7 +420,7 @@ def markdown_table(summary: dict[str, dict], helpers: dict, dump: dict | None) -
         lines += [
             "",
             f"Steps that a child process's work overlapped (the other vCPU busy) took "
-            f"{helpers['slowdown_percent']:+.1f} % longer than the other steps of their run (median of "
+            f"{helpers['slowdown_percent']:+.1f} % longer than the steps around them (median of "
             f"{helpers['steps']}); the same with that work moved {placebos} (to where it was not: the noise)",
         ]
     if dump is not None:
