@@ -6,7 +6,7 @@ The run lives in a child process, ``tuning/trackers/aim_writer.py`` (its docstri
 the callback (or earlier, by ``aim_writer.start_early``) so that it imports Aim while the job loads data and the
 model; the run is created on first use.
 ``SafeAimCallback`` turns hooks and API calls into messages and queues them; a sender thread writes them to the
-child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.3
+child and a reader thread collects its answers, so the training thread never waits for Aim and Aim's CPU work (~0.07
 ms per point) runs beside training instead of competing with it for the GIL. Tracked points and trainer logs are
 buffered and sent together every ``_TRACK_INTERVAL_S``, so those threads wake about once a second; trainer logs go
 as they are, and the writer process turns them into points, not this one. The first message opens the run, so
