@@ -263,9 +263,9 @@ class Writer:
             batches.append((container, batch))
         try:
             yield
+            metadata.apply()
         finally:
             tracker.meta_run_tree = metadata.tree
-            metadata.apply()
             for container, batch in batches:
                 del container.batch, container.commit, container.delete_range, container._delete_blob
                 container.commit(batch)

@@ -31,7 +31,7 @@ dies without closing, the writer closes the run itself, within the same bound.
 
 Only global rank 0 does anything, so a job makes one run whatever its world size.
 
-Subclassing (the benchmarking wrapper does): override a hook, call ``super()``, and add data with ``track`` and
+Subclassing: override a hook, call ``super()``, and add data with ``track`` and
 ``set_params`` — failure isolation comes with them. ``AimStackTracker`` only maps ``AimConfig`` and the ``Tracker``
 API onto the callback.
 """
