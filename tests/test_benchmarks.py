@@ -59,3 +59,21 @@ def test_interference_is_the_slowdown_of_steps_beside_helper_work_within_their_r
     measured = overhead.interference([run])
     assert measured["steps"] == 20 and round(measured["slowdown_percent"], 6) == 20
     assert all(abs(percent) < 1e-9 for percent in measured["placebo_percent"])  # moved, they cover usual steps
+
+
+def test_interference_compares_with_the_steps_around_so_that_drift_cancels():
+    """A machine that slows down through the run (10 ms steps to 20 ms): late steps are slow anyway, so only their
+    neighbours tell what a helper's work added (against the run's median they came out 28 % slower)."""
+    durations = [0.010 + 0.010 * index / 299 for index in range(300)]
+    firsts = range(150, 290, 10)
+    for first in firsts:
+        durations[first] *= 1.1  # 10 % slower beside the helper
+    step_ends = [sum(durations[: index + 1]) for index in range(len(durations))]
+    attribution = {
+        "step_ends": step_ends,
+        "helper_spells": [[step_ends[first - 1], step_ends[first]] for first in firsts],
+    }
+    run = overhead.Run("bench_train", 0, 1.0, 1.0, 1.0, 1.0, 0.01, [], attribution)
+    measured = overhead.interference([run])
+    assert measured["steps"] == len(firsts) and abs(measured["slowdown_percent"] - 10) < 0.5
+    assert all(abs(percent) < 1 for percent in measured["placebo_percent"])
