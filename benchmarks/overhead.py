@@ -242,8 +242,10 @@ def run_once(arm: str, round_index: int, command: list[str], run_dir: Path, env:
     step_s = statistics.median(map(operator.sub, step_times[1:], step_times[:-1]))
     cpu_s = usage.ru_utime + usage.ru_stime
     attribution = json.loads(attribution_path.read_text())
+    spell_files = list(spells_dir.iterdir())  # one per helper process that read messages
+    attribution["helper_processes"] = len(spell_files)
     attribution["helper_spells"] = sorted(
-        json.loads(line) for path in spells_dir.iterdir() for line in path.read_text().splitlines()
+        json.loads(line) for path in spell_files for line in path.read_text().splitlines()
     )
     return Run(arm, round_index, process_s, cpu_s, step_times[0] - start, runtime, step_s, losses, attribution)
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -618,7 +619,9 @@ def _signal_at_step(step: int, *signums: int):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == step:
                 for signum in signums:
-                    os.kill(os.getpid(), signum)  # a real signal, handled before the next bytecode
+                    # A real signal, to this (the main) thread, so that each is delivered, and handled, before the
+                    # next is sent (a signal sent while one of its kind is still pending is lost).
+                    signal.pthread_kill(threading.main_thread().ident, signum)
 
     return SignalSender()
 
@@ -644,11 +647,15 @@ def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
 def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
     from tuning.utils.error_reporting import GracefulStopCallback
 
-    stop = GracefulStopCallback()
-    trainer = _tiny_trainer(tmp_path, [_signal_at_step(2, signal.SIGINT, signal.SIGINT), stop])
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran in this process
+    try:
+        stop = GracefulStopCallback()
+        trainer = _tiny_trainer(tmp_path, [_signal_at_step(2, signal.SIGINT, signal.SIGINT), stop])
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 SECOND_SIGTERM_SCRIPT = """
