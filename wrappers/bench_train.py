@@ -221,33 +221,18 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) -> tuple[TrainerCallback, Tracker]:
-    """The Aim callback of a benchmark (the tracker's: every Aim call isolated, a dead server costs a warning, never
-    the job; its ``track_many`` receives the step-time, throughput and system series) and the tracker through which
-    train() reaches the same run; aim is imported only when --tracker aim asks for it."""
-    from tuning.trackers.aimstack import SafeAimCallback, resolve_repo
+def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) -> Tracker:
+    """The aim tracker of a benchmark: its callback isolates every Aim call (a dead server costs a warning, never the
+    job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
+    model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
+    only when --tracker aim asks for it."""
+    from tuning.trackers.aimstack import AimStackTracker
 
-    class BenchmarkAimTracker(Tracker):
-        """train() hands its trackers model_load_time and the metadata: the metadata becomes the run params
-        ``run.experiment_metadata.<key>``, which Aim queries find."""
-
-        def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
-            callback.track(metric, name, context={"subset": stage})
-
-        def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
-            callback.set_params(params, name)
-
-    callback = SafeAimCallback(
-        resolve_repo(config),
-        experiment=config.experiment,
-        system_tracking_interval=config.aim_system_tracking_interval,
-        timeout=config.aim_close_timeout,
-        run_hash_export_dir=config.aim_run_id_export_path or output_dir,
-    )
+    tracker = AimStackTracker(config, output_dir)
     # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
     # the job loads its data and model, not beside the first training steps.
-    callback.set_params(params, "benchmark")
-    return callback, BenchmarkAimTracker()
+    tracker.set_params(params, "benchmark")
+    return tracker
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -347,9 +332,10 @@ class BenchmarkJob:
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
         if "aim" in tracker_names:
-            self.aim, aim_tracker = benchmark_aim(
+            aim_tracker = benchmark_aim(
                 args.tracker_configs.aim, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
             )
+            self.aim = aim_tracker.get_hf_callback()
             trackers.append(aim_tracker)
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
@@ -363,8 +349,8 @@ class BenchmarkJob:
             mirror=self.aim.track_many if self.aim is not None else None,
         )
         graceful_stop = GracefulStopCallback()
-        callbacks = [tracker.get_hf_callback() for tracker in trackers]
         # The benchmark callback before Aim's, so that its last samples reach the run before Aim closes it.
+        callbacks = [tracker.get_hf_callback() for tracker in trackers if tracker.name != "aim"]
         callbacks = [*filter(None, callbacks), self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
         try:
             train(
