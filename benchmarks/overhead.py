@@ -412,13 +412,13 @@ def markdown_table(summary: dict[str, dict], helpers: dict, dump: dict | None) -
     for arm, row in summary.items():
         cells = [arm] + [attribution_cell(key, row["attribution"][key]) for key in ATTRIBUTION_COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
-    placebos = ", ".join(
-        f"{shift:g} s: " + ("—" if percent is None else f"{percent:+.1f} %")
-        for shift, percent in zip(PLACEBO_SHIFTS_S, helpers["placebo_percent"], strict=True)
-    )
     if helpers["slowdown_percent"] is None:
         lines += ["", "Too few steps overlapped helper work to measure how much it slows training."]
     else:
+        placebos = ", ".join(
+            f"{shift:g} s: " + ("—" if percent is None else f"{percent:+.1f} %")
+            for shift, percent in zip(PLACEBO_SHIFTS_S, helpers["placebo_percent"], strict=True)
+        )
         lines += [
             "",
             f"Steps that a child process's work overlapped (the other vCPU busy) took "
