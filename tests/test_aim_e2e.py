@@ -17,7 +17,7 @@ from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subproce
 from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tests.test_train import SEED_COMMAND
 from tuning.sft_trainer import main
-from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME
+from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME
 
 METADATA_FLAG = json.dumps(METADATA)
 MAX_STEPS = 4

@@ -25,10 +25,10 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
-from tuning.config.tracker_configs import AimConfig, TrackerConfigs
+from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
 from tuning.trackers import aim_writer
-from tuning.trackers.aimstack import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
-from tuning.utils.error_reporting import UserInputError
+from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
+from tuning.utils.error_logging import UserInputError
 from tuning.utils.pipe_messages import decode, encode
 
 # ---- in-process helpers ----
@@ -403,7 +403,7 @@ DRIVER = textwrap.dedent(
     import json, os, sys, time
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from tuning.config.tracker_configs import AimConfig
-    from tuning.trackers.aimstack import AimStackTracker
+    from tuning.trackers.aimstack_tracker import AimStackTracker
 
     config, output_dir, marker = json.loads(sys.argv[1]), sys.argv[2], sys.argv[5]
     steps, pause_at, crash = int(sys.argv[3]), int(sys.argv[4]), sys.argv[6] == "crash"
@@ -596,11 +596,11 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
     code = textwrap.dedent(
         f"""
-        from tuning.config.tracker_configs import AimConfig, TrackerConfigs
-        from tuning.trackers.registry import build_trackers
-        from tuning.utils.error_reporting import UserInputError
+        from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
+        from tuning.trackers.tracker_factory import build_trackers
+        from tuning.utils.error_logging import UserInputError
         try:
-            build_trackers(["aim"], TrackerConfigs(aim=AimConfig(aim_repo={str(tmp_path / "r")!r})), "out")
+            build_trackers(["aim"], TrackerConfigFactory(aim_config=AimConfig(aim_repo={str(tmp_path / "r")!r})), "out")
         except UserInputError as exc:
             print(exc)
         """
@@ -612,8 +612,8 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
 
 
 def test_registry_builds_the_aim_tracker(tmp_path):
-    from tuning.trackers.registry import build_trackers
+    from tuning.trackers.tracker_factory import build_trackers
 
-    configs = TrackerConfigs(aim=AimConfig(aim_repo=str(tmp_path / "repo")))
+    configs = TrackerConfigFactory(aim_config=AimConfig(aim_repo=str(tmp_path / "repo")))
     (tracker,) = build_trackers(["aim"], configs, str(tmp_path))
     assert isinstance(tracker, AimStackTracker)

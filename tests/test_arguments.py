@@ -9,7 +9,7 @@ from tests.conftest import RESPONSE_TEMPLATE
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import get_parser, parse_arguments
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, read_job_config
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 
 def parse(argv: list[str], monkeypatch):
@@ -33,7 +33,7 @@ def test_seed_spellings_map_to_current_fields(monkeypatch):
     assert args.training_args.warmup_steps == pytest.approx(0.03)
     assert args.training_args.trackers == ["aim"]
     assert args.data_args.response_template == RESPONSE_TEMPLATE
-    assert args.tracker_configs.aim.experiment == "123"
+    assert args.tracker_configs.aim_config.experiment == "123"
 
 
 def test_result_unpacks_and_has_names(monkeypatch):
@@ -45,7 +45,7 @@ def test_result_unpacks_and_has_names(monkeypatch):
     assert isinstance(peft_config, PromptTuningConfig) and peft_config.num_virtual_tokens == 4
     assert exp_metadata == {"a": {"b": 1}}
     assert training_args.trackers == ["file_logger"]
-    assert tracker_configs.file_logger.training_logs_filename == "training_logs.jsonl"
+    assert tracker_configs.file_logger_config.training_logs_filename == "training_logs.jsonl"
 
 
 def test_defaults_follow_fms_hf_tuning(monkeypatch):
@@ -90,7 +90,7 @@ def check_job(args):
     assert args.data_args.training_data_path == "d.jsonl"
     assert isinstance(args.peft_config, LoraConfig) and args.peft_config.r == 4
     assert args.training_args.trackers == ["aim"]
-    assert args.tracker_configs.aim.aim_repo == "/tmp/aim"
+    assert args.tracker_configs.aim_config.aim_repo == "/tmp/aim"
     assert args.exp_metadata == {"gpu_model": "A100-80GB"}
 
 

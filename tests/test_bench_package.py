@@ -19,7 +19,7 @@ from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
 from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 ENVIRONMENT = {
     "python": "3.11",

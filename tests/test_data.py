@@ -9,7 +9,7 @@ from tests.conftest import RESPONSE_TEMPLATE
 from tuning.data.formatting import format_texts
 from tuning.data.loading import load_records
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 
 @pytest.fixture(scope="module")

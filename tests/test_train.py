@@ -13,7 +13,7 @@ from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, free_port, ru
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import train
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 
 def make_args(model: str, output_dir: str, data: str, **training):

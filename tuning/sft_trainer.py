@@ -26,13 +26,13 @@ from transformers import HfArgumentParser
 
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
-from tuning.config.tracker_configs import AimConfig, FileLoggerConfig, TrackerConfigs
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
 from tuning.data.formatting import format_texts
 from tuning.data.loading import load_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.trackers import Tracker, build_trackers
 from tuning.utils.config_utils import read_job_config
-from tuning.utils.error_reporting import (
+from tuning.utils.error_logging import (
     GracefulStopCallback,
     TrainingInterrupted,
     UserInputError,
@@ -51,7 +51,7 @@ class ParsedArguments(NamedTuple):
     data_args: DataArguments
     training_args: TrainingArguments
     peft_config: LoraConfig | PromptTuningConfig | None
-    tracker_configs: TrackerConfigs
+    tracker_configs: TrackerConfigFactory
     exp_metadata: dict | None
 
 
@@ -64,7 +64,15 @@ class _ArgumentParser(HfArgumentParser):
 
 def get_parser() -> HfArgumentParser:
     parser = _ArgumentParser(
-        (ModelArguments, DataArguments, TrainingArguments, LoraConfig, PromptTuningConfig, FileLoggerConfig, AimConfig)
+        (
+            ModelArguments,
+            DataArguments,
+            TrainingArguments,
+            LoraConfig,
+            PromptTuningConfig,
+            FileLoggingTrackerConfig,
+            AimConfig,
+        )
     )
     parser.add_argument("--peft_method", choices=PEFT_METHODS, default=None, help="lora, pt or none (default).")
     parser.add_argument("--use_peft", action="store_true", help="Same as --peft_method lora (the oldest spelling).")
@@ -121,7 +129,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         data_args,
         training_args,
         peft_config,
-        TrackerConfigs(file_logger=file_logger_config, aim=aim_config),
+        TrackerConfigFactory(file_logger_config=file_logger_config, aim_config=aim_config),
         _parse_exp_metadata(exp_metadata),
     )
 

@@ -58,7 +58,7 @@ from tuning.config.tracker_configs import AimConfig
 from tuning.sft_trainer import ParsedArguments, get_parser, parse_arguments, train, validate_arguments
 from tuning.trackers import Tracker, build_trackers, validate_tracker_names
 from tuning.utils.config_utils import read_job_config
-from tuning.utils.error_reporting import (
+from tuning.utils.error_logging import (
     GracefulStopCallback,
     TrainingInterrupted,
     TrainingStalled,
@@ -226,7 +226,7 @@ def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) ->
     job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
     model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
     only when --tracker aim asks for it."""
-    from tuning.trackers.aimstack import AimStackTracker
+    from tuning.trackers.aimstack_tracker import AimStackTracker
 
     tracker = AimStackTracker(config, output_dir)
     # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
@@ -304,7 +304,7 @@ class BenchmarkJob:
         if RANK == 0 or sampling:
             header = {
                 "time": self.started,
-                "experiment": args.tracker_configs.aim.experiment,
+                "experiment": args.tracker_configs.aim_config.experiment,
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
@@ -333,7 +333,7 @@ class BenchmarkJob:
             trackers.append(self.record)  # receives model_load_time
         if "aim" in tracker_names:
             aim_tracker = benchmark_aim(
-                args.tracker_configs.aim, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
+                args.tracker_configs.aim_config, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
             )
             self.aim = aim_tracker.get_hf_callback()
             trackers.append(aim_tracker)

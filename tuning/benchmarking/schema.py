@@ -80,7 +80,7 @@ _ENVIRONMENT = {
     },
 }
 
-# The error-reporting module's report (see tuning.utils.error_reporting), or the note a rebuild writes when the run
+# The error-reporting module's report (see tuning.utils.error_logging), or the note a rebuild writes when the run
 # died without one: then only the keys below are known.
 _ERROR = {
     "type": ["object", "null"],

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import transformers
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 DEFAULT_TRACKERS = ["file_logger"]
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class FileLoggerConfig:
+class FileLoggingTrackerConfig:
     training_logs_filename: str = field(
         default="training_logs.jsonl",
         metadata={"help": "File in output_dir receiving one JSON line per logged loss."},
@@ -38,8 +38,8 @@ class AimConfig:
 
 
 @dataclass
-class TrackerConfigs:
+class TrackerConfigFactory:
     """All tracker configs of one job, as parsed from the CLI or a JSON job config."""
 
-    file_logger: FileLoggerConfig = field(default_factory=FileLoggerConfig)
-    aim: AimConfig = field(default_factory=AimConfig)
+    file_logger_config: FileLoggingTrackerConfig = field(default_factory=FileLoggingTrackerConfig)
+    aim_config: AimConfig = field(default_factory=AimConfig)

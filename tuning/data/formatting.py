@@ -2,7 +2,7 @@
 
 import re
 
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^{}\s]+)\s*\}\}")
 

@@ -3,7 +3,7 @@
 import json
 import os
 
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 
 def load_records(path: str) -> list[dict]:

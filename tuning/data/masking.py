@@ -10,7 +10,7 @@ import logging
 
 from datasets import Dataset
 
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
 

@@ -6,7 +6,8 @@ registry; ``train()`` receives their callbacks in ``callbacks=[…]`` (it never 
 metadata. A wrapper can therefore replace any tracker with its own subclass without touching ``train()``.
 """
 
-from tuning.trackers.registry import (
+from tuning.trackers.tracker import Tracker, is_main_process
+from tuning.trackers.tracker_factory import (
     TrackerSpec,
     available_trackers,
     build_trackers,
@@ -14,7 +15,6 @@ from tuning.trackers.registry import (
     register_tracker,
     validate_tracker_names,
 )
-from tuning.trackers.tracker import Tracker, is_main_process
 
 __all__ = [
     "Tracker",

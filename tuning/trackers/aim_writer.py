@@ -5,7 +5,7 @@ Aim costs ~0.07 ms of CPU per tracked point here, a fifth of what Aim's own ``Ru
 Here it runs beside it, and a writer that Aim blocks for good (a locked repo, a dead server: aim#3067) is simply
 killed. It runs as a script (``spawn``), imports Aim at once (~2 s of CPU) and waits for its first
 message, which says which run to create: so a writer can start before its job knows its configuration.
-``tuning.trackers.aimstack.SafeAimCallback`` starts one when the tracker is created, or adopts the one that
+``tuning.trackers.aimstack_tracker.SafeAimCallback`` starts one when the tracker is created, or adopts the one that
 ``start_early`` started before the job's own heavy imports (``wrappers/bench_train.py`` does), so that importing Aim
 overlaps those instead of the first training steps. Importing this module in the training process stays cheap.
 

@@ -5,7 +5,7 @@ import binascii
 import json
 import os
 
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 CONFIG_PATH_ENV = "SFT_TRAINER_CONFIG_JSON_PATH"
 CONFIG_BASE64_ENV = "SFT_TRAINER_CONFIG_JSON_ENV_VAR"

@@ -7,7 +7,7 @@ from typing import TextIO
 
 from transformers import TrainerCallback
 
-from tuning.config.tracker_configs import FileLoggerConfig
+from tuning.config.tracker_configs import FileLoggingTrackerConfig
 from tuning.trackers.tracker import Tracker, is_main_process
 
 # Trainer log keys → record names in training_logs.jsonl (the fms-hf-tuning names).
@@ -57,7 +57,7 @@ class FileLoggingCallback(TrainerCallback):
 class FileLoggingTracker(Tracker):
     name = "file_logger"
 
-    def __init__(self, config: FileLoggerConfig, output_dir: str):
+    def __init__(self, config: FileLoggingTrackerConfig, output_dir: str):
         self.path = os.path.join(output_dir, config.training_logs_filename)
 
     def get_hf_callback(self) -> TrainerCallback:

@@ -1,4 +1,4 @@
-"""Unit tests of tuning.utils.error_reporting, with real exceptions raised by the real libraries (no mocks)."""
+"""Unit tests of tuning.utils.error_logging, with real exceptions raised by the real libraries (no mocks)."""
 
 import argparse
 import datetime
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import REPO_ROOT, free_port, subprocess_env
-from tuning.utils import error_reporting as er
-from tuning.utils.error_reporting import (
+from tuning.utils import error_logging as er
+from tuning.utils.error_logging import (
     ErrorCategory,
     TrainingInterrupted,
     TrainingStalled,
@@ -178,7 +178,7 @@ def test_real_memory_error_under_address_space_limit(allocation):
     script = textwrap.dedent(
         f"""
         import resource, torch
-        from tuning.utils.error_reporting import classify
+        from tuning.utils.error_logging import classify
         with open("/proc/self/status") as f:
             vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
         limit = vm_kib * 1024 + (256 << 20)
@@ -282,7 +282,7 @@ def test_implicit_context_and_deep_chains():
     # A user error stays one when nothing more specific is in the chain.
     user = raised(raise_from, UserInputError("bad data file"), json.JSONDecodeError("Expecting value", "x", 0))
     assert classify(user) is ErrorCategory.USER_ERROR
-    assert build_error_report(user)["exception_type"] == "tuning.utils.error_reporting.UserInputError"
+    assert build_error_report(user)["exception_type"] == "tuning.utils.error_logging.UserInputError"
 
 
 def test_most_specific_cause_wins_between_system_faults():
@@ -503,7 +503,7 @@ def test_failing_hook_does_not_change_the_exit_code(caplog):
 
 ENTRY_SCRIPT = """
 import argparse, json, os, sys, torch
-from tuning.utils.error_reporting import UserInputError, run_with_error_reporting, write_json_atomic
+from tuning.utils.error_logging import UserInputError, run_with_error_reporting, write_json_atomic
 
 def main():
     kind = sys.argv[1]
@@ -574,7 +574,7 @@ def test_exit_code_override_reaches_the_process(tmp_path):
 
 
 def test_module_imports_without_torch_or_transformers():
-    probe = "import sys, tuning.utils.error_reporting; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    probe = "import sys, tuning.utils.error_logging; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", probe], env=subprocess_env(), capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
@@ -627,7 +627,7 @@ def _signal_at_step(step: int, *signums: int):
 
 
 def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
-    from tuning.utils.error_reporting import GracefulStopCallback
+    from tuning.utils.error_logging import GracefulStopCallback
 
     before = signal.getsignal(signal.SIGTERM)
     stop = GracefulStopCallback()
@@ -645,7 +645,7 @@ def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
 
 
 def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
-    from tuning.utils.error_reporting import GracefulStopCallback
+    from tuning.utils.error_logging import GracefulStopCallback
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran in this process
     try:
@@ -660,8 +660,8 @@ def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
 
 SECOND_SIGTERM_SCRIPT = """
 import pathlib, signal, sys
-import tests.test_error_reporting as t
-from tuning.utils.error_reporting import GracefulStopCallback
+import tests.test_error_logging as t
+from tuning.utils.error_logging import GracefulStopCallback
 callbacks = [t._signal_at_step(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
 t._tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
 print("survived")
@@ -670,8 +670,8 @@ print("survived")
 
 SIGTERM_WHILE_REPORTING_SCRIPT = """
 import os, pathlib, signal, sys
-import tests.test_error_reporting as t
-from tuning.utils.error_reporting import GracefulStopCallback
+import tests.test_error_logging as t
+from tuning.utils.error_logging import GracefulStopCallback
 stop = GracefulStopCallback()
 trainer = t._tiny_trainer(pathlib.Path(sys.argv[1]), [t._signal_at_step(2, signal.SIGTERM), stop])
 trainer.train()

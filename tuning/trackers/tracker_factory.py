@@ -7,9 +7,9 @@ only when their tracker is requested.
 import importlib
 from dataclasses import dataclass
 
-from tuning.config.tracker_configs import AimConfig, FileLoggerConfig, TrackerConfigs
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
 from tuning.trackers.tracker import Tracker
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 
 NO_TRACKING = "none"
 
@@ -28,8 +28,10 @@ def register_tracker(name: str, spec: TrackerSpec) -> None:
     _REGISTRY[name] = spec
 
 
-register_tracker("file_logger", TrackerSpec(FileLoggerConfig, "tuning.trackers.file_logger:FileLoggingTracker"))
-register_tracker("aim", TrackerSpec(AimConfig, "tuning.trackers.aimstack:AimStackTracker", extra="aim"))
+register_tracker(
+    "file_logger", TrackerSpec(FileLoggingTrackerConfig, "tuning.trackers.filelogging_tracker:FileLoggingTracker")
+)
+register_tracker("aim", TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim"))
 
 
 def available_trackers() -> list[str]:
@@ -60,12 +62,12 @@ def _implementation(name: str) -> type:
     return getattr(module, class_name)
 
 
-def get_tracker(name: str, tracker_configs: TrackerConfigs, output_dir: str) -> Tracker:
+def get_tracker(name: str, tracker_configs: TrackerConfigFactory, output_dir: str) -> Tracker:
     """Instantiate one tracker from its section of ``tracker_configs``."""
-    config = getattr(tracker_configs, name, None) or _REGISTRY[name].config_class()
+    config = getattr(tracker_configs, f"{name}_config", None) or _REGISTRY[name].config_class()
     return _implementation(name)(config, output_dir)
 
 
-def build_trackers(names: list[str], tracker_configs: TrackerConfigs, output_dir: str) -> list[Tracker]:
+def build_trackers(names: list[str], tracker_configs: TrackerConfigFactory, output_dir: str) -> list[Tracker]:
     """Create every requested tracker; raises before any model work when a name or package is wrong."""
     return [get_tracker(name, tracker_configs, output_dir) for name in validate_tracker_names(names)]

@@ -55,7 +55,7 @@ from transformers import TrainerCallback
 from tuning.config.tracker_configs import AimConfig
 from tuning.trackers import aim_writer
 from tuning.trackers.tracker import Tracker, is_main_process
-from tuning.utils.error_reporting import UserInputError
+from tuning.utils.error_logging import UserInputError
 from tuning.utils.pipe_messages import encode
 
 if importlib.util.find_spec("aim") is None:  # the writer process needs it; fail while the registry can say so

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, run_sft_trainer, subprocess_env
-from tuning.utils.error_reporting import TERMINATION_LOG_MAX_BYTES
+from tuning.utils.error_logging import TERMINATION_LOG_MAX_BYTES
 
 MARKER = re.compile(r"^TUNING_ERROR category=(\w+) rank=(\d+) step=(\S+) exit_code=(\d+) type=", re.M)
 
