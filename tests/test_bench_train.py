@@ -327,7 +327,7 @@ def test_trainer_flags_reach_the_trainer_parser_as_typed(bench_train):
     assert not {f"--{name}" for name in bench_train._FLAG_NAMES} & trainer_flags
 
     flags, args = bench_train.parse_command_line(["--output_dir", "out", *trainer_tokens, *wrapper_tokens])
-    assert args.tracker_configs.aim_config.experiment == "123" and args.exp_metadata == {"a": 1}
-    assert args.training_args.max_steps == 3 and args.peft_config.r == 8
+    assert args.aim_config.experiment == "123" and args.experiment_metadata == {"a": 1}
+    assert args.training_args.max_steps == 3 and args.tune_config.r == 8
     assert flags.metadata == '{"b": true}' and flags.auto_stop is True and flags.stall_timeout == 9.0
     assert flags.metrics_path == "m.json" and flags.system_metrics_interval == 5.0

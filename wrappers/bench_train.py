@@ -55,9 +55,8 @@ from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
 from tuning.config.tracker_configs import AimConfig
-from tuning.sft_trainer import ParsedArguments, get_parser, parse_arguments, train, validate_arguments
-from tuning.trackers import Tracker, build_trackers, validate_tracker_names
-from tuning.utils.config_utils import read_job_config
+from tuning.sft_trainer import ParsedArguments, get_json_config, get_parser, parse_arguments, train, validate_arguments
+from tuning.trackers import AIMSTACK_TRACKER, Tracker, get_tracker, hf_callbacks, validate_tracker_names
 from tuning.utils.error_logging import (
     GracefulStopCallback,
     TrainingInterrupted,
@@ -170,7 +169,7 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, ParsedArgument
     flags = SimpleNamespace(**{name: _typed(name, value) for name, value in values.items()})
     saved_argv, sys.argv = sys.argv, [sys.argv[0], *trainer_argv]  # parse_arguments reads sys.argv
     try:
-        args = parse_arguments(get_parser(), read_job_config())
+        args = parse_arguments(get_parser(), get_json_config())
     finally:
         sys.argv = saved_argv
     return flags, args
@@ -221,14 +220,14 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) -> Tracker:
+def benchmark_aim(config: AimConfig, params: dict[str, Any]) -> Tracker:
     """The aim tracker of a benchmark: its callback isolates every Aim call (a dead server costs a warning, never the
     job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
     model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
     only when --tracker aim asks for it."""
     from tuning.trackers.aimstack_tracker import AimStackTracker
 
-    tracker = AimStackTracker(config, output_dir)
+    tracker = AimStackTracker(config)
     # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
     # the job loads its data and model, not beside the first training steps.
     tracker.set_params(params, "benchmark")
@@ -304,7 +303,7 @@ class BenchmarkJob:
         if RANK == 0 or sampling:
             header = {
                 "time": self.started,
-                "experiment": args.tracker_configs.aim_config.experiment,
+                "experiment": args.aim_config.experiment,
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
@@ -314,7 +313,7 @@ class BenchmarkJob:
             self.record = RunRecord(Journal(journal_path(metrics_path, RANK)), header)
         # From here on every failure ends in the dump too.
         validate_arguments(args.model_args, args.data_args, train_args)
-        metadata = load_metadata(flags.metadata_path, flags.metadata, args.exp_metadata)
+        metadata = load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         if self.record is not None:
             self.record.note(metadata=metadata)
         stop_rule = StopRule(
@@ -326,15 +325,11 @@ class BenchmarkJob:
         )
         extra_callbacks = load_callbacks(flags.callbacks)
         tracker_names = validate_tracker_names(train_args.trackers)
-        trackers = build_trackers(
-            [name for name in tracker_names if name != "aim"], args.tracker_configs, train_args.output_dir
-        )
+        trackers = [get_tracker(name, args.tracker_configs) for name in tracker_names if name != AIMSTACK_TRACKER]
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
-        if "aim" in tracker_names:
-            aim_tracker = benchmark_aim(
-                args.tracker_configs.aim_config, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
-            )
+        if AIMSTACK_TRACKER in tracker_names:
+            aim_tracker = benchmark_aim(args.aim_config, {"metrics_path": metrics_path, **vars(flags)})
             self.aim = aim_tracker.get_hf_callback()
             trackers.append(aim_tracker)
 
@@ -350,17 +345,18 @@ class BenchmarkJob:
         )
         graceful_stop = GracefulStopCallback()
         # The benchmark callback before Aim's, so that its last samples reach the run before Aim closes it.
-        callbacks = [tracker.get_hf_callback() for tracker in trackers if tracker.name != "aim"]
-        callbacks = [*filter(None, callbacks), self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
+        callbacks = hf_callbacks([tracker for tracker in trackers if tracker.name != AIMSTACK_TRACKER])
+        callbacks = [*callbacks, self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
         try:
             train(
                 args.model_args,
                 args.data_args,
                 train_args,
-                peft_config=args.peft_config,
-                callbacks=callbacks,
-                trackers=trackers,
+                args.tune_config,
+                tracker_configs=args.tracker_configs,
+                additional_callbacks=callbacks,
                 exp_metadata=metadata,
+                trackers=trackers,
             )
         finally:
             self.close_helpers()

@@ -187,9 +187,13 @@ _MESSAGE_PATTERNS = (
 )
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
 
+# fms-hf-tuning's two exit codes, kept as the defaults of its two categories.
+USER_ERROR_EXIT_CODE = 1
+INTERNAL_ERROR_EXIT_CODE = 203
+
 DEFAULT_EXIT_CODES = {
-    _C.USER_ERROR: 1,
-    _C.INTERNAL: 203,
+    _C.USER_ERROR: USER_ERROR_EXIT_CODE,
+    _C.INTERNAL: INTERNAL_ERROR_EXIT_CODE,
     _C.GPU_OOM: 204,
     _C.HOST_OOM: 205,
     _C.COMMUNICATION: 206,
@@ -308,9 +312,10 @@ def _one_line(text: str, max_bytes: int) -> str:
     return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
 
 
-def termination_log_path() -> str | None:
-    """``TERMINATION_LOG_FILE`` if set, else Kubernetes' default file when it exists and is writable."""
-    path = os.environ.get(TERMINATION_LOG_ENV)
+def termination_log_path(log_file: str | None = None) -> str | None:
+    """``TERMINATION_LOG_FILE`` if set, else ``log_file`` if given, else Kubernetes' default file when it exists and
+    is writable."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or log_file
     if path:
         return path
     if os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK):
@@ -318,12 +323,14 @@ def termination_log_path() -> str | None:
     return None
 
 
-def write_termination_log(text: str) -> str | None:
-    """Append ``text`` to the termination log as one line of at most 1 KiB; return the path, or None if not written.
+def write_termination_log(text: str, log_file: str | None = None) -> str | None:
+    """Append ``text`` to the termination log (see ``termination_log_path``) as one line of at most 1 KiB; return
+    the path, or None if not written. Without ``TERMINATION_LOG_FILE``, ``log_file`` or ``/dev/termination-log``
+    nothing is written (fms-hf-tuning defaults ``log_file`` to ``error.log``: pass it to get that file).
 
     Never raises: the log is a best-effort summary and must not mask the error being reported.
     """
-    path = termination_log_path()
+    path = termination_log_path(log_file)
     if path is None:
         return None
     try:
