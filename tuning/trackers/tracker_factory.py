@@ -68,8 +68,8 @@ def validate_tracker_names(names: list[str] | None) -> list[str]:
         if len(requested) > 1:
             raise UserInputError(f"--trackers {NO_TRACKING} cannot be combined with other trackers: {names}")
         return []
-    for name in requested:
-        _spec(name)
+    for name in names or []:
+        _spec(name)  # an unknown name is reported as typed
     return list(dict.fromkeys([FILE_LOGGING_TRACKER, *requested]))
 
 
