@@ -11,7 +11,8 @@ sft_trainer, bench_train; sft_trainer, bench_train, trl; …), so that no arm ow
   trl_plain    the same without the freeze, as a plain TRL script runs: what the freeze itself is worth (run it
                with ``--arms trl_plain``; not in ``all``)
   sft_trainer  ``tuning/sft_trainer.py`` with the default file logger
-  bench_train  ``wrappers/bench_train.py`` with a local Aim repo, its journal and system metrics
+  bench_train  ``wrappers/bench_train.py`` with a local Aim repo (and the file logger, on with any tracker), its
+               journal and system metrics
   bench_train_no_aim
                the same without Aim (``--trackers none``): what bench_train's own measuring costs, apart from Aim's
                writer process

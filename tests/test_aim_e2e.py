@@ -146,7 +146,7 @@ def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_trai
 
 
 BAD_INPUTS = {
-    "unknown tracker": (["--trackers", "file_logger", "aimm"], "unknown tracker(s) ['aimm']"),
+    "unknown tracker": (["--trackers", "file_logger", "aimm"], "Requested Tracker aimm not found"),
     "aim without repo or server": (["--trackers", "file_logger", "aim"], "--aim_repo DIR or an Aim server"),
     "invalid metadata JSON": (["--exp_metadata", "{gpu_model: A100}"], "--exp_metadata is not valid JSON"),
     "metadata not an object": (["--exp_metadata", '["A100"]'], "--exp_metadata must be a JSON object"),

@@ -23,7 +23,7 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
         expected = {
             "trl": set(),
             "sft_trainer": {"FileLoggingCallback", "GracefulStopCallback"},
-            "bench_train": {"BenchmarkCallback", "SafeAimCallback", "GracefulStopCallback"},
+            "bench_train": {"FileLoggingCallback", "BenchmarkCallback", "SafeAimCallback", "GracefulStopCallback"},
             "bench_train_no_aim": {"BenchmarkCallback", "GracefulStopCallback"},
         }
         assert ours == expected[run["arm"]]
