@@ -78,14 +78,18 @@ class ParsedArguments(_UpstreamValues):
     and Aim included), and ``experiment_metadata``, ``exp_metadata`` as a dict.
     """
 
-    tracker_configs: TrackerConfigFactory
-
     def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
         parsed = super().__new__(cls, *values)
-        parsed.tracker_configs = tracker_configs or TrackerConfigFactory(
-            file_logger_config=parsed.file_logger_config, aim_config=parsed.aim_config
-        )
+        if tracker_configs is not None:
+            parsed.__dict__["_tracker_configs"] = tracker_configs
         return parsed
+
+    @property
+    def tracker_configs(self) -> TrackerConfigFactory:
+        # Copies made by _replace/_make carry no configs beyond the tuple's: then the two it holds.
+        return self.__dict__.get("_tracker_configs") or TrackerConfigFactory(
+            file_logger_config=self.file_logger_config, aim_config=self.aim_config
+        )
 
     @property
     def experiment_metadata(self) -> dict | None:
