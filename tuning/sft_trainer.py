@@ -120,10 +120,10 @@ def _exp_metadata_json(value: Any) -> str | None:
     be a JSON object."""
     if value is None:
         return None
-    text = value if isinstance(value, str) else json.dumps(value)
     try:
+        text = value if isinstance(value, str) else json.dumps(value)
         metadata = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (TypeError, ValueError) as exc:
         raise UserInputError(f"--exp_metadata is not valid JSON: {exc}") from exc
     if not isinstance(metadata, dict):
         raise UserInputError(f"--exp_metadata must be a JSON object, got {type(metadata).__name__}")
