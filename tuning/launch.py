@@ -36,7 +36,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, read_job_config
 from tuning.utils.error_logging import (
@@ -51,6 +51,9 @@ from tuning.utils.error_logging import (
     run_with_error_reporting,
     termination_log_path,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +121,9 @@ def read_rank_lines(path: str) -> dict[int, tuple[int, str]]:
     return by_rank
 
 
-def failures_in_order(failures: Mapping[int, Any], rank_lines: dict[int, tuple[int, str]]) -> list[RankFailure]:
+def failures_in_order(
+    failures: Mapping[int, "ProcessFailure"], rank_lines: dict[int, tuple[int, str]]
+) -> list[RankFailure]:
     """The failed ranks of torch's ``ChildFailedError.failures`` (global rank → ``ProcessFailure``), root cause first.
 
     torch's agent stamps each failure with the second in which it saw the process end, and stops the other workers
@@ -129,7 +134,7 @@ def failures_in_order(failures: Mapping[int, Any], rank_lines: dict[int, tuple[i
     that exited without writing one, after them. Ties keep torch's order (``get_first_failure``'s).
     """
 
-    def order(item: tuple[int, Any]) -> tuple[int, int, int]:
+    def order(item: tuple[int, "ProcessFailure"]) -> tuple[int, int, int]:
         rank, failure = item
         if rank in rank_lines:
             return failure.timestamp, 0, rank_lines[rank][0]
