@@ -263,7 +263,7 @@ def test_manifest_passes_kubectl_client_dry_run():
         text=True,
         timeout=120,
     )
-    if result.returncode != 0 and "connection refused" in result.stderr:
+    if result.returncode != 0 and "couldn't get current server API group list" in result.stderr:
         # Even a client-side dry run asks an API server which resources the kinds map to.
         pytest.skip(f"kubectl reaches no cluster: {result.stderr.strip().splitlines()[-1]}")
     assert result.returncode == 0, result.stderr
