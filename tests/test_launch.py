@@ -198,6 +198,40 @@ def test_signal_while_sft_trainer_still_imports(command, signum, tiny_model, tmp
     assert not (tmp_path / "out").exists()  # ended before it got to training
 
 
+REPORTING_SCRIPT = """
+import os, signal, sys
+from tuning.utils.error_logging import install_early_signal_handlers, run_with_error_reporting
+
+install_early_signal_handlers()
+
+def main():
+    raise ValueError("bad input")
+
+def on_error(report):
+    for _ in range(int(sys.argv[2])):
+        os.kill(os.getpid(), signal.SIGTERM)  # as torchrun signals every worker once one has exited
+    with open(sys.argv[1], "w") as handle:
+        handle.write(report["category"])
+
+sys.exit(run_with_error_reporting(main, on_error=on_error))
+"""
+
+
+@pytest.mark.parametrize(("signals", "returncode", "reported"), [(1, 1, True), (2, -signal.SIGTERM, False)])
+def test_a_signal_while_reporting_is_ignored_once(signals, returncode, reported, tmp_path):
+    report = tmp_path / "report"
+    result = subprocess.run(
+        [sys.executable, "-c", REPORTING_SCRIPT, str(report), str(signals)],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == returncode, result.stderr
+    assert (report.read_text() == "user_error") if reported else not report.exists()
+
+
 def test_sigterm_to_bench_train_before_the_model_loads(tiny_model, tmp_path):
     journal = tmp_path / "bench.journal.jsonl"
     process = subprocess.Popen(
