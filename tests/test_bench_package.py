@@ -171,7 +171,9 @@ def test_file_names():
 
 def test_validate_dump_reports_every_problem(tmp_path):
     dump = simulated_run(tmp_path / "j.jsonl").finish("ok", training_steps=6)
-    assert validate_dump({**dump, "status": "error"}) == ["$.error: must be set exactly when status is 'error'"]
+    expected = ["$.error: must be set exactly when status is 'error' or 'interrupted'"]
+    assert validate_dump({**dump, "status": "error"}) == expected
+    assert validate_dump({**dump, "status": "interrupted"}) == expected
     problems = validate_dump({**dump, "training_steps": "6", "rank": True, "summary": {}})
     assert "$.training_steps: expected integer, got str" in problems
     assert "$.rank: expected integer, got bool" in problems

@@ -24,6 +24,13 @@ if __package__ in (None, ""):
     sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+if __name__ == "__main__":
+    # Before the heavy imports below: a SIGTERM (preemption) or Ctrl-C while they load still ends the job as
+    # `interrupted`, with its termination-log line. The `sft_trainer` console script does this in tuning.launch.
+    from tuning.utils.error_logging import install_early_signal_handlers
+
+    install_early_signal_handlers()
+
 import transformers
 from transformers import HfArgumentParser
 

@@ -11,9 +11,10 @@ Inputs are paths, globs, or directories (searched recursively for ``*.json`` and
   NAME.rebuilt.json             a dump rebuilt from the journal (``python -m tuning.benchmarking.rebuild``)
 
 One row per run: the chosen metadata labels (dotted keys reach into nested metadata; ``experiment``, ``host``,
-``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, error, or killed: a journal left without a dump
-or any error report, as after SIGKILL or the OOM killer), the root cause, throughput and step-time percentiles
-(warmup excluded), peak memory (process RSS; GPU: the most any device reserved), model load time and training steps.
+``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, interrupted, error, or killed: a journal left
+without a dump or any error report, as after SIGKILL or the OOM killer), the root cause, throughput and step-time
+percentiles (warmup excluded), peak memory (process RSS; GPU: the most any device reserved), model load time and
+training steps.
 A run without a dump is summarised from its journal, up to where it ends.
 
 Root cause: the earliest failure by timestamp across all the run's reports (rank 0's is inside the dump), named with
@@ -81,6 +82,10 @@ class Run:
         # A journal cut short rebuilds into status error with no category: the run died without a word.
         died = dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None)
         if not died:
+            if dump["status"] in ("error", "interrupted") and self.failures:
+                # The dump holds rank 0's own ending, "interrupted" too when torchrun stopped it for another rank's
+                # failure: the run's status follows its root cause.
+                return "interrupted" if self.root_cause.category == "interrupted" else "error"
             return dump["status"]
         return "error" if self.failures else "killed"
 
@@ -366,9 +371,10 @@ def main(
     """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
-    status (ok, stopped, error, or killed: a journal with neither dump nor report), the root cause (the earliest
-    failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model load
-    time and training steps. Unusable files are skipped with one line each on stderr; output paths are printed last.
+    status (ok, stopped, interrupted, error, or killed: a journal with neither dump nor report), the root cause (the
+    earliest failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model
+    load time and training steps. Unusable files are skipped with one line each on stderr; output paths are printed
+    last.
 
     Args:
         inputs: Dumps, rank error reports and journals: files, directories (searched recursively) or globs.

@@ -13,13 +13,21 @@
 - with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
   token throughput and system metrics series
 - on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
-  dump (rank 0) or in ``<metrics_path>.rank<N>.error.json`` (rank N)
+  dump (rank 0; status "interrupted" after a SIGTERM/SIGINT, else "error") or in
+  ``<metrics_path>.rank<N>.error.json`` (rank N)
 
 Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. the Aim callback, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
 ``--callbacks`` or a callback in ``BenchmarkJob.run``; the dump format itself lives in ``tuning.benchmarking`` so that
 every reader agrees on it.
 """
+
+if __name__ == "__main__":
+    # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
+    # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
+    from tuning.utils.error_logging import install_early_signal_handlers
+
+    install_early_signal_handlers()
 
 import faulthandler
 import functools
@@ -58,6 +66,7 @@ from tuning.config.tracker_configs import AimConfig
 from tuning.sft_trainer import ParsedArguments, get_json_config, get_parser, parse_arguments, train, validate_arguments
 from tuning.trackers import AIMSTACK_TRACKER, Tracker, get_tracker, hf_callbacks, validate_tracker_names
 from tuning.utils.error_logging import (
+    ErrorCategory,
     GracefulStopCallback,
     TrainingInterrupted,
     TrainingStalled,
@@ -390,7 +399,7 @@ class BenchmarkJob:
     def report_failure(self, report: dict[str, Any]) -> None:
         """The failing rank's report: in the dump on rank 0, in its own file on any other rank."""
         self.close_helpers()
-        self.finish("error", error=report)
+        self.finish("interrupted" if report["category"] == ErrorCategory.INTERRUPTED else "error", error=report)
         if RANK != 0 and self.metrics_path is not None:
             write_json_atomic(rank_report_path(self.metrics_path, RANK), report)
 

@@ -9,7 +9,7 @@ a dump without third-party packages. Keys may be added in later versions; renami
 from typing import Any
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "error", "stopped")
+STATUSES = ("ok", "error", "stopped", "interrupted")  # interrupted: ended by SIGTERM/SIGINT, with its report
 STOP_REASONS = ("stop_after_seconds", "auto_stop")
 
 # Series the summary is computed from; every writer uses these names.
@@ -189,8 +189,8 @@ def validate_dump(dump: Any) -> list[str]:
     problems = validate(dump, DUMP_SCHEMA)
     if problems:
         return problems
-    if (dump["status"] == "error") != (dump["error"] is not None):
-        problems.append("$.error: must be set exactly when status is 'error'")
+    if (dump["status"] in ("error", "interrupted")) != (dump["error"] is not None):
+        problems.append("$.error: must be set exactly when status is 'error' or 'interrupted'")
     if (dump["status"] == "stopped") != (dump["stop_reason"] is not None):
         problems.append("$.stop_reason: must be set exactly when status is 'stopped'")
     for index, metric in enumerate(dump["metrics"]):

@@ -25,7 +25,9 @@ internal       203     anything else (the code fms-hf-tuning uses)
 Termination log: one line ``<category>: [rank N: ]<Type>: <message>`` of at most 1 KiB, no traceback, appended to
 ``$TERMINATION_LOG_FILE``, else to ``/dev/termination-log`` when it exists and is writable. stderr marker, printed after
 the traceback: ``TUNING_ERROR category=gpu_oom rank=0 step=3 exit_code=204 type=OutOfMemoryError: <message>``
-(``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``.
+(``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``, and with
+``install_early_signal_handlers()`` before their heavy imports, a SIGTERM or Ctrl-C at any moment ends them the same
+way (``interrupted``).
 
 A "CUDA error: device-side assert triggered" is ``internal``, not ``device_error``: it is a deterministic kernel check
 (usually an out-of-range index from a data, tokenizer or model mismatch) that fails the same way on healthy hardware.
@@ -53,6 +55,7 @@ traceback       str           the formatted traceback of the whole exception cha
 """
 
 import enum
+import functools
 import json
 import logging
 import os
@@ -79,6 +82,18 @@ class TrainingInterrupted(Exception):
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(f"training stopped by {signal.Signals(signum).name}")
+
+
+class SignalInterrupt(BaseException):
+    """A stop signal turned into an exception in the main thread by ``install_early_signal_handlers``.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that a library's ``except Exception`` around model loading or
+    tokenization cannot swallow the stop. Category ``interrupted``, exit code 128+signal.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
 class TrainingStalled(RuntimeError):
@@ -129,6 +144,7 @@ _TYPE_CATEGORIES = {
     _qualified_name(TrainingStalled): _C.HANG,
     "KeyboardInterrupt": _C.INTERRUPTED,
     _qualified_name(TrainingInterrupted): _C.INTERRUPTED,
+    _qualified_name(SignalInterrupt): _C.INTERRUPTED,
     "torch.distributed.elastic.multiprocessing.api.SignalException": _C.INTERRUPTED,
     "argparse.ArgumentError": _C.USER_ERROR,
     "argparse.ArgumentTypeError": _C.USER_ERROR,
@@ -273,7 +289,7 @@ def classify(exc: BaseException) -> ErrorCategory:
 
 
 def _signal_number(exc: BaseException) -> int | None:
-    if isinstance(exc, TrainingInterrupted):
+    if isinstance(exc, TrainingInterrupted | SignalInterrupt):
         return exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return signal.SIGINT
@@ -428,8 +444,12 @@ def error_marker(report: dict[str, Any]) -> str:
 def print_error_marker(report: dict[str, Any]) -> None:
     """Print the marker on a line of its own, in one write: a progress bar (of this rank or, under torchrun, of
     another writing to the same stream) may have left the current line open."""
-    sys.stderr.write(f"\n{error_marker(report)}\n")
-    sys.stderr.flush()
+    text = f"\n{error_marker(report)}\n"
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except RuntimeError:  # a signal handler reporting while the main thread was writing to stderr: skip its buffer
+        os.write(2, text.encode("utf-8", "replace"))
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
@@ -460,6 +480,48 @@ def _record_step(step: int) -> None:
     _last_global_step = step
 
 
+class _Phase(enum.Enum):
+    """Where a script is, for the early signal handlers."""
+
+    STARTING = "starting"  # importing and setting up, before run_with_error_reporting
+    RUNNING = "running"  # inside run_with_error_reporting's function
+    REPORTING = "reporting"  # that function has ended: the process reports how and exits
+
+
+_phase = _Phase.STARTING
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_signals_ignored_while_reporting: set[int] = set()
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    if _phase is _Phase.RUNNING:
+        raise SignalInterrupt(signum)
+    if _phase is _Phase.STARTING:
+        # An exception raised into module-level imports reaches no handler: report here, then exit through them.
+        raise SystemExit(run_with_error_reporting(functools.partial(_raise, SignalInterrupt(signum))))
+    if signum in _signals_ignored_while_reporting:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    _signals_ignored_while_reporting.add(signum)
+
+
+def install_early_signal_handlers() -> None:
+    """Handle SIGTERM and SIGINT from a script's first lines, before its heavy imports (call from the main thread).
+
+    While the script still imports, a signal ends it at once as ``interrupted`` (termination-log line, marker,
+    128+signal). Inside ``run_with_error_reporting`` it raises ``SignalInterrupt`` in the main thread, so that the
+    script's ``on_error`` hook runs too (bench_train's dump); during training ``GracefulStopCallback`` takes over and
+    passes a second signal back here. After the function has ended, a first signal is ignored so that the report is
+    not cut short (torchrun signals every worker once one has exited); a second one gets the default action.
+    """
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
+
+
 def run_with_error_reporting(
     fn: Callable[[], Any],
     *,
@@ -473,16 +535,19 @@ def run_with_error_reporting(
     prints the traceback and the ``TUNING_ERROR`` marker to stderr, hands the report to ``on_error`` (where a
     wrapper writes its own report file) and returns the category's exit code.
     """
+    global _phase
     try:
+        _phase = _Phase.RUNNING
         result = fn()
     except BaseException as exc:
+        _phase = _Phase.REPORTING
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return 0
         report = build_error_report(exc, global_step=global_step())
         write_termination_log(termination_line(report))
         # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
         # printed its own.
-        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted):
+        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
             traceback.print_exception(exc, file=sys.stderr)
         print_error_marker(report)
         if on_error is not None:
@@ -491,6 +556,7 @@ def run_with_error_reporting(
             except Exception:  # a failing hook must not change how the run ends
                 logger.exception("on_error hook failed")
         return report["exit_code"]
+    _phase = _Phase.REPORTING
     return result if isinstance(result, int) else 0
 
 
