@@ -1,9 +1,9 @@
 """tuning.benchmarking without training: journal, record → dump, aggregates, rebuild, schema, stop rule, watchdog,
 system metrics. Real files, threads and psutil; the training end to end lives in test_bench_train.py."""
 
+import contextlib
 import json
 import os
-import signal
 import threading
 import time
 
@@ -130,20 +130,30 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
 
 
 def test_a_stuck_journal_writer_costs_close_its_timeout_not_a_hang(tmp_path, caplog):
-    """A writer that stops draining (here SIGSTOPped, as one stuck on a hung filesystem) while more than a pipe's
-    worth of records waits for it: close() kills it after its timeout, and what reached the file before stays."""
-    journal = Journal(str(tmp_path / "j.jsonl"), flush_interval=0.05)
-    journal.write({"type": "start", "time": 1.0, "schema_version": 1})
-    deadline = time.monotonic() + 30
-    while "start" not in (tmp_path / "j.jsonl").read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(journal._writer.pid, signal.SIGSTOP)
-    journal.write(*[{"type": "note", "time": 2.0, "filler": "x" * 1000} for _ in range(300)])  # ~300 KB
-    start = time.monotonic()
-    journal.close(timeout=1.0)
-    assert time.monotonic() - start < 10
-    assert journal._writer.poll() is not None and "did not finish within 1 s" in caplog.text
-    assert [record["time"] for record in read_journal(str(tmp_path / "j.jsonl"))] == [1.0]
+    """A journal whose writes block (a FIFO nobody reads any more, as a file on a hung filesystem) while more than a
+    pipe's worth of records waits: close() gives up on the writer after its timeout, and what was read before stays."""
+    path = tmp_path / "j.jsonl"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        journal = Journal(str(path), flush_interval=0.05)
+        journal.write({"type": "start", "time": 1.0, "schema_version": 1})
+        received = b""
+        deadline = time.monotonic() + 30
+        while b"\n" not in received and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with contextlib.suppress(BlockingIOError):
+                received += os.read(reader, 65536)
+        journal.write(*[{"type": "note", "time": 2.0, "filler": "x" * 1000} for _ in range(300)])  # ~300 KB
+        start = time.monotonic()
+        journal.close(timeout=1.0)
+        assert time.monotonic() - start < 10
+        assert journal._writer.is_alive() and "did not finish within 1 s" in caplog.text
+        assert [json.loads(line)["time"] for line in received.decode().splitlines()] == [1.0]
+    finally:
+        os.close(reader)  # the abandoned writer's blocked write fails now, and its thread ends
+    journal._writer.join(10)
+    assert not journal._writer.is_alive()
 
 
 def test_rebuild_command(tmp_path, capsys):
