@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,14 @@ from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output
 from tuning.benchmarking.rebuild import main as rebuild_main
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, validate_dump
+from tuning.benchmarking.schema import (
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    json_schema,
+    readme_with_schema,
+    validate_dump,
+)
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
 from tuning.benchmarking.tokens import StepTokenCounter
@@ -181,11 +189,15 @@ def test_file_names():
 
 def test_validate_dump_reports_every_problem(tmp_path):
     dump = simulated_run(tmp_path / "j.jsonl").finish("ok", training_steps=6)
-    assert validate_dump({**dump, "status": "error"}) == ["$.error: must be set exactly when status is 'error'"]
+    assert validate_dump({**dump, "status": "error"}) == ["$: error must be set exactly when status is 'error'"]
     problems = validate_dump({**dump, "training_steps": "6", "rank": True, "summary": {}})
-    assert "$.training_steps: expected integer, got str" in problems
-    assert "$.rank: expected integer, got bool" in problems
+    assert "$.training_steps: Input should be a valid integer, got str" in problems
+    assert "$.rank: Input should be a valid integer, got bool" in problems
     assert "$.summary: missing key 'tokens_per_second'" in problems
+    short = {**dump["metrics"][0], "steps": dump["metrics"][0]["steps"][:-1]}
+    assert validate_dump({**dump, "metrics": [short]}) == [
+        "$.metrics[0]: steps, values and timestamps differ in length"
+    ]
     del dump["metrics"]
     assert validate_dump(dump) == ["$: missing key 'metrics'"]
 
@@ -301,3 +313,10 @@ def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_pa
     assert [(name, step) for name, _, step, _ in mirrored] == [(STEP_TIME, 1), (STEP_TIME, 2), (STEP_TIME, 3)]
     points = [record for record in read_journal(str(tmp_path / "j.jsonl")) if record["type"] == "point"]
     assert [point["time"] for point in points] == sorted(point["time"] for point in points)
+
+
+def test_the_readme_shows_the_generated_json_schema():
+    """The README's schema block is what ``python -m tuning.benchmarking.schema --readme README.md`` writes."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert readme_with_schema(readme) == readme, "run: python -m tuning.benchmarking.schema --readme README.md"
+    assert json_schema()["required"][:3] == ["schema_version", "status", "stop_reason"]
