@@ -70,6 +70,7 @@ def test_bad_input_is_a_user_error_with_one_line_termination_log(name, tiny_mode
     assert "Loading weights" not in stderr  # rejected before the model was loaded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["missing data file", "misspelled flag"])
 def test_bad_input_through_the_script(name, tiny_model, tmp_path):
     log = tmp_path / "termination-log"
@@ -146,6 +147,7 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
         raise
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
     log = tmp_path / "termination-log"
     process = subprocess.Popen(
@@ -197,6 +199,7 @@ def start_torchrun(tiny_model: str, tmp_path: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
@@ -214,6 +217,7 @@ def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp
     assert line.startswith(f"{category}: rank 0: ")
 
 
+@pytest.mark.slow
 def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)

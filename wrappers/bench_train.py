@@ -23,7 +23,6 @@ every reader agrees on it.
 
 import faulthandler
 import functools
-import gc
 import importlib
 import json
 import os
@@ -429,7 +428,6 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
-    gc.freeze()  # the imports' objects live as long as the job: spare the garbage collector rescanning them
     job = BenchmarkJob()
     return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
 
