@@ -211,7 +211,7 @@ def schema_text() -> str:
     return text(json_schema(), 0, False)
 
 
-_README_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?(\n```)", re.DOTALL)
+_README_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?^```$", re.DOTALL | re.MULTILINE)
 
 
 def readme_with_schema(readme: str) -> str:
@@ -219,7 +219,7 @@ def readme_with_schema(readme: str) -> str:
     schema = schema_text()
     if not _README_BLOCK.search(readme):
         raise ValueError("no <!-- dump-schema --> block followed by a ```json fence")
-    return _README_BLOCK.sub(lambda match: match.group(1) + schema + match.group(2), readme)
+    return _README_BLOCK.sub(lambda match: f"{match.group(1)}{schema}\n```", readme)
 
 
 def main(argv: list[str] | None = None) -> int:
