@@ -40,6 +40,6 @@ def test_ratios_are_medians_of_per_round_ratios_to_the_baseline():
 
 def test_record_size_measures_bytes_per_point_and_the_dump(capsys):
     result = record_size.main(["--points", "20000"])
-    assert result["points"] == 20000 and 0 < result["array_bytes_per_point"] <= result["bytes_per_point"]
+    assert result["points"] == 20000 and result["bytes_per_point"] > 0
     assert result["build_s"] > 0 and result["dump_mb"] > 0
     assert "20,000 points" in capsys.readouterr().out

@@ -274,6 +274,7 @@ def train(
 
 def main() -> int:
     """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
+
     def run() -> None:
         parser = get_parser()
         args = parse_arguments(parser, read_job_config())

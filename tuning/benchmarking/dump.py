@@ -128,11 +128,6 @@ class RunData:
     def last_time(self) -> float:
         return max(self.latest, self._times[-1] if self._times else 0.0)
 
-    def nbytes(self) -> int:
-        """Bytes held by the points' arrays."""
-        arrays = [self._times, self._steps, *(a for s in self._series.values() for a in (s.values, s.moments))]
-        return sum(one.buffer_info()[1] * one.itemsize for one in arrays)
-
 
 def _measured(series: dict[str, Any], warmup_steps: int) -> list[float]:
     return [
