@@ -698,6 +698,7 @@ def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -705,6 +706,7 @@ def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     assert ours == ["survived 2", "restored True"]
 
 
+@pytest.mark.slow
 def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
     result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
     assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]

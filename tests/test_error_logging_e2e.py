@@ -96,6 +96,7 @@ def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) 
     )
 
 
+@pytest.mark.slow
 def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     result = run_fault_injection("gpu_oom", cli_args(tiny_model, str(tmp_path / "out"), max_steps=10), tmp_path, 3)
     assert result.returncode == 204, result.stderr[-3000:]
@@ -108,6 +109,7 @@ def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     assert markers(result.stderr) == [("gpu_oom", "0", "3", "204")]
 
 
+@pytest.mark.slow
 def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
     """One step of 32 x 512 tokens needs hundreds of MB; after step 1 the address space is capped just above use."""
     filler = " ".join(f"word{i % 50} and more text" for i in range(400))
