@@ -102,7 +102,7 @@ class Journal:
             closing = self._closing.wait(self.flush_interval)
             with self._lock:
                 batch, self._queued = self._queued, []
-            if self._file.closed or not batch:
+            if self._file.closed or not (batch or closing):
                 continue
             try:
                 self._file.write("".join(f"{encode(record)}\n" for record in batch))
