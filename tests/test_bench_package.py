@@ -123,7 +123,7 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
         ("nan", float("nan"), 1, None),
     ]
     record.record_many(points)
-    record.record_many([("loss", 0.5, 4, None), ("loss", 0.25, 5, None)], at=1.5)  # one time, formatted once
+    record.record_many([("loss", 0.5, 4, None), ("loss", 0.25, 5, None)], at=1.5)  # measured together: one time
     record.finish("ok", training_steps=1)
     lines = path.read_text().splitlines()[1:-1]
     written = [json.loads(line) for line in lines]
