@@ -31,6 +31,9 @@ from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.pipe_messages import decode, encode
 
+# Almost every test here starts an Aim writer process or an Aim server.
+pytestmark = pytest.mark.slow
+
 # ---- in-process helpers ----
 
 

@@ -3,6 +3,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 (tests/helpers/bench_callbacks.py); nothing is mocked."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,7 @@ def wait_for_steps(path: Path, count: int, process: subprocess.Popen, timeout: f
 # ---- runs that end well ----
 
 
+@pytest.mark.slow
 def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     metadata_file = tmp_path / "meta.yaml"
     metadata_file.write_text("model: tiny-llama\nbatch_size: 4\nhardware:\n  accelerator: cpu\n  cores: 2\n")
@@ -135,6 +137,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert build_dump(records, rebuilt_from_journal=True) == {**dump, "rebuilt_from_journal": True}
 
 
+@pytest.mark.slow
 def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
     args = bench_args(
         tiny_model,
@@ -164,6 +167,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
 
 
+@pytest.mark.slow
 def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model, tmp_path):
     """A rank stopping alone would leave the other waiting in DDP's all-reduce; rc 0 proves they agreed."""
     args = bench_args(
@@ -190,6 +194,7 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
 # ---- runs that end badly ----
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path):
     journal = tmp_path / "bench.journal.jsonl"
     process = start_bench(bench_args(tiny_model, tmp_path, max_steps=200, callbacks=f"{HELPERS}:SlowSteps"))
@@ -217,6 +222,7 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path
     assert losses == list(range(1, len(losses) + 1)) and len(losses) >= len(logged) - 1
 
 
+@pytest.mark.slow
 def test_aim_server_killed_mid_run(tiny_model, tmp_path):
     server = AimServer(tmp_path / "aim")
     try:
@@ -245,6 +251,7 @@ def test_aim_server_killed_mid_run(tiny_model, tmp_path):
     assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
 
 
+@pytest.mark.slow
 def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
     returncode, _, stderr = run_bench(args, torchrun=True, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
@@ -261,6 +268,7 @@ def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
     assert "gpu_oom: rank 1: OutOfMemoryError" in (tmp_path / "termination-log").read_text()
 
 
+@pytest.mark.slow
 def test_stall_is_reported_as_hang(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", stall_timeout=2)
     args += ["--callbacks", f"{HELPERS}:StallAtStep2"]
@@ -323,7 +331,7 @@ def test_trainer_flags_reach_the_trainer_parser_as_typed(bench_train):
     wrapper, trainer = bench_train.split_argv(trainer_tokens[:4] + wrapper_tokens + trainer_tokens[4:])
     assert wrapper == wrapper_tokens and trainer == trainer_tokens
     assert bench_train.split_argv(["--auto_stop", "False", "--r", "4"]) == (["--auto_stop", "False"], ["--r", "4"])
-    trainer_flags = {option for action in get_parser()._actions for option in action.option_strings}
+    trainer_flags = set(re.findall(r"--\w+", get_parser().format_help()))
     assert not {f"--{name}" for name in bench_train._FLAG_NAMES} & trainer_flags
 
     flags, args = bench_train.parse_command_line(["--output_dir", "out", *trainer_tokens, *wrapper_tokens])

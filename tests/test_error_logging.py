@@ -172,6 +172,7 @@ def test_real_host_oom_in_process_allocator():
     assert classify(OSError(12, "Cannot allocate memory")) is ErrorCategory.HOST_OOM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allocation", ["bytearray(1 << 31)", "torch.empty(1 << 31, dtype=torch.uint8)"])
 def test_real_memory_error_under_address_space_limit(allocation):
     """A child limits its own address space (RLIMIT_AS) once imported, then allocates 2 GiB for real."""
@@ -537,6 +538,7 @@ sys.exit(run_with_error_reporting(main, on_error=write_report))
         ("ctrl-c", 130, "interrupted: KeyboardInterrupt"),
     ],
 )
+@pytest.mark.slow
 def test_run_with_error_reporting_in_a_real_process(tmp_path, kind, code, log_line):
     log = tmp_path / "termination-log"
     report_path = tmp_path / "report.json"
@@ -560,6 +562,7 @@ def test_run_with_error_reporting_in_a_real_process(tmp_path, kind, code, log_li
     assert set(report) == REPORT_KEYS and report["exit_code"] == code and report["pid"] != os.getpid()
 
 
+@pytest.mark.slow
 def test_exit_code_override_reaches_the_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", ENTRY_SCRIPT, "oom"],
@@ -573,6 +576,7 @@ def test_exit_code_override_reaches_the_process(tmp_path):
     assert "exit_code=250" in result.stderr
 
 
+@pytest.mark.slow
 def test_module_imports_without_torch_or_transformers():
     probe = "import sys, tuning.utils.error_logging; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run(
@@ -694,6 +698,7 @@ def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -701,6 +706,7 @@ def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     assert ours == ["survived 2", "restored True"]
 
 
+@pytest.mark.slow
 def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
     result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
     assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]

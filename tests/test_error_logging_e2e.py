@@ -70,6 +70,7 @@ def test_bad_input_is_a_user_error_with_one_line_termination_log(name, tiny_mode
     assert "Loading weights" not in stderr  # rejected before the model was loaded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["missing data file", "misspelled flag"])
 def test_bad_input_through_the_script(name, tiny_model, tmp_path):
     log = tmp_path / "termination-log"
@@ -95,6 +96,7 @@ def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) 
     )
 
 
+@pytest.mark.slow
 def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     result = run_fault_injection("gpu_oom", cli_args(tiny_model, str(tmp_path / "out"), max_steps=10), tmp_path, 3)
     assert result.returncode == 204, result.stderr[-3000:]
@@ -107,6 +109,7 @@ def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     assert markers(result.stderr) == [("gpu_oom", "0", "3", "204")]
 
 
+@pytest.mark.slow
 def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
     """One step of 32 x 512 tokens needs hundreds of MB; after step 1 the address space is capped just above use."""
     filler = " ".join(f"word{i % 50} and more text" for i in range(400))
@@ -146,6 +149,7 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
         raise
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
     log = tmp_path / "termination-log"
     process = subprocess.Popen(
@@ -197,6 +201,7 @@ def start_torchrun(tiny_model: str, tmp_path: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
@@ -214,6 +219,7 @@ def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp
     assert line.startswith(f"{category}: rank 0: ")
 
 
+@pytest.mark.slow
 def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)

@@ -31,7 +31,6 @@ if __name__ == "__main__":
 
 import faulthandler
 import functools
-import gc
 import importlib
 import json
 import os
@@ -55,26 +54,41 @@ import psutil
 import yaml
 from transformers import TrainerCallback
 
-from tuning.benchmarking.callback import BenchmarkCallback
-from tuning.benchmarking.dump import rank_report_path, write_dump
-from tuning.benchmarking.journal import Journal, journal_path
-from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.stopping import StopRule
-from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
-from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
-from tuning.config.tracker_configs import AimConfig
-from tuning.sft_trainer import ParsedArguments, get_json_config, get_parser, parse_arguments, train, validate_arguments
-from tuning.trackers import AIMSTACK_TRACKER, Tracker, get_tracker, hf_callbacks, validate_tracker_names
-from tuning.utils.error_logging import (
+# Everything from this project comes from one documented surface: tuning.benchmarking (see its docstring).
+from tuning.benchmarking import (
+    AIMSTACK_TRACKER,
+    AimConfig,
+    BenchmarkCallback,
     ErrorCategory,
     GracefulStopCallback,
+    Journal,
+    ParsedArguments,
+    RunRecord,
+    StallWatchdog,
+    StopRule,
+    Tracker,
     TrainingInterrupted,
     TrainingStalled,
     UserInputError,
     build_error_report,
+    cuda_peak_memory,
+    environment_info,
+    get_json_config,
+    get_parser,
+    get_tracker,
+    hf_callbacks,
+    journal_path,
+    parse_arguments,
+    peak_rss_bytes,
     print_error_marker,
+    rank_report_path,
     run_with_error_reporting,
     termination_line,
+    thread_stacks,
+    train,
+    validate_arguments,
+    validate_tracker_names,
+    write_dump,
     write_json_atomic,
     write_termination_log,
 )
@@ -234,7 +248,7 @@ def benchmark_aim(config: AimConfig, params: dict[str, Any]) -> Tracker:
     job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
     model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
     only when --tracker aim asks for it."""
-    from tuning.trackers.aimstack_tracker import AimStackTracker
+    from tuning.benchmarking import AimStackTracker
 
     tracker = AimStackTracker(config)
     # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
@@ -422,7 +436,6 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
-    gc.freeze()  # the imports' objects live as long as the job: spare the garbage collector rescanning them
     job = BenchmarkJob()
     return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
 

@@ -8,8 +8,8 @@ time since the previous step ended, so data loading, logging, evaluation and che
 ``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``.
 
 A step's end only notes its time; the points are built and recorded every ``RECORD_INTERVAL_S`` (0.1 s), several steps
-together, each under its own step and time, and at train end (or ``close``) whatever is left. Python that runs right
-after a training step runs on caches the step flushed, several times slower than the same code run in a batch.
+together, each under its own step and time, and at train end (or ``close``) whatever is left: batched work does
+not run on caches the training step just flushed.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
 the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
