@@ -1,5 +1,6 @@
 """Callbacks the bench_train tests load with ``--callbacks tests.helpers.bench_callbacks:Name``: real slowness, a
-real stall and a real exception inside the training loop, injected through the wrapper's public extension point."""
+real stall, a real exception inside the training loop and a third party's measurement, through the wrapper's public
+extension point."""
 
 import os
 import time
@@ -33,3 +34,11 @@ class OutOfMemoryOnLastRank(TrainerCallback):
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+
+
+class AddsMetric(TrainerCallback):
+    """A third party's measurement: every training log gains ``my_metric``, 1.5 times the step."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "loss" in logs:
+            logs["my_metric"] = 1.5 * state.global_step

@@ -36,6 +36,7 @@ from typing import Any
 if __name__ == "__main__":  # the writer process: ``tuning`` importable from a checkout too (this folder heads sys.path)
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tuning.utils.error_logging import print_own_line
 from tuning.utils.pipe_messages import encode, receive
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def _write_journal(fd: int, sync_interval: float, path: str) -> None:
                 os.fsync(fd)
                 last_sync = time.monotonic()
         except (OSError, ValueError) as exc:
-            print(f"journal {path} stopped: {exc}; the dump at the end still gets every point", file=sys.stderr)
+            print_own_line(f"journal {path} stopped: {exc}; the dump at the end still gets every point")
             with contextlib.suppress(OSError):
                 journal.close()
     if not journal.closed:
@@ -175,7 +176,7 @@ def _write_journal(fd: int, sync_interval: float, path: str) -> None:
             os.fsync(fd)
             journal.close()
         except OSError as exc:
-            print(f"journal {path} could not be closed cleanly: {exc}", file=sys.stderr)
+            print_own_line(f"journal {path} could not be closed cleanly: {exc}")
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:
