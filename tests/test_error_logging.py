@@ -137,7 +137,7 @@ def test_transformers_model_path_messages_on_plain_oserrors():
         "/models/x does not appear to have a file named config.json.",
     ):
         assert classify(OSError(text)) is ErrorCategory.USER_ERROR
-    assert classify(OSError(28, "No space left on device")) is ErrorCategory.INTERNAL
+    assert classify(OSError(28, "No space left on device")) is ErrorCategory.STORAGE  # not the user's fault
 
 
 def test_argparse_exit_is_a_user_error_with_argparse_message():
