@@ -2,7 +2,6 @@
 Aim (local repo and a real server), real signals. Faults come in through the wrapper's public ``--callbacks`` flag
 (tests/helpers/bench_callbacks.py); nothing is mocked."""
 
-import errno
 import json
 import signal
 import subprocess
@@ -107,17 +106,6 @@ def small_filesystem(tmp_path):
     yield mount
     for where in mounted:
         subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(directory: Path) -> None:
-    """Write a file in ``directory`` until its filesystem is full (a short write fills the last page)."""
-    chunk = b"\0" * 2**16
-    with open(directory / "filler", "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(chunk)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 def wait_for_steps(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
@@ -334,14 +322,15 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
     full = small_filesystem("24m")
     termination_log = tmp_path / "termination-log"
     args = bench_args(
-        tiny_model, tmp_path / "out", metrics_path=full / "bench.json", max_steps=10, callbacks=f"{HELPERS}:SlowSteps"
+        tiny_model,
+        tmp_path / "out",
+        metrics_path=full / "bench.json",
+        max_steps=10,
+        callbacks=f"{HELPERS}:FillsDiskAfterStep2",
     )
-    process = start_bench(args, TERMINATION_LOG_FILE=str(termination_log))
-    wait_for_steps(full / "bench.journal.jsonl", 2, process)
-    fill(full)
-    _, stderr = process.communicate(timeout=300)
+    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
 
-    assert process.returncode == 209, stderr[-3000:]
+    assert returncode == 209, stderr[-3000:]
     fallback = tmp_path / "out" / "bench.json"
     dump = read_dump(fallback)
     assert dump["status"] == "ok" and series(dump, STEP_TIME)["steps"] == list(range(1, 11))  # the last steps too
@@ -351,6 +340,28 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
     assert "TUNING_ERROR category=storage rank=0 step=10 exit_code=209" in stderr
     (line,) = termination_log.read_text().splitlines()
     assert line.startswith("storage: StorageError: cannot write the dump to --metrics_path") and str(fallback) in line
+
+
+def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tiny_model, tmp_path, small_filesystem):
+    full = small_filesystem("24m")
+    termination_log = tmp_path / "termination-log"
+    args = bench_args(
+        tiny_model,
+        tmp_path / "out",
+        metrics_path=full / "bench.json",
+        max_steps=10,
+        callbacks=f"{HELPERS}:FillsDiskAfterStep2,{HELPERS}:OutOfMemoryOnLastRank",
+    )
+    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+
+    assert returncode == 204, stderr[-3000:]  # the run's own failure decides
+    fallback = tmp_path / "out" / "bench.json"
+    dump = read_dump(fallback)
+    assert dump["status"] == "error" and dump["error"]["category"] == "gpu_oom" and dump["training_steps"] == 2
+    assert f"wrote it to {fallback} instead" in stderr
+    failure, storage = termination_log.read_text().splitlines()
+    assert failure.startswith("gpu_oom: OutOfMemoryError")
+    assert storage.startswith("storage: cannot write the dump to --metrics_path") and str(fallback) in storage
 
 
 def test_aim_server_killed_mid_run(tiny_model, tmp_path):
