@@ -29,6 +29,7 @@ import functools
 import gc
 import importlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -86,6 +87,7 @@ from tuning.utils.error_logging import (
 )
 
 PROG = "bench_train.py"
+logger = logging.getLogger(PROG)
 RANK = int(os.environ.get("RANK", "0"))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
@@ -289,7 +291,8 @@ def check_writable(path: str) -> None:
 def claim_metrics_path(path: str) -> int:
     """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock``, held by the returned descriptor
     and released by the kernel when the process ends, however it ends. The lock file names its holder, so a second
-    run on the same path is refused at once, naming the path and the run that has it."""
+    run on the same path is refused at once, naming the path and the run that has it. A filesystem without locks
+    costs a warning."""
     lock_path = f"{path}.lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -307,6 +310,8 @@ def claim_metrics_path(path: str) -> int:
         raise UserInputError(
             f"--metrics_path {path} is in use by another run ({who}, lock {lock_path}): give each run its own"
         ) from None
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP: a filesystem that does not do locks
+        logger.warning("cannot lock %s (%s): a second run on this --metrics_path would go unnoticed", lock_path, exc)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
     return fd
