@@ -86,6 +86,27 @@ def test_bad_flags_name_the_culprit(argv, culprit, monkeypatch):
         parse(BASE + argv, monkeypatch)
 
 
+@pytest.mark.parametrize(
+    ("argv", "named", "left_out"),
+    [
+        (["--peft_method", "lora", "--num_virtual_tokens", "4"], "--num_virtual_tokens", "--r"),
+        (["--peft_method", "pt", "--r", "16", "--lora_alpha", "8"], "--r --lora_alpha", "--num_virtual_tokens"),
+        (["--r", "16"], "--r", "--num_virtual_tokens"),
+    ],
+)
+def test_flags_of_another_peft_method_are_named_in_a_warning(argv, named, left_out, monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="tuning.sft_trainer"):
+        parse(BASE + argv, monkeypatch)
+    (warning,) = [record.getMessage() for record in caplog.records if "ignoring" in record.getMessage()]
+    assert warning.startswith(f"ignoring {named}: ") and left_out not in warning
+
+
+def test_flags_of_the_chosen_peft_method_raise_no_warning(monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="tuning.sft_trainer"):
+        parse(BASE + ["--peft_method", "pt", "--num_virtual_tokens", "4"], monkeypatch)
+    assert not [record for record in caplog.records if "ignoring" in record.getMessage()]
+
+
 JOB = {
     "model_name_or_path": "m",
     "data_path": "d.jsonl",

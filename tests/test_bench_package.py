@@ -299,7 +299,7 @@ def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_pa
     for step in (1, 2, 3):
         state.global_step = step
         logs = {"loss": 1.0 / step, "total_flos": 9.0}
-        callback.on_log(args, state, control, logs=logs)
+        callback.log_recorder.on_log(args, state, control, logs=logs)
         logs.pop("total_flos")  # as transformers' PrinterCallback does, after this callback noted the log
         callback.on_step_end(args, state, control)
         step_ends[step] = callback._last_step_end

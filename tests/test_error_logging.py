@@ -2,6 +2,7 @@
 
 import argparse
 import datetime
+import errno
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tuning.utils import error_logging as er
 from tuning.utils.error_logging import (
     ErrorCategory,
+    StorageError,
     TrainingInterrupted,
     TrainingStalled,
     UserInputError,
@@ -135,7 +137,7 @@ def test_transformers_model_path_messages_on_plain_oserrors():
         "/models/x does not appear to have a file named config.json.",
     ):
         assert classify(OSError(text)) is ErrorCategory.USER_ERROR
-    assert classify(OSError(28, "No space left on device")) is ErrorCategory.INTERNAL
+    assert classify(OSError(28, "No space left on device")) is ErrorCategory.STORAGE  # not the user's fault
 
 
 def test_argparse_exit_is_a_user_error_with_argparse_message():
@@ -254,6 +256,18 @@ def test_interrupted_and_hang():
     assert classify(TrainingStalled("no optimizer step for 600 s")) is ErrorCategory.HANG
 
 
+def test_no_room_to_store_is_storage(tmp_path):
+    """A full device is the storage's fault, whatever raised it; a path the user got wrong stays a user error."""
+    with open("/dev/full", "wb", buffering=0) as full:  # a real ENOSPC from the kernel
+        no_space = raised(full.write, b"x")
+    assert isinstance(no_space, OSError) and no_space.errno == errno.ENOSPC
+    assert classify(no_space) is ErrorCategory.STORAGE
+    assert build_error_report(no_space)["exit_code"] == 209
+    assert classify(StorageError("cannot write the dump")) is ErrorCategory.STORAGE
+    assert classify(RuntimeError("[enforce fail] write: No space left on device")) is ErrorCategory.STORAGE
+    assert classify(raised(open, tmp_path / "missing" / "x", "w")) is ErrorCategory.USER_ERROR
+
+
 def test_anything_else_is_internal():
     assert classify(KeyError("input")) is ErrorCategory.INTERNAL
     assert classify(raised(lambda: {}["x"])) is ErrorCategory.INTERNAL
@@ -339,6 +353,7 @@ def test_default_exit_codes_are_distinct_and_in_range():
     assert codes[ErrorCategory.INTERNAL] == 203
     assert codes[ErrorCategory.GPU_OOM] == 204
     assert codes[ErrorCategory.INTERRUPTED] == 143
+    assert codes[ErrorCategory.STORAGE] == 209
     assert len(set(codes.values())) == len(codes)
     assert all(128 <= code <= 254 for category, code in codes.items() if category is not ErrorCategory.USER_ERROR)
     assert exit_code_for("interrupted", signal.SIGINT) == 130

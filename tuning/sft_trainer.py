@@ -9,6 +9,7 @@ wrappers that bring their own trackers do.
 """
 
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -182,6 +183,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
+    _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
     data_args.response_template = _unescape_newlines(data_args.response_template)
     data_args.data_formatter_template = _unescape_newlines(data_args.data_formatter_template)
@@ -200,9 +202,63 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
     )
 
 
+def _warn_unused_peft_flags(peft_method: str, *configs: LoraConfig | PromptTuningConfig) -> None:
+    """Name the PEFT flags set away from their defaults that the chosen method ignores (LoRA flags without
+    ``--peft_method lora``, prompt-tuning flags without ``pt``): training goes on, without them."""
+    method_of = {LoraConfig: "lora", PromptTuningConfig: "pt"}
+    for config in configs:
+        if method_of[type(config)] == peft_method:
+            continue
+        defaults = type(config)()
+        ignored = [
+            f"--{spec.name}"
+            for spec in dataclasses.fields(config)
+            if getattr(config, spec.name) != getattr(defaults, spec.name)
+        ]
+        if ignored:
+            logger.warning(
+                "ignoring %s: %s only applies with --peft_method %s, and this run has --peft_method %s",
+                " ".join(ignored),
+                "it" if len(ignored) == 1 else "they",
+                method_of[type(config)],
+                peft_method,
+            )
+
+
 def _looks_local(path: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else must exist on disk."""
     return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
+
+
+def check_output_dir(path: str) -> None:
+    """``--output_dir`` must be a directory or creatable as one: no regular file at it or above it."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is" if existing == os.path.abspath(path) else f"is under {existing}, which is"
+        raise UserInputError(f"--output_dir {path} {where} a file, not a directory")
+
+
+def check_model_files(flag: str, path: str) -> None:
+    """A local model or tokenizer directory whose JSON files or safetensors weights are damaged (a cut-short copy
+    or download) is the user's input: name the file now. Reads the JSON files and the safetensors headers only."""
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.isdir(path):
+        return
+    for json_file in sorted(glob.glob(os.path.join(path, "*.json"))):
+        try:
+            with open(json_file, encoding="utf-8") as handle:
+                json.load(handle)
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+            raise UserInputError(f"{flag} {path}: {json_file} is not valid JSON: {exc}") from exc
+    for weights in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(weights, framework="np"):
+                pass
+        except (OSError, SafetensorError) as exc:
+            raise UserInputError(f"{flag} {path}: {weights} is not a complete safetensors file: {exc}") from exc
 
 
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
@@ -215,6 +271,10 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     ):
         if path and not os.path.exists(path) and (_looks_local(path) or os.environ.get("HF_HUB_OFFLINE") == "1"):
             raise UserInputError(f"{flag} {path} does not exist")
+        if path:
+            check_model_files(flag, path)
+    if train_args.output_dir:
+        check_output_dir(train_args.output_dir)
     from tuning.utils.data_type_utils import get_torch_dtype
 
     try:
@@ -237,6 +297,13 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
     if train_args.max_seq_length <= 0:
         raise UserInputError(f"--max_seq_length must be positive, got {train_args.max_seq_length}")
+    for flag in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+        if getattr(train_args, flag) <= 0:
+            raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
+    if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
+        raise UserInputError(
+            f"--max_steps must be a number of steps, or -1 to train --num_train_epochs; got {train_args.max_steps}"
+        )
 
 
 def _is_number(value: Any, kind: type) -> bool:

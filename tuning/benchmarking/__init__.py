@@ -4,13 +4,14 @@ The names below are the public surface; each is imported from its module on firs
 rebuild command, ``bench_report``) never import torch or transformers.
 
 Training (``tuning.sft_trainer``, ``tuning.config``, ``tuning.utils.config_utils``):
-    ``train``, ``get_parser``, ``parse_arguments``, ``validate_arguments``, ``ParsedArguments``, ``AimConfig``,
-    ``get_json_config``
+    ``train``, ``get_parser``, ``parse_arguments``, ``validate_arguments``, ``check_output_dir``, ``ParsedArguments``,
+    ``AimConfig``, ``get_json_config``
 Trackers (``tuning.trackers``): ``Tracker``, ``get_tracker``, ``hf_callbacks``, ``validate_tracker_names``,
     ``AIMSTACK_TRACKER``, ``AimStackTracker``
 Errors (``tuning.utils.error_logging``): ``run_with_error_reporting`` (classified exit codes), ``ErrorCategory``,
-    ``UserInputError``, ``TrainingInterrupted``, ``TrainingStalled``, ``GracefulStopCallback``, ``build_error_report``,
-    ``termination_line``, ``write_termination_log``, ``print_error_marker``, ``write_json_atomic``
+    ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``GracefulStopCallback``,
+    ``build_error_report``, ``termination_line``, ``write_termination_log``, ``print_error_marker``,
+    ``print_own_line``, ``write_json_atomic``
 Measuring: ``BenchmarkCallback`` (per-step series, stop decisions, sampler and watchdog lifetimes), ``StopRule``,
     ``StallWatchdog``, ``thread_stacks``, ``environment_info``, ``peak_rss_bytes``, ``cuda_peak_memory``
 Recording: ``RunRecord`` (the run's points, also a ``Tracker``), ``Journal`` and ``journal_path`` (the crash-safe
@@ -25,7 +26,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "tuning.sft_trainer": ("train", "get_parser", "parse_arguments", "validate_arguments", "ParsedArguments"),
+    "tuning.sft_trainer": (
+        "train",
+        "get_parser",
+        "parse_arguments",
+        "validate_arguments",
+        "check_output_dir",
+        "ParsedArguments",
+    ),
     "tuning.config.tracker_configs": ("AimConfig",),
     "tuning.utils.config_utils": ("get_json_config",),
     "tuning.trackers": ("AIMSTACK_TRACKER", "Tracker", "get_tracker", "hf_callbacks", "validate_tracker_names"),
@@ -34,6 +42,7 @@ _EXPORTS = {
         "run_with_error_reporting",
         "ErrorCategory",
         "UserInputError",
+        "StorageError",
         "TrainingInterrupted",
         "TrainingStalled",
         "GracefulStopCallback",
@@ -41,6 +50,7 @@ _EXPORTS = {
         "termination_line",
         "write_termination_log",
         "print_error_marker",
+        "print_own_line",
         "write_json_atomic",
     ),
     "tuning.benchmarking.callback": ("BenchmarkCallback",),

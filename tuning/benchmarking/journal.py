@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any
 
+from tuning.utils.error_logging import print_own_line
+
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
@@ -111,7 +113,7 @@ class Journal:
                     os.fsync(self._file.fileno())
                     last_sync = time.monotonic()
             except (OSError, ValueError) as exc:
-                logger.warning("journal %s stopped: %s; the dump at the end still gets every point", self.path, exc)
+                print_own_line(f"journal {self.path} stopped: {exc}; the dump at the end still gets every point")
                 self._close_file()
         self._close_file()
 
@@ -119,7 +121,7 @@ class Journal:
         try:
             self._file.close()
         except OSError as exc:
-            logger.warning("journal %s could not be closed cleanly: %s", self.path, exc)
+            print_own_line(f"journal {self.path} could not be closed cleanly: {exc}")
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:

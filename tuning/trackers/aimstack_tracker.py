@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
@@ -79,8 +80,8 @@ class SafeAimCallback(TrainerCallback):
     """Tracks a training job into one Aim run; Aim failures cost a warning, never the job (see module docstring).
 
     ``repo`` is a local directory (created if missing) or ``aim://host:port``. ``run_hash`` is set once the run
-    exists and written to ``run_hash_export_dir`` (default: the trainer's ``output_dir``); ``degraded_reason`` says
-    why tracking stopped, if it did.
+    exists and written to ``run_hash_export_dir`` (default: the trainer's ``output_dir``; ``when_run_hash_known``
+    tells); ``degraded_reason`` says why tracking stopped, if it did.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class SafeAimCallback(TrainerCallback):
         self.timeout = timeout
         self.run_hash_export_dir = run_hash_export_dir
         self.run_hash: str | None = None
+        self._run_hash_listeners: list[Callable[[str], None]] = []
         self.degraded_reason: str | None = None
         self._enabled = is_main_process()
         self._writer: subprocess.Popen | None = None
@@ -147,6 +149,15 @@ class SafeAimCallback(TrainerCallback):
     def set_params(self, params: dict, name: str) -> None:
         """Merge ``params`` into the run param ``name``, so queries like ``run.<name>.<key> == …`` find the run."""
         self._send({"op": "set", "name": name, "params": dict(params)}, f"setting the run param {name}")
+
+    def when_run_hash_known(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(run_hash)`` once the run exists: now if it does, else from the thread that learns it."""
+        with self._state_lock:
+            known = self.run_hash
+            if known is None:
+                self._run_hash_listeners.append(listener)
+        if known is not None:
+            listener(known)
 
     def close(self) -> None:
         """Flush the queued messages and finish the run; gives up on Aim when one message overruns ``timeout``."""
@@ -313,8 +324,15 @@ class SafeAimCallback(TrainerCallback):
                 self._progress_at = time.monotonic()
                 failed = self._pending[0] if self._pending else "the Aim writer"
             if "run_hash" in answer:
-                self.run_hash = answer["run_hash"]
+                with self._state_lock:
+                    self.run_hash = answer["run_hash"]
+                    listeners, self._run_hash_listeners = self._run_hash_listeners, []
                 self._export_run_hash()
+                for listener in listeners:
+                    try:
+                        listener(self.run_hash)
+                    except Exception:  # a listener's bug must not stop this thread, which tracking relies on
+                        logger.exception("run hash listener failed")
             if "gone" in answer:
                 self._degrade(answer["gone"])
             elif "failed" in answer:

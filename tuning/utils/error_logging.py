@@ -18,6 +18,7 @@ host_oom       205     host (CPU) memory exhausted
 communication  206     NCCL / gloo / c10d failure, collective or watchdog timeout, rendezvous or store failure
 device_error   207     transient accelerator fault: illegal memory access, ECC error, launch failure
 hang           208     a stall watchdog saw no progress (``TrainingStalled`` or an explicit category)
+storage        209     no room to store a result: device full or quota exceeded (``StorageError``)
 interrupted    128+N   stopped by signal N: 143 for SIGTERM, 130 for SIGINT
 internal       203     anything else (the code fms-hf-tuning uses)
 =============  ======  ======================================================================================
@@ -55,6 +56,7 @@ traceback       str           the formatted traceback of the whole exception cha
 """
 
 import enum
+import errno
 import functools
 import json
 import logging
@@ -100,6 +102,10 @@ class TrainingStalled(RuntimeError):
     """Raised or reported by a stall watchdog when training makes no progress: category ``hang``."""
 
 
+class StorageError(OSError):
+    """A result (a dump, a checkpoint) could not be written where asked for lack of room: category ``storage``."""
+
+
 class ErrorCategory(enum.StrEnum):
     """Why a run failed; the values are stable strings that reports and termination logs carry."""
 
@@ -109,6 +115,7 @@ class ErrorCategory(enum.StrEnum):
     COMMUNICATION = "communication"
     DEVICE_ERROR = "device_error"
     HANG = "hang"
+    STORAGE = "storage"
     INTERRUPTED = "interrupted"
     INTERNAL = "internal"
 
@@ -128,6 +135,7 @@ _PRIORITY = (
     _C.DEVICE_ERROR,
     _C.COMMUNICATION,
     _C.HANG,
+    _C.STORAGE,
     _C.INTERRUPTED,
     _C.USER_ERROR,
     _C.INTERNAL,
@@ -142,6 +150,7 @@ _TYPE_CATEGORIES = {
     "torch.distributed.DistError": _C.COMMUNICATION,
     "torch.distributed.elastic.rendezvous.api.RendezvousError": _C.COMMUNICATION,
     _qualified_name(TrainingStalled): _C.HANG,
+    _qualified_name(StorageError): _C.STORAGE,
     "KeyboardInterrupt": _C.INTERRUPTED,
     _qualified_name(TrainingInterrupted): _C.INTERRUPTED,
     _qualified_name(SignalInterrupt): _C.INTERRUPTED,
@@ -192,6 +201,7 @@ _MESSAGE_PATTERNS = (
         _C.COMMUNICATION,
         re.compile(r"\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))", re.I | re.S),
     ),
+    (_C.STORAGE, re.compile(r"No space left on device|Disk quota exceeded", re.I)),
     (
         _C.USER_ERROR,
         re.compile(
@@ -202,6 +212,8 @@ _MESSAGE_PATTERNS = (
     ),
 )
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+# An OSError of these is the storage's fault whatever its message says.
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 # fms-hf-tuning's two exit codes, kept as the defaults of its two categories.
 USER_ERROR_EXIT_CODE = 1
@@ -215,6 +227,7 @@ DEFAULT_EXIT_CODES = {
     _C.COMMUNICATION: 206,
     _C.DEVICE_ERROR: 207,
     _C.HANG: 208,
+    _C.STORAGE: 209,
     _C.INTERRUPTED: 128 + signal.SIGTERM,
 }
 EXIT_CODE_ENV_PREFIX = "TUNING_EXIT_CODE_"
@@ -266,6 +279,8 @@ def _categories(exc: BaseException) -> set[ErrorCategory]:
         return {_C.USER_ERROR} if exc.code == 2 else set()
     names = {_qualified_name(cls) for cls in type(exc).__mro__}
     found = {category for name, category in _TYPE_CATEGORIES.items() if name in names}
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        found.add(_C.STORAGE)
     text = _safe_str(exc)
     found.update(category for category, pattern in _MESSAGE_PATTERNS if pattern.search(text))
     if _DEVICE_ASSERT.search(text):
@@ -441,15 +456,20 @@ def error_marker(report: dict[str, Any]) -> str:
     )
 
 
-def print_error_marker(report: dict[str, Any]) -> None:
-    """Print the marker on a line of its own, in one write: a progress bar (of this rank or, under torchrun, of
-    another writing to the same stream) may have left the current line open."""
-    text = f"\n{error_marker(report)}\n"
+def print_own_line(text: str) -> None:
+    """Print ``text`` to stderr on a line of its own, in one write: a progress bar (of this rank or, under
+    torchrun, of another writing to the same stream) may have left the current line open."""
+    line = f"\n{text}\n"
     try:
-        sys.stderr.write(text)
+        sys.stderr.write(line)
         sys.stderr.flush()
     except RuntimeError:  # a signal handler reporting while the main thread was writing to stderr: skip its buffer
-        os.write(2, text.encode("utf-8", "replace"))
+        os.write(2, line.encode("utf-8", "replace"))
+
+
+def print_error_marker(report: dict[str, Any]) -> None:
+    """Print the marker on a line of its own."""
+    print_own_line(error_marker(report))
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
