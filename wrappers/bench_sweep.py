@@ -327,6 +327,8 @@ class LocalExecutor:
         self.running: dict[str, tuple[PointProcess, list[str]]] = {}
 
     def check(self, points: list[Point]) -> None:
+        if self.concurrency > 1:
+            create_aim_repos(points)
         if self.free_devices:
             too_big = [point for point in points if point.nproc > len(self.free_devices)]
             if too_big:
@@ -375,6 +377,26 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+def create_aim_repos(points: list[Point]) -> None:
+    """Create the local Aim repos the points track to before any point starts: Aim fails a run whose process
+    creates a repo while another process creates the same one. aim is imported only when a repo is missing."""
+    repos = set()
+    for point in points:
+        flags = point.flags
+        trackers = flags.get("trackers", flags.get("tracker", []))
+        repo = str(flags.get("aim_repo") or "")
+        remote = any(flags.get(key) for key in ("aim_url", "aim_remote_server_ip")) or repo.startswith("aim://")
+        if "aim" in (trackers if isinstance(trackers, list) else [trackers]) and repo and not remote:
+            repos.add(os.path.abspath(repo))
+    missing = sorted(repo for repo in repos if not os.path.isdir(os.path.join(repo, ".aim")))
+    if missing:
+        with contextlib.suppress(ImportError):  # without aim every point reports the missing extra itself
+            from aim import Repo
+
+            for repo in missing:
+                Repo.from_path(repo, init=True)
 
 
 def visible_gpus() -> list[str]:
