@@ -56,7 +56,7 @@ DONE_STATUSES = ("ok", "stopped")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
-SLUG_MAX = 60
+SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -778,7 +778,8 @@ def main(
         finished = sweep.finished(rerun_failed)
         for point in points:
             state = finished[point.id]["status"] if point.id in finished else "to run"
-            print(f"{point.label}  nproc_per_node={point.nproc}  {sweep.paths(point).metrics}  [{state}]")
+            processes = "" if "nproc_per_node" in point.axes else f"  nproc_per_node={point.nproc}"
+            print(f"{point.label}{processes}  {sweep.paths(point).metrics}  [{state}]")
         print(f"{len(points)} points, {len(points) - len(finished)} to run")
         return 0
     if report_only:
