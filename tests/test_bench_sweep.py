@@ -213,6 +213,18 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
     assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
 
 
+def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
+    base = base_flags(tiny_model, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps")  # 300 s of steps at least
+    out = tmp_path / "sweep"
+    result = sweep(write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]}), out, "--point_timeout", "20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(out)
+    assert (line["status"], line["reason"], line["attempts"]) == ("timeout", "ran past --point_timeout 20s", 1)
+    assert line["exit_code"] != 0
+    (row,) = report_rows(out)
+    assert (row["status"], row["error_message"]) == ("timeout", line["reason"])
+
+
 @pytest.mark.parametrize(
     ("spec", "flags", "reason"),
     [

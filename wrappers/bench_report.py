@@ -313,7 +313,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
     summary = dump["summary"] if dump else {}
     cuda = summary.get("cuda") or []
     cause = run.root_cause
-    sweep_point = run.sweep_point or {}  # what the sweep knows of a point that left no report: skipped, timeout
+    sweep_point = run.sweep_point or {}  # the sweep's judgement of its point: also skipped and timeout
     return {
         "run": run.name,
         **{label: label_value(run, label) for label in labels},
@@ -329,7 +329,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in cuda), default=None),
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,
-        "error_message": cause.message if cause else sweep_point.get("reason"),
+        "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
 
 

@@ -198,11 +198,14 @@ def point_command(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+PR_SET_PDEATHSIG = 1
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # looked up before any fork
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the process that started it dies (a SIGKILLed driver or Ray worker),
     so that no point outlives its sweep; bench_train stops at the next step and torchrun passes it to its ranks."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class PointProcess:
@@ -227,7 +230,7 @@ class PointProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
                 pass_fds=pass_fds,
             )
         self.deadline = time.monotonic() + timeout if timeout else None
@@ -623,7 +626,7 @@ class Sweep:
         if ended.timed_out:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
         elif status in DONE_STATUSES and ended.exit_code != 0:
-            status = "error"
+            status, reason = "error", f"exited {ended.exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": ended.exit_code, "reason": reason}
 
     def run(self, executor: Any, rerun_failed: bool) -> dict[str, dict[str, Any]]:
@@ -657,9 +660,8 @@ class Sweep:
 
         try:
             while pending or executor.running:
-                interrupted_by = self.interrupted_by
-                if interrupted_by is not None:
-                    raise Interrupted(interrupted_by)
+                if self.interrupted_by is not None:
+                    raise Interrupted(self.interrupted_by)
                 for point in list(pending):
                     if blocked(point) is not None:
                         continue
