@@ -20,6 +20,7 @@ retried up to ``--retries`` times. At the end ``bench_report`` writes ``DIR/repo
 import contextlib
 import ctypes
 import fcntl
+import functools
 import glob
 import hashlib
 import itertools
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -199,13 +200,15 @@ def point_command(
 
 
 PR_SET_PDEATHSIG = 1
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None  # looked up before any fork
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies (a SIGKILLed driver or Ray worker),
-    so that no point outlives its sweep; bench_train stops at the next step and torchrun passes it to its ranks."""
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+def die_with_parent() -> Callable[[], Any] | None:
+    """What the child runs before exec (Linux): SIGTERM when the process that started it dies (a SIGKILLed driver
+    or Ray worker), so that no point outlives its sweep; bench_train stops at the next step and torchrun passes it
+    to its ranks. prctl is looked up here, in the parent, so that the child only calls it."""
+    if sys.platform != "linux":
+        return None
+    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class PointProcess:
@@ -230,7 +233,7 @@ class PointProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,
+                preexec_fn=die_with_parent(),
                 pass_fds=pass_fds,
             )
         self.deadline = time.monotonic() + timeout if timeout else None
