@@ -25,7 +25,8 @@ setup(
         "aim": ["aim==3.29.1"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
-        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7"],
+        "ray": ["ray==2.60.0"],
+        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7", "ray==2.60.0"],
     },
     entry_points={
         "console_scripts": [

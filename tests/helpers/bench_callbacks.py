@@ -64,3 +64,18 @@ def fill(directory: Path) -> None:
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
+
+
+class SweepFaults(TrainerCallback):
+    """Faults by batch size, for the sweep tests, when step 2 begins: at batch size 1 a communication error on the
+    first attempt only (a marker file per output_dir in $FAULT_MARKER_DIR says it happened), at 2 and more CUDA OOM."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step != 1:
+            return
+        if args.per_device_train_batch_size >= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+        marker = os.path.join(os.environ["FAULT_MARKER_DIR"], os.path.basename(args.output_dir))
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise torch.distributed.DistNetworkError("Connection closed by peer [127.0.0.1]:29500 (injected)")
