@@ -182,7 +182,7 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
     outcome = {key: (line["status"], line["category"], line["attempts"]) for key, line in lines.items()}
     assert outcome == {
         (faults, 1): ("ok", None, 2),  # a communication error, then a clean second attempt
-        (faults, 2): ("error", "gpu_oom", 1),
+        (faults, 2): ("error", "gpu_oom", 204),
         (faults, 4): ("skipped", None, 0),
         (missing, 1): ("error", "user_error", 1),  # never retried
         (missing, 2): ("error", "user_error", 1),  # a user error skips nothing
@@ -200,14 +200,15 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
 
 
 def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp_path):
-    """torchrun exits 1 whatever its ranks did: the root cause comes from rank 1's report."""
+    """Run under tuning.launch: the point exits with its root cause's code, and the category and rank come from
+    rank 1's report."""
     axes = {"nproc_per_node": [2], "per_device_train_batch_size": [1, 2]}
     base = base_flags(tiny_model, max_steps=3, callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
     out = tmp_path / "sweep"
     result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = state_by_axes(out, "per_device_train_batch_size")
-    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "gpu_oom", 1)
+    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "gpu_oom", 204)
     assert lines[(2,)]["status"] == "skipped"
     rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
     assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
