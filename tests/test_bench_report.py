@@ -162,7 +162,7 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
 @pytest.mark.slow
 def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
     """Rank 0 reports the interruption (or lost peer) that rank 1's OOM caused; the report blames rank 1."""
-    files = sorted(runs_dir.glob("ranks-b2.json*"))
+    files = sorted(path for path in runs_dir.glob("ranks-b2.json*") if path.suffix != ".lock")  # the run's lock
     assert {path.name for path in files} == {"ranks-b2.json", "ranks-b2.json.rank1.error.json"}
     for ordered in (files, files[::-1]):
         (run,) = bench_report.load([(path, True) for path in ordered])
