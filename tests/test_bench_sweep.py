@@ -182,7 +182,7 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
     outcome = {key: (line["status"], line["category"], line["attempts"]) for key, line in lines.items()}
     assert outcome == {
         (faults, 1): ("ok", None, 2),  # a communication error, then a clean second attempt
-        (faults, 2): ("error", "gpu_oom", 204),
+        (faults, 2): ("error", "gpu_oom", 1),
         (faults, 4): ("skipped", None, 0),
         (missing, 1): ("error", "user_error", 1),  # never retried
         (missing, 2): ("error", "user_error", 1),  # a user error skips nothing
