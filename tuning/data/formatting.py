@@ -40,6 +40,7 @@ class TextFormatter:
             else:
                 missing.append(key)
         if missing:
+            missing = list(dict.fromkeys(missing))
             raise InputKeyError(f"template key(s) {missing} not in {where} (keys: {sorted(record)})")
         return "".join(pieces) + self.eos_token
 

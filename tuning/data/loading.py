@@ -1,6 +1,6 @@
 """Reading training records from JSON arrays or JSON lines, one record at a time.
 
-Memory is bounded by a record (plus a 1 MiB read buffer), not by the file. Every error names the file and the line:
+Memory is bounded by a record (plus a read buffer of 1 MiB), not by the file. Every error names the file and the line:
 a missing file or a directory is a ``FileNotFoundError``, bytes that are not UTF-8 and malformed, empty or non-object
 data are ``datasets``' ``DatasetGenerationError``, as ``datasets.load_dataset("json")`` raises in fms-hf-tuning; all
 of them are also our ``UserInputError``.
@@ -77,7 +77,9 @@ def _json_lines(path: str, handle) -> Iterator[tuple[int, dict]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise MalformedDataError(f"malformed JSON on line {number} of {path}: {exc.msg}") from None
+            raise MalformedDataError(
+                f"malformed JSON on line {number}, column {exc.colno} of {path}: {exc.msg.removesuffix(' at')}"
+            ) from None
         yield number, _check_object(path, index, number, record)
         index += 1
 
@@ -105,7 +107,8 @@ class _ArrayReader:
         """Append the next read to the text left to parse; False at the end of the file."""
         if self.eof:
             return False
-        data = self.handle.read(_READ_SIZE)
+        # At least as much as is left unparsed: a record spanning many reads is decoded O(log n) times, not O(n).
+        data = self.handle.read(max(_READ_SIZE, len(self.text) - self.position))
         self.eof = not data
         try:
             decoded = self.decoder.decode(data, final=self.eof)
@@ -115,11 +118,13 @@ class _ArrayReader:
             column = self.column(len(self.text)) if newline < 0 else 0
             column += len(before[newline + 1 :].decode("utf-8", "replace")) + 1
             raise _not_utf8(self.path, exc, self.lines_read + before.count(b"\n"), column) from None
+        if self.eof:
+            return False
         self.lines_read += data.count(b"\n")
         self.text_column = self.column(self.position)
         self.text = self.text[self.position :] + decoded
         self.position = 0
-        return bool(data)
+        return True
 
     def advance_to(self, position: int) -> None:
         self.line += self.text.count("\n", self.position, position)
@@ -151,7 +156,7 @@ class _ArrayReader:
                 cut = exc.msg.startswith("Unterminated string") or exc.pos >= len(self.text) - _MAX_CUT_TOKEN
                 if cut and self.refill():
                     continue
-                raise self.error(exc.msg, exc.pos) from None
+                raise self.error(exc.msg.removesuffix(" at"), exc.pos) from None
             self.advance_to(end)
             return value
 
