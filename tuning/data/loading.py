@@ -166,13 +166,8 @@ def _json_array(path: str, handle) -> Iterator[tuple[int, dict]]:
     reader.next_significant()
     reader.advance_to(reader.position + 1)  # the opening bracket
     index = 0
-    while True:
-        char = reader.next_significant()
-        if char == "]" and index == 0:
-            break
+    while (char := reader.next_significant()) != "]":
         if index:
-            if char == "]":
-                break
             if char != ",":
                 raise reader.error("expected ',' or ']' after an element" if char else "the array is not closed")
             reader.advance_to(reader.position + 1)

@@ -26,8 +26,8 @@ from datasets.exceptions import DatasetGenerationError
 from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
-# A batch is tokenised at once and holds ~300 bytes per token while it is (lists of Python ints, offsets): at most
-# this many texts or characters, whichever comes first, keep it at a few tens of MB.
+# A batch is tokenised at once and takes ~300 bytes per token until it is written (Python lists of ids and offsets):
+# at most this many texts or characters, whichever comes first, keeps it near 10 MB.
 BATCH_TEXTS = 1000
 BATCH_CHARACTERS = 1 << 16
 # Rows the Arrow writer buffers before writing them out; a row holds up to max_seq_length tokens.
