@@ -350,8 +350,8 @@ def test_training_on_the_streamed_dataset_equals_training_in_memory(tiny_model, 
 MEMORY_PROBE = """
 import json, os, random, resource, sys
 from transformers import AutoTokenizer
-from tuning.config.configs import DataArguments
-from tuning.sft_trainer import _build_dataset
+from tuning.data.formatting import format_file
+from tuning.data.masking import tokenize_and_mask
 
 model, directory, megabytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 words = "what is the word spell backwards letters plus times green cat sun rests quietly".split()
@@ -363,13 +363,16 @@ def write(path, size):
             response = " ".join(rng.choice(words) for _ in range(1500))
             handle.write(json.dumps({"output": "### Input: Say it.\\n\\n### Response: " + response}) + "\\n")
 
+def prepare(path):
+    texts = format_file(path, tokenizer.eos_token, dataset_text_field="output")
+    return tokenize_and_mask(texts, tokenizer, 128, "\\n### Response:")
+
 write(os.path.join(directory, "warm.jsonl"), 2 << 20)
 write(os.path.join(directory, "big.jsonl"), megabytes << 20)
 tokenizer = AutoTokenizer.from_pretrained(model)
-args = DataArguments(training_data_path="", dataset_text_field="output", response_template="\\n### Response:")
-_build_dataset(os.path.join(directory, "warm.jsonl"), args, tokenizer, 128)  # the first batches' one-off allocations
+prepare(os.path.join(directory, "warm.jsonl"))  # the first batches' one-off allocations
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-dataset = _build_dataset(os.path.join(directory, "big.jsonl"), args, tokenizer, 128)
+dataset = prepare(os.path.join(directory, "big.jsonl"))
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"rows": len(dataset), "peak_growth": (after - before) << 10}))
 """
