@@ -37,9 +37,10 @@ from transformers import HfArgumentParser
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
-from tuning.data.formatting import format_texts
-from tuning.data.loading import load_records
+from tuning.data.formatting import format_file
+from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
+from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes
 from tuning.utils.config_utils import get_json_config
@@ -284,8 +285,8 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path) is required")
     for path in (data_args.training_data_path, data_args.validation_data_path):
-        if path and not os.path.isfile(path):
-            raise UserInputError(f"data file not found: {path}")
+        if path:
+            check_data_file(path)
     if (data_args.dataset_text_field is None) == (data_args.data_formatter_template is None):
         raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template")
     if not train_args.packing and not data_args.response_template:
@@ -313,12 +314,11 @@ def _is_number(value: Any, kind: type) -> bool:
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
-    texts = format_texts(
-        load_records(path),
+    texts = format_file(
+        path,
         tokenizer.eos_token,
         dataset_text_field=data_args.dataset_text_field,
         template=data_args.data_formatter_template,
-        source=path,
     )
     return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
@@ -444,7 +444,7 @@ def train(
         cache_dir=train_args.cache_dir,
     )
     if added_tokens:
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=model_args.embedding_size_multiple_of)
+        tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
     additional_metrics = {"model_load_time": time.time() - load_start}
     for name, value in additional_metrics.items():
         for tracker in trackers:

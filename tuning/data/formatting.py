@@ -1,39 +1,66 @@
-"""Turning records into training texts: a text field or a ``{{key}}`` template, each followed by EOS."""
+"""Turning records into training texts: a text field or a ``{{key}}`` template, each followed by EOS.
+
+A placeholder's key is whatever stands between the braces, spaces included (``{{Tweet text}}``); spaces around it
+are ignored unless the data has a key with them. A key the record lacks is a ``KeyError`` naming it.
+"""
 
 import re
+from collections.abc import Iterable, Iterator
 
-from tuning.utils.error_logging import UserInputError
+from tuning.data.loading import iter_records
+from tuning.utils.error_logging import InputKeyError
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([^{}\s]+)\s*\}\}")
+_PLACEHOLDER = re.compile(r"\{\{([^{}]+)\}\}")
 
 
-def template_keys(template: str) -> list[str]:
-    return _PLACEHOLDER.findall(template)
+class TextFormatter:
+    """Makes one record's training text: ``record[dataset_text_field]`` or the filled ``template``, plus EOS."""
+
+    def __init__(self, eos_token: str, dataset_text_field: str | None = None, template: str | None = None):
+        self.eos_token = eos_token
+        self.dataset_text_field = dataset_text_field
+        # Literal text at even positions, the placeholders' keys (as written) at odd ones.
+        self.parts = _PLACEHOLDER.split(template) if template is not None else None
+
+    def __call__(self, record: dict, where: str) -> str:
+        """``where`` says which record this is ("record 3 (line 4) of train.jsonl") for errors."""
+        if self.parts is None:
+            if self.dataset_text_field not in record:
+                raise InputKeyError(
+                    f"dataset_text_field '{self.dataset_text_field}' not in {where} (keys: {sorted(record)})"
+                )
+            return str(record[self.dataset_text_field]) + self.eos_token
+        pieces = list(self.parts)
+        missing = []
+        for index in range(1, len(pieces), 2):
+            written = pieces[index]
+            key = written if written in record else written.strip()
+            if key in record:
+                pieces[index] = str(record[key])
+            else:
+                missing.append(key)
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            raise InputKeyError(f"template key(s) {missing} not in {where} (keys: {sorted(record)})")
+        return "".join(pieces) + self.eos_token
 
 
 def format_texts(
-    records: list[dict],
+    records: Iterable[dict],
     eos_token: str,
     dataset_text_field: str | None = None,
     template: str | None = None,
     source: str = "data",
 ) -> list[str]:
     """One training text per record, ending with ``eos_token`` so the model learns to stop."""
-    texts = []
-    for index, record in enumerate(records):
-        if template is not None:
-            missing = [key for key in template_keys(template) if key not in record]
-            if missing:
-                raise UserInputError(
-                    f"template key(s) {missing} not in record {index} of {source} (keys: {sorted(record)})"
-                )
-            text = _PLACEHOLDER.sub(lambda match, values=record: str(values[match.group(1)]), template)
-        else:
-            if dataset_text_field not in record:
-                raise UserInputError(
-                    f"dataset_text_field '{dataset_text_field}' not in record {index} of {source} "
-                    f"(keys: {sorted(record)})"
-                )
-            text = str(record[dataset_text_field])
-        texts.append(text + eos_token)
-    return texts
+    formatter = TextFormatter(eos_token, dataset_text_field, template)
+    return [formatter(record, f"record {index} of {source}") for index, record in enumerate(records)]
+
+
+def format_file(
+    path: str, eos_token: str, dataset_text_field: str | None = None, template: str | None = None
+) -> Iterator[str]:
+    """The training texts of a data file, read and formatted one record at a time."""
+    formatter = TextFormatter(eos_token, dataset_text_field, template)
+    for index, (line, record) in enumerate(iter_records(path)):
+        yield formatter(record, f"record {index} (line {line}) of {path}")

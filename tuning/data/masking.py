@@ -3,52 +3,88 @@
 TRL 1.16 dropped ``DataCollatorForCompletionOnlyLM``. We mask once, while tokenising, using character offsets:
 a token is part of the response when it starts at or after the end of the template in the text. Unlike matching
 template token ids, this cannot miss a template that tokenises differently in context. The result is a
-pre-tokenised dataset with a ``labels`` column that TRL pads (with -100) and packs as it is.
+pre-tokenised dataset with ``input_ids`` and ``labels`` columns that TRL pads (labels with -100) and packs as it is.
+
+Texts are consumed in batches and the rows written to an Arrow file (``Dataset.from_generator``) that the dataset
+memory-maps, so memory is bounded by a batch, not by the data. The file lives in a directory of its own under the
+``datasets`` cache (``HF_DATASETS_CACHE``), removed when the process exits.
 """
 
+import atexit
+import functools
 import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
 
+import datasets
 from datasets import Dataset
+from datasets.exceptions import DatasetGenerationError
 
 from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
+# A batch is tokenised at once and takes ~300 bytes per token until it is written (Python lists of ids and offsets):
+# at most this many texts or characters, whichever comes first, keeps it near 10 MB.
+BATCH_TEXTS = 1000
+BATCH_CHARACTERS = 1 << 16
+# Rows the Arrow writer buffers before writing them out; a row holds up to max_seq_length tokens.
+WRITER_BATCH_ROWS = 100
+_FEATURES = datasets.Features(
+    {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
+)
 
 logger = logging.getLogger(__name__)
 
 
-def tokenize_and_mask(
-    texts: list[str], tokenizer, max_length: int, response_template: str | None, source: str = "data"
-) -> Dataset:
-    """Tokenise texts; with a response template, label every prompt token -100 and drop texts lacking it."""
-    encoded = tokenizer(
-        texts, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
-    )
-    rows = {"input_ids": [], "attention_mask": [], "labels": []}
-    without_template = 0
-    for index, text in enumerate(texts):
-        input_ids = encoded["input_ids"][index]
-        labels = list(input_ids)
-        if response_template is not None:
-            position = text.find(response_template)
-            if position < 0:
-                without_template += 1
-                continue
-            response_start = position + len(response_template)
-            offsets = encoded["offset_mapping"][index]
-            labels = [
-                token if start >= response_start and end > start else IGNORE_INDEX
-                for token, (start, end) in zip(input_ids, offsets, strict=True)
-            ]
-            if all(label == IGNORE_INDEX for label in labels):
-                without_template += 1
-                continue
-        rows["input_ids"].append(input_ids)
-        rows["attention_mask"].append(encoded["attention_mask"][index])
-        rows["labels"].append(labels)
-    if without_template == len(texts):
+def _mask(text: str, input_ids: list[int], offsets: list[tuple[int, int]], response_template: str) -> list[int] | None:
+    """Labels that keep only the response's tokens; None when the text has no (untruncated) response."""
+    position = text.find(response_template)
+    if position < 0:
+        return None
+    response_start = position + len(response_template)
+    labels = [
+        token if start >= response_start and end > start else IGNORE_INDEX
+        for token, (start, end) in zip(input_ids, offsets, strict=True)
+    ]
+    return None if all(label == IGNORE_INDEX for label in labels) else labels
+
+
+def _batches(texts: Iterable[str]) -> Iterator[list[str]]:
+    batch, characters = [], 0
+    for text in texts:
+        batch.append(text)
+        characters += len(text)
+        if len(batch) == BATCH_TEXTS or characters >= BATCH_CHARACTERS:
+            yield batch
+            batch, characters = [], 0
+    if batch:
+        yield batch
+
+
+def _rows(
+    texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str
+) -> Iterator[dict[str, list[int]]]:
+    total = without_template = 0
+    for batch in _batches(texts):
+        encoded = tokenizer(
+            batch, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
+        )
+        for index, text in enumerate(batch):
+            input_ids = encoded["input_ids"][index]
+            labels = input_ids
+            if response_template is not None:
+                labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template)
+                if labels is None:
+                    without_template += 1
+                    continue
+            yield {"input_ids": input_ids, "labels": labels}
+        total += len(batch)
+    if without_template == total:
         raise UserInputError(
-            f"response template {response_template!r} occurs in none of the {len(texts)} examples of {source} "
+            f"response template {response_template!r} occurs in none of the {total} examples of {source} "
             "(or every response was truncated away by max_seq_length)"
         )
     if without_template:
@@ -56,8 +92,39 @@ def tokenize_and_mask(
             "%d of %d examples of %s lack the response template %r (or lost their response to truncation); "
             "they are skipped",
             without_template,
-            len(texts),
+            total,
             source,
             response_template,
         )
-    return Dataset.from_dict(rows)
+
+
+def _cache_dir() -> str:
+    root = os.fspath(datasets.config.HF_DATASETS_CACHE)
+    os.makedirs(root, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="tuning-data-", dir=root)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def tokenize_and_mask(
+    texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str = "data"
+) -> Dataset:
+    """Tokenise texts; with a response template, label every prompt token -100 and drop texts lacking it.
+
+    ``texts`` may be a generator (e.g. ``format_file``): it is read once, a batch at a time. Our errors raised while
+    reading it (bad data, a missing key) come out as they were raised, not wrapped by ``datasets``.
+    """
+    try:
+        return Dataset.from_generator(
+            # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
+            functools.partial(_rows, texts, tokenizer, max_length, response_template, source),
+            features=_FEATURES,
+            cache_dir=_cache_dir(),
+            writer_batch_size=WRITER_BATCH_ROWS,
+            # A fresh directory holds nothing to reuse: a random fingerprint spares hashing the texts and tokenizer.
+            fingerprint=uuid.uuid4().hex,
+        )
+    except DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, UserInputError):
+            raise exc.__cause__ from None
+        raise

@@ -78,6 +78,18 @@ class UserInputError(ValueError):
     """A problem with what the user supplied (arguments, files, data): exits with a user-fault code."""
 
 
+class InputFileNotFoundError(UserInputError, FileNotFoundError):
+    """A file the user named is missing or is not a file; ``except FileNotFoundError`` catches it, as upstream's."""
+
+
+class InputKeyError(UserInputError, KeyError):
+    """A key the user named (a text field, a template placeholder) is missing from the data; a ``KeyError``."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() quotes its argument, as it is meant to be a bare key; ours is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
 class TrainingInterrupted(Exception):
     """Raised after training stopped early on a signal, so the run ends as ``interrupted`` with 128+signal."""
 
