@@ -28,6 +28,7 @@ class BareArguments:
     training_data_path: str = field(metadata={"help": "JSON lines or JSON array training data."})
     response_template: str = field(metadata={"help": "Only what follows it is trained on."})
     torch_dtype: str = field(default="float32", metadata={"help": "bfloat16, float16 or float32."})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or flash_attention_2."})
     gc_freeze: bool = field(default=True, metadata={"help": "gc.freeze() after the imports, as our CLIs do."})
 
 
@@ -43,7 +44,7 @@ def main() -> None:
     )
     dataset = tokenize_and_mask(texts, tokenizer, config.max_length, bare.response_template)
     model = AutoModelForCausalLM.from_pretrained(
-        bare.model_name_or_path, dtype=getattr(torch, bare.torch_dtype), attn_implementation="sdpa"
+        bare.model_name_or_path, dtype=getattr(torch, bare.torch_dtype), attn_implementation=bare.attn_implementation
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()

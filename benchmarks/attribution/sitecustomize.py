@@ -8,7 +8,7 @@ numbers go, as JSON, to ``$OVERHEAD_ATTRIBUTION_PATH``; without that variable no
 variable is removed, so child processes do not time hooks). Every arm is instrumented the same way.
 Hooks are keyed ``module.Class``; every hook is timed, also the empty ones a callback inherits (their time is mostly
 the timing's own, ~1 µs a call: an overestimate, kept so that nothing of a callback's cost goes unseen). Each step's
-end time is kept too.
+end time is kept too, and at train end torch's peak CUDA memory (null without CUDA).
 
 Helper processes (the Aim writer, the journal's writer) see ``$OVERHEAD_HELPER_SPELLS_DIR``: there, the start and
 end of each spell of work on the messages of one read (``tuning.utils.pipe_messages.receive``) are appended to
@@ -74,6 +74,15 @@ def _install(path: str, CallbackHandler: type) -> None:  # noqa: N803 (transform
             "children_cpu": children,
         }
 
+    def cuda_peak_memory() -> dict[str, int | None]:
+        """torch's peak memory on the current CUDA device so far, the same counters in every arm (None without)."""
+        torch = sys.modules.get("torch")
+        used = torch is not None and torch.cuda.is_initialized()
+        return {
+            "cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if used else None,
+            "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved() if used else None,
+        }
+
     def call_event(self, event, args, state, control, **kwargs):
         for callback in self.callbacks:
             if not getattr(callback, "_overhead_timed", False):
@@ -89,6 +98,7 @@ def _install(path: str, CallbackHandler: type) -> None:  # noqa: N803 (transform
             end = cpu_snapshot()
             result = {key: end[key] - train_begin[key] for key in train_begin}
             result.update(steps=state.global_step, hook_seconds=dict(hook_seconds), step_ends=step_ends)
+            result.update(cuda_peak_memory())
             with open(path, "w", encoding="utf-8") as handle:
                 json.dump(result, handle)
         return original_call_event(self, event, args, state, control, **kwargs)

@@ -50,7 +50,7 @@ def init_nvml() -> Any | None:
     return pynvml
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
     """pynvml returns bytes in old releases, str in current ones."""
     return value.decode() if isinstance(value, bytes) else value
 
@@ -67,7 +67,7 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return gpus
-    uuids = [_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
+    uuids = [nvml_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
     handles: list[Any] = []
     named: set[str] = set()
     for item in (part.strip() for part in visible.split(",")):
