@@ -273,3 +273,36 @@ def test_the_makefile_target_runs_the_check_in_the_project_venv():
         ".venv/bin/python -m benchmarks.gpu_check",
     ]
     assert "python3 -m venv .venv" in lines[0]  # a new .venv is made the same way as for make test
+
+
+@pytest.mark.parametrize("attention", ["sdpa", gpu_check.FLASH_ATTENTION])
+def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_path, monkeypatch, attention):
+    """The flags appended to overhead.py's commands win (bf16 instead of float32, the check's data), in each arm's
+    own parser, at the default (GPU) size. transformers refuses bf16 without a GPU that has it: a stand-in says
+    there is one."""
+    import transformers.training_args
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    from tests.conftest import load_script
+
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+
+    workload, data = gpu_check.Workload(), tmp_path / "train.jsonl"
+    bare_command = gpu_check.job_command("trl", workload, tmp_path / "model", data, tmp_path / "trl", attention)
+    bare_trl = load_script(REPO_ROOT / "benchmarks" / "bare_trl.py")
+    bare, config = HfArgumentParser((bare_trl.BareArguments, SFTConfig)).parse_args_into_dataclasses(bare_command[2:])
+    assert (bare.training_data_path, bare.torch_dtype, bare.attn_implementation) == (str(data), "bfloat16", attention)
+    assert (config.bf16, config.per_device_train_batch_size, config.max_steps, config.max_length) == (True, 8, 60, 1024)
+
+    bench_command = gpu_check.job_command(
+        "bench_train", workload, tmp_path / "model", data, tmp_path / "bench", attention
+    )
+    bench_train = load_script(REPO_ROOT / "wrappers" / "bench_train.py")
+    flags, args = bench_train.parse_command_line(bench_command[2:])
+    assert (flags.system_metrics_interval, flags.skip_warmup_steps) == (1.0, 10)
+    assert (args.data_args.training_data_path, args.model_args.torch_dtype) == (str(data), "bfloat16")
+    assert args.model_args.use_flash_attn == (attention == gpu_check.FLASH_ATTENTION)
+    train_args = args.training_args
+    assert (train_args.bf16, train_args.per_device_train_batch_size, train_args.max_steps) == (True, 8, 60)
+    assert train_args.max_seq_length == 1024 and train_args.trackers == ["aim"]
