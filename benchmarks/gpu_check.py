@@ -385,7 +385,7 @@ def run_check(
     model_dir, data_path = workdir / "model", workdir / "train.jsonl"
 
     def step(name: str, work: Callable[[], Any]) -> None:
-        print(f"--- {name}", flush=True)
+        print(f"--- {name} (at {time.perf_counter() - started:.0f} s)", flush=True)
         try:
             results[name] = work()
         except Exception as exc:  # noqa: BLE001 - one failed step must not hide the others' figures
@@ -553,7 +553,8 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
             dump["tokens_per_step"] == [workload.tokens_per_step],
         )
     )
-    measured = results["throughput"].get("tokens_per_second", {}).get("bench_train")
+    same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{workload.rounds - 1}")
+    measured = same_job["tokens_per_second"] if same_job else None
     if measured and dump["tokens_per_second"]:
         ratio = dump["tokens_per_second"] / measured
         rows.append(
