@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: venv demo test lint gpu-check
+.PHONY: venv demo test test-fast lint gpu-check
 venv: $(VENV)/.installed
 
 demo: venv
@@ -36,6 +36,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers and servers).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -25,7 +25,14 @@ setup(
         "aim": ["aim==3.29.1"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
-        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7"],
+        "ray": ["ray==2.60.0"],
+        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7", "ray==2.60.0"],
     },
-    entry_points={"console_scripts": ["sft_trainer=tuning.sft_trainer:main"]},
+    entry_points={
+        "console_scripts": [
+            # Through tuning.launch, which installs the signal handlers before the trainer's heavy imports.
+            "sft_trainer=tuning.launch:sft_trainer_main",
+            "tuning-launch=tuning.launch:main",
+        ]
+    },
 )

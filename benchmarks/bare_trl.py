@@ -4,13 +4,8 @@ No callbacks, no trackers and no ``tuning.train()``: TRL's ``SFTTrainer`` on a d
 ``tuning.data`` functions, so every step does the same work as ours and only what we add differs. Flags are
 ``SFTConfig``'s (every transformers flag plus TRL's, ``--dataset_text_field`` included; TRL's own defaults apply, so
 pass bf16, gradient checkpointing, learning rate and logging explicitly) plus the data and model flags below.
-
-Like our CLIs it freezes the import heap out of the garbage collector's reach (``gc.freeze()``) before any work, so
-that the benchmark's ratios measure what we add to training, not that; ``--gc_freeze False`` runs TRL exactly as a
-plain script would (the ``trl_plain`` arm of the benchmark).
 """
 
-import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -29,13 +24,10 @@ class BareArguments:
     response_template: str = field(metadata={"help": "Only what follows it is trained on."})
     torch_dtype: str = field(default="float32", metadata={"help": "bfloat16, float16 or float32."})
     attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or flash_attention_2."})
-    gc_freeze: bool = field(default=True, metadata={"help": "gc.freeze() after the imports, as our CLIs do."})
 
 
 def main() -> None:
     bare, config = HfArgumentParser((BareArguments, SFTConfig)).parse_args_into_dataclasses()
-    if bare.gc_freeze:
-        gc.freeze()
     tokenizer = AutoTokenizer.from_pretrained(bare.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

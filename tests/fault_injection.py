@@ -46,7 +46,7 @@ def run() -> None:
         args.model_args,
         args.data_args,
         args.training_args,
-        peft_config=args.peft_config,
+        args.tune_config,
         callbacks=[fault, GracefulStopCallback()],
     )
 

@@ -85,6 +85,7 @@ def healthy_jobs(tiny_model, tmp_path_factory):
     return root, server, stderr
 
 
+@pytest.mark.slow
 def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
     root, _server, stderr = healthy_jobs
     assert DEGRADED_WARNING not in stderr["local"]
@@ -93,6 +94,7 @@ def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
     assert loss_steps(root / "local") == list(range(1, MAX_STEPS + 1))
 
 
+@pytest.mark.slow
 def test_live_server_gets_the_same_run(healthy_jobs):
     root, server, stderr = healthy_jobs
     assert DEGRADED_WARNING not in stderr["remote"]
@@ -100,6 +102,7 @@ def test_live_server_gets_the_same_run(healthy_jobs):
     check_run(run, root / "remote")
 
 
+@pytest.mark.slow
 def test_server_that_never_existed_costs_one_warning(healthy_jobs):
     root, _server, stderr = healthy_jobs
     assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
@@ -107,6 +110,7 @@ def test_server_that_never_existed_costs_one_warning(healthy_jobs):
     assert not (root / "never" / RUN_HASH_FILENAME).exists()
 
 
+@pytest.mark.slow
 def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_model, tmp_path):
     max_steps = 100  # 10-30 s of training here: the kill lands early, most steps run against a dead server
     server = AimServer(tmp_path / "server-repo")
@@ -129,6 +133,7 @@ def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_mo
     assert exited_at - last_log < 30, "the job lingered after training ended"  # saving + interpreter teardown
 
 
+@pytest.mark.slow
 def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_train, tmp_path):
     repo, output_dir = tmp_path / "aim", tmp_path / "out"
     command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=output_dir)
@@ -146,7 +151,7 @@ def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_trai
 
 
 BAD_INPUTS = {
-    "unknown tracker": (["--trackers", "file_logger", "aimm"], "unknown tracker(s) ['aimm']"),
+    "unknown tracker": (["--trackers", "file_logger", "aimm"], "Requested Tracker aimm not found"),
     "aim without repo or server": (["--trackers", "file_logger", "aim"], "--aim_repo DIR or an Aim server"),
     "invalid metadata JSON": (["--exp_metadata", "{gpu_model: A100}"], "--exp_metadata is not valid JSON"),
     "metadata not an object": (["--exp_metadata", '["A100"]'], "--exp_metadata must be a JSON object"),

@@ -31,6 +31,9 @@ from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.pipe_messages import decode, encode
 
+# Almost every test here starts an Aim writer process or an Aim server.
+pytestmark = pytest.mark.slow
+
 # ---- in-process helpers ----
 
 
@@ -80,14 +83,14 @@ def degraded_warnings(caplog) -> list[str]:
         (AimConfig(aim_url="aim://127.0.0.1:99999"), "port 1-65535"),
         (AimConfig(aim_remote_server_ip="127.0.0.1"), "must be given together"),
         (AimConfig(aim_remote_server_port=53800), "must be given together"),
-        (AimConfig(aim_url="aim://h:1", aim_remote_server_ip="h", aim_remote_server_port=1), "not both"),
+        (AimConfig(aim_url="aim://h:1", aim_remote_server_ip="h", aim_remote_server_port=2), "not both"),
         (AimConfig(aim_repo="r", aim_close_timeout=0), "--aim_close_timeout"),
         (AimConfig(aim_repo="r", aim_system_tracking_interval=0), "--aim_system_tracking_interval"),
     ],
 )
 def test_bad_config_is_a_clear_user_error(config, message, tmp_path):
     with pytest.raises(UserInputError) as caught:
-        AimStackTracker(config, str(tmp_path))
+        AimStackTracker(config)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -101,13 +104,13 @@ def test_bad_config_is_a_clear_user_error(config, message, tmp_path):
     ],
 )
 def test_configured_server_wins_over_repo_path(server, tmp_path):
-    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo"), **server), str(tmp_path))
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo"), **server))
     assert tracker.callback.repo == "aim://127.0.0.1:53800"
     assert not (tmp_path / "repo").exists()
 
 
 def test_constructor_touches_nothing(tmp_path):
-    AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -122,7 +125,7 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
         aim_run_id_export_path=str(export_dir),
         aim_system_tracking_interval=0.5,
     )
-    tracker = AimStackTracker(config, str(output_dir))
+    tracker = AimStackTracker(config)
     # train() reports these before the trainer (and so the run) exists.
     tracker.set_params(METADATA, "experiment_metadata")
     tracker.track(1.25, "model_load_time")
@@ -298,14 +301,14 @@ def test_unadopted_early_writer_exits_with_its_process():
 
 
 def test_run_hash_goes_to_output_dir_by_default(tmp_path):
-    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")))
     drive(tracker.get_hf_callback(), tmp_path / "out", steps=1)
     assert json.loads((tmp_path / "out" / RUN_HASH_FILENAME).read_text()) == {"run_hash": tracker.run_hash}
 
 
 def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")), str(tmp_path / "out"))
+    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")))
     tracker.set_params(METADATA)
     tracker.track(1.0, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -336,7 +339,7 @@ def test_subclass_adds_data_through_the_safe_api(tmp_path):
 def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    tracker = AimStackTracker(AimConfig(aim_repo=str(blocker / "repo"), aim_close_timeout=5), str(tmp_path / "out"))
+    tracker = AimStackTracker(AimConfig(aim_repo=str(blocker / "repo"), aim_close_timeout=5))
     tracker.track(1.0, "model_load_time")
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -373,7 +376,7 @@ def aim_server(tmp_path_factory):
 
 def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
     config = AimConfig(aim_remote_server_ip="127.0.0.1", aim_remote_server_port=aim_server.port, experiment="remote")
-    tracker = AimStackTracker(config, str(tmp_path / "out"))
+    tracker = AimStackTracker(config)
     tracker.set_params(METADATA)
     tracker.track(2.5, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -387,7 +390,7 @@ def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
 
 
 def test_server_that_never_existed(tmp_path, caplog):
-    tracker = AimStackTracker(AimConfig(aim_url=f"aim://127.0.0.1:{free_port()}"), str(tmp_path / "out"))
+    tracker = AimStackTracker(AimConfig(aim_url=f"aim://127.0.0.1:{free_port()}"))
     tracker.set_params(METADATA)
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -407,7 +410,7 @@ DRIVER = textwrap.dedent(
 
     config, output_dir, marker = json.loads(sys.argv[1]), sys.argv[2], sys.argv[5]
     steps, pause_at, crash = int(sys.argv[3]), int(sys.argv[4]), sys.argv[6] == "crash"
-    tracker = AimStackTracker(AimConfig(**config), output_dir)
+    tracker = AimStackTracker(AimConfig(**config))
     callback = tracker.get_hf_callback()
     args, state, control = TrainingArguments(output_dir=output_dir, report_to="none"), TrainerState(), TrainerControl()
     tracker.set_params({"dataset_id": "my-amazing-dataset"})
@@ -600,7 +603,7 @@ def test_missing_aim_names_the_extra_to_install(tmp_path):
         from tuning.trackers.tracker_factory import build_trackers
         from tuning.utils.error_logging import UserInputError
         try:
-            build_trackers(["aim"], TrackerConfigFactory(aim_config=AimConfig(aim_repo={str(tmp_path / "r")!r})), "out")
+            build_trackers(["aim"], TrackerConfigFactory(aim_config=AimConfig(aim_repo={str(tmp_path / "r")!r})))
         except UserInputError as exc:
             print(exc)
         """
@@ -615,5 +618,5 @@ def test_registry_builds_the_aim_tracker(tmp_path):
     from tuning.trackers.tracker_factory import build_trackers
 
     configs = TrackerConfigFactory(aim_config=AimConfig(aim_repo=str(tmp_path / "repo")))
-    (tracker,) = build_trackers(["aim"], configs, str(tmp_path))
-    assert isinstance(tracker, AimStackTracker)
+    file_logger, tracker = build_trackers(["aim"], configs)
+    assert isinstance(tracker, AimStackTracker) and file_logger.name == "file_logger"

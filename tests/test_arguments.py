@@ -2,13 +2,14 @@
 
 import base64
 import json
+import logging
 
 import pytest
 
 from tests.conftest import RESPONSE_TEMPLATE
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import get_parser, parse_arguments
-from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, read_job_config
+from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import UserInputError
 
 
@@ -28,7 +29,7 @@ def test_seed_spellings_map_to_current_fields(monkeypatch):
         monkeypatch,
     )
     assert args.data_args.training_data_path == "d.jsonl"
-    assert isinstance(args.peft_config, LoraConfig)
+    assert isinstance(args.tune_config, LoraConfig)
     assert args.training_args.eval_strategy == "no"
     assert args.training_args.warmup_steps == pytest.approx(0.03)
     assert args.training_args.trackers == ["aim"]
@@ -40,17 +41,31 @@ def test_result_unpacks_and_has_names(monkeypatch):
     args = parse(
         BASE + ["--peft_method", "pt", "--num_virtual_tokens", "4", "--exp_metadata", '{"a": {"b": 1}}'], monkeypatch
     )
-    model_args, data_args, training_args, peft_config, tracker_configs, exp_metadata = args
+    (
+        model_args,
+        data_args,
+        training_args,
+        trainer_controller_args,
+        tune_config,
+        file_logger_config,
+        aim_config,
+        quantized_lora_config,
+        fusedops_kernels_config,
+        exp_metadata,
+    ) = args
     assert model_args is args.model_args and model_args.model_name_or_path == "m"
-    assert isinstance(peft_config, PromptTuningConfig) and peft_config.num_virtual_tokens == 4
-    assert exp_metadata == {"a": {"b": 1}}
+    assert isinstance(tune_config, PromptTuningConfig) and tune_config.num_virtual_tokens == 4
+    assert json.loads(exp_metadata) == {"a": {"b": 1}} == args.experiment_metadata
     assert training_args.trackers == ["file_logger"]
-    assert tracker_configs.file_logger_config.training_logs_filename == "training_logs.jsonl"
+    assert file_logger_config.training_logs_filename == "training_logs.jsonl"
+    assert args.tracker_configs.file_logger_config is file_logger_config
+    assert args.tracker_configs.aim_config is aim_config
+    assert trainer_controller_args is quantized_lora_config is fusedops_kernels_config is None
 
 
 def test_defaults_follow_fms_hf_tuning(monkeypatch):
     args = parse(BASE, monkeypatch)
-    assert args.peft_config is None
+    assert args.tune_config is None
     assert args.model_args.torch_dtype == "bfloat16" and args.model_args.use_flash_attn
     assert args.training_args.max_seq_length == 4096 and not args.training_args.packing
     assert args.training_args.save_strategy == "epoch" and args.training_args.logging_strategy == "epoch"
@@ -71,6 +86,27 @@ def test_bad_flags_name_the_culprit(argv, culprit, monkeypatch):
         parse(BASE + argv, monkeypatch)
 
 
+@pytest.mark.parametrize(
+    ("argv", "named", "left_out"),
+    [
+        (["--peft_method", "lora", "--num_virtual_tokens", "4"], "--num_virtual_tokens", "--r"),
+        (["--peft_method", "pt", "--r", "16", "--lora_alpha", "8"], "--r --lora_alpha", "--num_virtual_tokens"),
+        (["--r", "16"], "--r", "--num_virtual_tokens"),
+    ],
+)
+def test_flags_of_another_peft_method_are_named_in_a_warning(argv, named, left_out, monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="tuning.sft_trainer"):
+        parse(BASE + argv, monkeypatch)
+    (warning,) = [record.getMessage() for record in caplog.records if "ignoring" in record.getMessage()]
+    assert warning.startswith(f"ignoring {named}: ") and left_out not in warning
+
+
+def test_flags_of_the_chosen_peft_method_raise_no_warning(monkeypatch, caplog):
+    with caplog.at_level("WARNING", logger="tuning.sft_trainer"):
+        parse(BASE + ["--peft_method", "pt", "--num_virtual_tokens", "4"], monkeypatch)
+    assert not [record for record in caplog.records if "ignoring" in record.getMessage()]
+
+
 JOB = {
     "model_name_or_path": "m",
     "data_path": "d.jsonl",
@@ -88,30 +124,31 @@ JOB = {
 
 def check_job(args):
     assert args.data_args.training_data_path == "d.jsonl"
-    assert isinstance(args.peft_config, LoraConfig) and args.peft_config.r == 4
+    assert isinstance(args.tune_config, LoraConfig) and args.tune_config.r == 4
     assert args.training_args.trackers == ["aim"]
-    assert args.tracker_configs.aim_config.aim_repo == "/tmp/aim"
-    assert args.exp_metadata == {"gpu_model": "A100-80GB"}
+    assert args.aim_config.aim_repo == "/tmp/aim"
+    assert args.experiment_metadata == {"gpu_model": "A100-80GB"}
+    assert json.loads(args.exp_metadata) == {"gpu_model": "A100-80GB"}  # a string, as fms-hf-tuning hands it on
 
 
 def test_job_config_from_file(tmp_path, monkeypatch):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(JOB))
     monkeypatch.setenv(CONFIG_PATH_ENV, str(path))
-    check_job(parse_arguments(get_parser(), read_job_config()))
+    check_job(parse_arguments(get_parser(), get_json_config()))
 
 
 def test_job_config_from_base64_env(monkeypatch):
     metadata_as_string = dict(JOB, exp_metadata=json.dumps(JOB["exp_metadata"]))
     monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
     monkeypatch.setenv(CONFIG_BASE64_ENV, base64.b64encode(json.dumps(metadata_as_string).encode()).decode())
-    check_job(parse_arguments(get_parser(), read_job_config()))
+    check_job(parse_arguments(get_parser(), get_json_config()))
 
 
 def test_no_job_config_means_argv(monkeypatch):
     monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
     monkeypatch.delenv(CONFIG_BASE64_ENV, raising=False)
-    assert read_job_config() is None
+    assert get_json_config() == {}
 
 
 @pytest.mark.parametrize(
@@ -126,9 +163,12 @@ def test_bad_job_config(setup, culprit, tmp_path, monkeypatch):
     monkeypatch.delenv(CONFIG_PATH_ENV, raising=False)
     setup(tmp_path, monkeypatch)
     with pytest.raises(UserInputError, match=culprit):
-        read_job_config()
+        get_json_config()
 
 
-def test_unknown_job_config_key(monkeypatch):
-    with pytest.raises(UserInputError, match="not_a_flag"):
-        parse_arguments(get_parser(), dict(JOB, not_a_flag=1))
+def test_unknown_job_config_keys_are_ignored_with_one_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="tuning.sft_trainer"):
+        args = parse_arguments(get_parser(), dict(JOB, not_a_flag=1, accelerate_launch_args={"num_processes": 2}))
+    check_job(args)
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert "accelerate_launch_args, not_a_flag" in warning

@@ -1,11 +1,12 @@
 """tuning.benchmarking without training: journal, record → dump, aggregates, rebuild, schema, stop rule, watchdog,
 system metrics. Real files, threads and psutil; the training end to end lives in test_bench_train.py."""
 
+import contextlib
 import json
 import os
-import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,14 @@ from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output
 from tuning.benchmarking.rebuild import main as rebuild_main
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, validate_dump
+from tuning.benchmarking.schema import (
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    json_schema,
+    readme_with_schema,
+    validate_dump,
+)
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
 from tuning.benchmarking.tokens import StepTokenCounter
@@ -115,7 +123,7 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
         ("nan", float("nan"), 1, None),
     ]
     record.record_many(points)
-    record.record_many([("loss", 0.5, 4, None), ("loss", 0.25, 5, None)], at=1.5)  # one time, formatted once
+    record.record_many([("loss", 0.5, 4, None), ("loss", 0.25, 5, None)], at=1.5)  # measured together: one time
     record.finish("ok", training_steps=1)
     lines = path.read_text().splitlines()[1:-1]
     written = [json.loads(line) for line in lines]
@@ -130,27 +138,37 @@ def test_point_lines_are_exactly_the_json_of_their_records(tmp_path):
 
 
 def test_a_stuck_journal_writer_costs_close_its_timeout_not_a_hang(tmp_path, caplog):
-    """A writer that stops draining (here SIGSTOPped, as one stuck on a hung filesystem) while more than a pipe's
-    worth of records waits for it: close() kills it after its timeout, and what reached the file before stays."""
-    journal = Journal(str(tmp_path / "j.jsonl"), flush_interval=0.05)
-    journal.write({"type": "start", "time": 1.0, "schema_version": 1})
-    deadline = time.monotonic() + 30
-    while "start" not in (tmp_path / "j.jsonl").read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(journal._writer.pid, signal.SIGSTOP)
-    journal.write(*[{"type": "note", "time": 2.0, "filler": "x" * 1000} for _ in range(300)])  # ~300 KB
-    start = time.monotonic()
-    journal.close(timeout=1.0)
-    assert time.monotonic() - start < 10
-    assert journal._writer.poll() is not None and "did not finish within 1 s" in caplog.text
-    assert [record["time"] for record in read_journal(str(tmp_path / "j.jsonl"))] == [1.0]
+    """A journal whose writes block (a FIFO nobody reads any more, as a file on a hung filesystem) while more than a
+    pipe's worth of records waits: close() gives up on the writer after its timeout, and what was read before stays."""
+    path = tmp_path / "j.jsonl"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        journal = Journal(str(path), flush_interval=0.05)
+        journal.write({"type": "start", "time": 1.0, "schema_version": 1})
+        received = b""
+        deadline = time.monotonic() + 30
+        while b"\n" not in received and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with contextlib.suppress(BlockingIOError):
+                received += os.read(reader, 65536)
+        journal.write(*[{"type": "note", "time": 2.0, "filler": "x" * 1000} for _ in range(300)])  # ~300 KB
+        start = time.monotonic()
+        journal.close(timeout=1.0)
+        assert time.monotonic() - start < 10
+        assert journal._writer.is_alive() and "did not finish within 1 s" in caplog.text
+        assert [json.loads(line)["time"] for line in received.decode().splitlines()] == [1.0]
+    finally:
+        os.close(reader)  # the abandoned writer's blocked write fails now, and its thread ends
+    journal._writer.join(10)
+    assert not journal._writer.is_alive()
 
 
 def test_rebuild_command(tmp_path, capsys):
     path = tmp_path / "run.journal.jsonl"
-    record = simulated_run(path)  # never finished: as after SIGKILL, once the writer thread flushed
+    simulated_run(path)  # never finished: as after SIGKILL, once the writer thread flushed
     deadline = time.monotonic() + 10
-    while len(path.read_text().splitlines()) < len(record.records):
+    while len(path.read_text().splitlines()) < 1 + 2 + 6 * 5 + 1:  # start, notes and track, points, warmup note
         assert time.monotonic() < deadline, "the journal was not flushed within 10 s"
         time.sleep(0.05)
     assert rebuild_main([str(path)]) == 0
@@ -171,11 +189,17 @@ def test_file_names():
 
 def test_validate_dump_reports_every_problem(tmp_path):
     dump = simulated_run(tmp_path / "j.jsonl").finish("ok", training_steps=6)
-    assert validate_dump({**dump, "status": "error"}) == ["$.error: must be set exactly when status is 'error'"]
+    expected = ["$: error must be set exactly when status is 'error' or 'interrupted'"]
+    assert validate_dump({**dump, "status": "error"}) == expected
+    assert validate_dump({**dump, "status": "interrupted"}) == expected
     problems = validate_dump({**dump, "training_steps": "6", "rank": True, "summary": {}})
-    assert "$.training_steps: expected integer, got str" in problems
-    assert "$.rank: expected integer, got bool" in problems
+    assert "$.training_steps: Input should be a valid integer, got str" in problems
+    assert "$.rank: Input should be a valid integer, got bool" in problems
     assert "$.summary: missing key 'tokens_per_second'" in problems
+    short = {**dump["metrics"][0], "steps": dump["metrics"][0]["steps"][:-1]}
+    assert validate_dump({**dump, "metrics": [short]}) == [
+        "$.metrics[0]: steps, values and timestamps differ in length"
+    ]
     del dump["metrics"]
     assert validate_dump(dump) == ["$: missing key 'metrics'"]
 
@@ -275,7 +299,7 @@ def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_pa
     for step in (1, 2, 3):
         state.global_step = step
         logs = {"loss": 1.0 / step, "total_flos": 9.0}
-        callback.on_log(args, state, control, logs=logs)
+        callback.log_recorder.on_log(args, state, control, logs=logs)
         logs.pop("total_flos")  # as transformers' PrinterCallback does, after this callback noted the log
         callback.on_step_end(args, state, control)
         step_ends[step] = callback._last_step_end
@@ -291,3 +315,10 @@ def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_pa
     assert [(name, step) for name, _, step, _ in mirrored] == [(STEP_TIME, 1), (STEP_TIME, 2), (STEP_TIME, 3)]
     points = [record for record in read_journal(str(tmp_path / "j.jsonl")) if record["type"] == "point"]
     assert [point["time"] for point in points] == sorted(point["time"] for point in points)
+
+
+def test_the_readme_shows_the_generated_json_schema():
+    """The README's schema block is what ``python -m tuning.benchmarking.schema --readme README.md`` writes."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert readme_with_schema(readme) == readme, "run: python -m tuning.benchmarking.schema --readme README.md"
+    assert json_schema()["required"][:3] == ["schema_version", "status", "stop_reason"]

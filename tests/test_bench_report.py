@@ -124,6 +124,7 @@ def read_csv(path: Path) -> dict[str, dict[str, str]]:
         return {row["run"]: row for row in csv.DictReader(handle)}
 
 
+@pytest.mark.slow
 def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
     out = tmp_path / "report"
     result = report(
@@ -158,6 +159,7 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
     """Rank 0 reports the interruption (or lost peer) that rank 1's OOM caused; the report blames rank 1."""
     files = sorted(runs_dir.glob("ranks-b2.json*"))
@@ -170,6 +172,7 @@ def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
         assert others and others[0] in ("communication", "interrupted")
 
 
+@pytest.mark.slow
 def test_a_rebuilt_dump_stands_for_the_killed_run_it_came_from(runs_dir, tmp_path):
     journal = tmp_path / "killed-b8.journal.jsonl"
     shutil.copy(runs_dir / journal.name, journal)
@@ -185,6 +188,7 @@ def test_a_rebuilt_dump_stands_for_the_killed_run_it_came_from(runs_dir, tmp_pat
         journal.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_malformed_and_old_inputs_are_skipped_with_a_reason(runs_dir, tmp_path):
     good = runs_dir / "ok-a2.json"
     dump = json.loads(good.read_text())

@@ -3,6 +3,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 (tests/helpers/bench_callbacks.py); nothing is mocked."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,42 @@ def steps_in_journal(path: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, lines) if r["type"] == "point" and r["name"] == STEP_TIME]
 
 
+def rebuild(journal: Path) -> dict:
+    """``python -m tuning.benchmarking.rebuild`` as users run it; the dump it wrote beside the journal."""
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "tuning.benchmarking.rebuild", str(journal)],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    return read_dump(journal.with_name(journal.name.replace(".journal.jsonl", ".rebuilt.json")))
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """``mount(size)``: a real tmpfs of that size (``4m``), unmounted afterwards; skips where mounting is not
+    allowed (needs root or CAP_SYS_ADMIN)."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip() or result.returncode}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
 def wait_for_steps(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while len(steps_in_journal(path)) < count:
@@ -83,6 +120,7 @@ def wait_for_steps(path: Path, count: int, process: subprocess.Popen, timeout: f
 # ---- runs that end well ----
 
 
+@pytest.mark.slow
 def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     metadata_file = tmp_path / "meta.yaml"
     metadata_file.write_text("model: tiny-llama\nbatch_size: 4\nhardware:\n  accelerator: cpu\n  cores: 2\n")
@@ -97,6 +135,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
         exp_metadata='{"dataset_id": "samples", "batch_size": 1}',
         metadata_path=metadata_file,
         metadata='{"benchmark_id": "b-7", "nightly": true}',
+        callbacks=f"{HELPERS}:AddsMetric",
     )
     returncode, _, stderr = run_bench(args)
     assert returncode == 0, stderr[-3000:]
@@ -116,6 +155,9 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     aggregates = {(a["name"], json.dumps(a["context"])): a for a in dump["aggregates"]}
     assert aggregates[(STEP_TIME, "{}")]["count"] == 3  # warmup step 1 left out
     assert dump["summary"]["tokens_per_second"] > 0 and dump["summary"]["measured_steps"] == 3
+    # A --callbacks extension's own number, added to the trainer's logs, reaches the dump and Aim like ours.
+    assert series(dump, "my_metric")["steps"] == [1, 2, 3, 4]
+    assert series(dump, "my_metric")["values"] == [1.5, 3.0, 4.5, 6.0]
 
     query = 'run.experiment_metadata.hardware.accelerator == "cpu" and run.experiment_metadata.benchmark_id == "b-7"'
     runs = read_runs(aim_repo, query)
@@ -125,6 +167,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert run["params"]["experiment_metadata"] == dump["metadata"]
     assert sorted(run["metrics"][(STEP_TIME, "{}")]) == [1, 2, 3, 4]
     assert sorted(run["metrics"][(TOKENS_PER_SECOND, "{}")]) == [1, 2, 3, 4]
+    assert run["metrics"][("my_metric", "{}")] == {1: 1.5, 2: 3.0, 3: 4.5, 4: 6.0}
     assert (STEP_SAMPLES, "{}") not in run["metrics"]  # in the dump only: Aim gets the series worth its time
     assert ("cpu_percent", "{}") in run["metrics"] and ("model_load_time", '{"subset": "additional_metrics"}') in run[
         "metrics"
@@ -135,6 +178,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert build_dump(records, rebuilt_from_journal=True) == {**dump, "rebuilt_from_journal": True}
 
 
+@pytest.mark.slow
 def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
     args = bench_args(
         tiny_model,
@@ -164,6 +208,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
 
 
+@pytest.mark.slow
 def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model, tmp_path):
     """A rank stopping alone would leave the other waiting in DDP's all-reduce; rc 0 proves they agreed."""
     args = bench_args(
@@ -190,6 +235,7 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
 # ---- runs that end badly ----
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path):
     journal = tmp_path / "bench.journal.jsonl"
     process = start_bench(bench_args(tiny_model, tmp_path, max_steps=200, callbacks=f"{HELPERS}:SlowSteps"))
@@ -217,6 +263,117 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path
     assert losses == list(range(1, len(losses) + 1)) and len(losses) >= len(logged) - 1
 
 
+@pytest.mark.slow
+def test_sigkilled_aim_run_rebuilds_with_its_run_hash(tiny_model, tmp_path):
+    """The run hash is journaled when the Aim run opens, not at the end: a killed run's dump still links its run."""
+    journal = tmp_path / "bench.journal.jsonl"
+    args = bench_args(
+        tiny_model, tmp_path, max_steps=1000, tracker="aim", aim_repo=tmp_path / "aim", callbacks=f"{HELPERS}:SlowSteps"
+    )
+    process = start_bench(args)
+    wait_for_steps(journal, 2, process)
+    while not (tmp_path / "aimstack_tracker.json").exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.2)
+    wait_for_steps(journal, len(steps_in_journal(journal)) + 1, process)  # a journal flush after the hash came
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+
+    dump = rebuild(journal)
+    assert dump["rebuilt_from_journal"] and dump["status"] == "error"
+    run_hash = json.loads((tmp_path / "aimstack_tracker.json").read_text())["run_hash"]
+    assert run_hash and dump["run_hash"] == run_hash
+
+
+@pytest.mark.slow
+def test_second_run_on_the_same_metrics_path_is_refused(tiny_model, tmp_path):
+    """Two real runs, one --metrics_path: the second is refused before it touches anything; the first's journal and
+    dump stay its own."""
+    metrics_path = tmp_path / "shared" / "bench.json"
+    journal = metrics_path.with_name("bench.journal.jsonl")
+    args = bench_args(
+        tiny_model, tmp_path / "out", metrics_path=metrics_path, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps"
+    )
+    first = start_bench(args)
+    try:
+        wait_for_steps(journal, 2, first)
+        returncode, _, stderr = run_bench(args)
+        assert first.poll() is None, "the first run should still be training"
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, first_stderr = first.communicate(timeout=120)
+    assert returncode == 1, stderr[-3000:]
+    marker = [line for line in stderr.splitlines() if line.startswith("TUNING_ERROR")]
+    assert len(marker) == 1 and "category=user_error" in marker[0]
+    assert f"--metrics_path {metrics_path} is in use by another run (pid {first.pid} on host" in marker[0]
+    assert "Traceback" not in stderr
+
+    assert first.returncode == 143, first_stderr[-3000:]
+    dump = read_dump(metrics_path)
+    assert dump["error"]["category"] == "interrupted" and dump["error"]["pid"] == first.pid
+    steps = series(dump, STEP_TIME)["steps"]
+    assert steps == list(range(1, dump["training_steps"] + 1)) and len(steps) >= 2
+    records = read_journal(str(journal))
+    assert [record["type"] for record in records].count("start") == 1
+    assert build_dump(records) == dump  # the journal is the first run's alone
+
+    # Once the first run is over, the path is free again.
+    returncode, _, stderr = run_bench(bench_args(tiny_model, tmp_path / "out", metrics_path=metrics_path, max_steps=1))
+    assert returncode == 0, stderr[-3000:]
+    assert read_dump(metrics_path)["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, tmp_path, small_filesystem):
+    """A real filesystem that fills up while training: the journal says so on a line of its own, the dump goes whole
+    to the output directory, named on stderr and in the termination log, and the run exits ``storage``."""
+    full = small_filesystem("24m")
+    termination_log = tmp_path / "termination-log"
+    args = bench_args(
+        tiny_model,
+        tmp_path / "out",
+        metrics_path=full / "bench.json",
+        max_steps=10,
+        callbacks=f"{HELPERS}:FillsDiskAfterStep2",
+    )
+    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+
+    assert returncode == 209, stderr[-3000:]
+    fallback = tmp_path / "out" / "bench.json"
+    dump = read_dump(fallback)
+    assert dump["status"] == "ok" and series(dump, STEP_TIME)["steps"] == list(range(1, 11))  # the last steps too
+    lines = stderr.split("\n")  # a progress bar's line ends with \r, not a line break
+    assert any(line.startswith("journal ") and "No space left on device" in line for line in lines), stderr[-3000:]
+    assert f"wrote it to {fallback} instead" in stderr
+    assert "TUNING_ERROR category=storage rank=0 step=10 exit_code=209" in stderr
+    (line,) = termination_log.read_text().splitlines()
+    assert line.startswith("storage: StorageError: cannot write the dump to --metrics_path") and str(fallback) in line
+
+
+@pytest.mark.slow
+def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tiny_model, tmp_path, small_filesystem):
+    full = small_filesystem("24m")
+    termination_log = tmp_path / "termination-log"
+    args = bench_args(
+        tiny_model,
+        tmp_path / "out",
+        metrics_path=full / "bench.json",
+        max_steps=10,
+        callbacks=f"{HELPERS}:FillsDiskAfterStep2,{HELPERS}:OutOfMemoryOnLastRank",
+    )
+    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+
+    assert returncode == 204, stderr[-3000:]  # the run's own failure decides
+    fallback = tmp_path / "out" / "bench.json"
+    dump = read_dump(fallback)
+    assert dump["status"] == "error" and dump["error"]["category"] == "gpu_oom" and dump["training_steps"] == 2
+    assert f"wrote it to {fallback} instead" in stderr
+    failure, storage = termination_log.read_text().splitlines()
+    assert failure.startswith("gpu_oom: OutOfMemoryError")
+    assert storage.startswith("storage: cannot write the dump to --metrics_path") and str(fallback) in storage
+
+
+@pytest.mark.slow
 def test_aim_server_killed_mid_run(tiny_model, tmp_path):
     server = AimServer(tmp_path / "aim")
     try:
@@ -245,6 +402,7 @@ def test_aim_server_killed_mid_run(tiny_model, tmp_path):
     assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
 
 
+@pytest.mark.slow
 def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
     returncode, _, stderr = run_bench(args, torchrun=True, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
@@ -255,12 +413,13 @@ def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
     assert report["category"] == "gpu_oom" and report["rank"] == 1 and report["global_step"] == 2
     assert "injected by the test" in report["message"] and report["world_size"] == 2
     dump = read_dump(tmp_path / "bench.json")  # rank 0 saw its peer vanish: its own, truthful report
-    assert dump["status"] == "error" and dump["error"]["rank"] == 0
-    assert dump["error"]["category"] in ("communication", "interrupted")
+    assert dump["error"]["rank"] == 0 and dump["error"]["category"] in ("communication", "interrupted")
+    assert dump["status"] == ("interrupted" if dump["error"]["category"] == "interrupted" else "error")
     assert not (tmp_path / "bench.json.rank0.error.json").exists()
     assert "gpu_oom: rank 1: OutOfMemoryError" in (tmp_path / "termination-log").read_text()
 
 
+@pytest.mark.slow
 def test_stall_is_reported_as_hang(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", stall_timeout=2)
     args += ["--callbacks", f"{HELPERS}:StallAtStep2"]
@@ -305,6 +464,14 @@ def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, caps
         assert dump["training_steps"] == 0 and not dump["metrics"]
 
 
+def test_almost_full_filesystem_is_refused_before_training(bench_train, tiny_model, tmp_path, capsys, small_filesystem):
+    full = small_filesystem("4m")
+    assert bench_train.main(cli_args(tiny_model, str(tmp_path), metrics_path=full / "bench.json")) == 209
+    marker = [line for line in capsys.readouterr().err.splitlines() if line.startswith("TUNING_ERROR")]
+    assert len(marker) == 1 and "category=storage" in marker[0] and f"--metrics_path {full / 'bench.json'}" in marker[0]
+    assert "MiB free" in marker[0] and not (full / "bench.journal.jsonl").exists()
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -323,11 +490,11 @@ def test_trainer_flags_reach_the_trainer_parser_as_typed(bench_train):
     wrapper, trainer = bench_train.split_argv(trainer_tokens[:4] + wrapper_tokens + trainer_tokens[4:])
     assert wrapper == wrapper_tokens and trainer == trainer_tokens
     assert bench_train.split_argv(["--auto_stop", "False", "--r", "4"]) == (["--auto_stop", "False"], ["--r", "4"])
-    trainer_flags = {option for action in get_parser()._actions for option in action.option_strings}
+    trainer_flags = set(re.findall(r"--\w+", get_parser().format_help()))
     assert not {f"--{name}" for name in bench_train._FLAG_NAMES} & trainer_flags
 
     flags, args = bench_train.parse_command_line(["--output_dir", "out", *trainer_tokens, *wrapper_tokens])
-    assert args.tracker_configs.aim_config.experiment == "123" and args.exp_metadata == {"a": 1}
-    assert args.training_args.max_steps == 3 and args.peft_config.r == 8
+    assert args.aim_config.experiment == "123" and args.experiment_metadata == {"a": 1}
+    assert args.training_args.max_steps == 3 and args.tune_config.r == 8
     assert flags.metadata == '{"b": true}' and flags.auto_stop is True and flags.stall_timeout == 9.0
     assert flags.metrics_path == "m.json" and flags.system_metrics_interval == 5.0

@@ -2,6 +2,7 @@
 
 import argparse
 import datetime
+import errno
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tuning.utils import error_logging as er
 from tuning.utils.error_logging import (
     ErrorCategory,
+    StorageError,
     TrainingInterrupted,
     TrainingStalled,
     UserInputError,
@@ -135,7 +137,7 @@ def test_transformers_model_path_messages_on_plain_oserrors():
         "/models/x does not appear to have a file named config.json.",
     ):
         assert classify(OSError(text)) is ErrorCategory.USER_ERROR
-    assert classify(OSError(28, "No space left on device")) is ErrorCategory.INTERNAL
+    assert classify(OSError(28, "No space left on device")) is ErrorCategory.STORAGE  # not the user's fault
 
 
 def test_argparse_exit_is_a_user_error_with_argparse_message():
@@ -172,6 +174,7 @@ def test_real_host_oom_in_process_allocator():
     assert classify(OSError(12, "Cannot allocate memory")) is ErrorCategory.HOST_OOM
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allocation", ["bytearray(1 << 31)", "torch.empty(1 << 31, dtype=torch.uint8)"])
 def test_real_memory_error_under_address_space_limit(allocation):
     """A child limits its own address space (RLIMIT_AS) once imported, then allocates 2 GiB for real."""
@@ -251,6 +254,18 @@ def test_interrupted_and_hang():
     assert build_error_report(TrainingInterrupted(signal.SIGTERM))["exit_code"] == 143
     assert build_error_report(SignalException("got signal", sigval=signal.SIGHUP))["exit_code"] == 129
     assert classify(TrainingStalled("no optimizer step for 600 s")) is ErrorCategory.HANG
+
+
+def test_no_room_to_store_is_storage(tmp_path):
+    """A full device is the storage's fault, whatever raised it; a path the user got wrong stays a user error."""
+    with open("/dev/full", "wb", buffering=0) as full:  # a real ENOSPC from the kernel
+        no_space = raised(full.write, b"x")
+    assert isinstance(no_space, OSError) and no_space.errno == errno.ENOSPC
+    assert classify(no_space) is ErrorCategory.STORAGE
+    assert build_error_report(no_space)["exit_code"] == 209
+    assert classify(StorageError("cannot write the dump")) is ErrorCategory.STORAGE
+    assert classify(RuntimeError("[enforce fail] write: No space left on device")) is ErrorCategory.STORAGE
+    assert classify(raised(open, tmp_path / "missing" / "x", "w")) is ErrorCategory.USER_ERROR
 
 
 def test_anything_else_is_internal():
@@ -338,6 +353,7 @@ def test_default_exit_codes_are_distinct_and_in_range():
     assert codes[ErrorCategory.INTERNAL] == 203
     assert codes[ErrorCategory.GPU_OOM] == 204
     assert codes[ErrorCategory.INTERRUPTED] == 143
+    assert codes[ErrorCategory.STORAGE] == 209
     assert len(set(codes.values())) == len(codes)
     assert all(128 <= code <= 254 for category, code in codes.items() if category is not ErrorCategory.USER_ERROR)
     assert exit_code_for("interrupted", signal.SIGINT) == 130
@@ -537,6 +553,7 @@ sys.exit(run_with_error_reporting(main, on_error=write_report))
         ("ctrl-c", 130, "interrupted: KeyboardInterrupt"),
     ],
 )
+@pytest.mark.slow
 def test_run_with_error_reporting_in_a_real_process(tmp_path, kind, code, log_line):
     log = tmp_path / "termination-log"
     report_path = tmp_path / "report.json"
@@ -560,6 +577,7 @@ def test_run_with_error_reporting_in_a_real_process(tmp_path, kind, code, log_li
     assert set(report) == REPORT_KEYS and report["exit_code"] == code and report["pid"] != os.getpid()
 
 
+@pytest.mark.slow
 def test_exit_code_override_reaches_the_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", ENTRY_SCRIPT, "oom"],
@@ -573,6 +591,7 @@ def test_exit_code_override_reaches_the_process(tmp_path):
     assert "exit_code=250" in result.stderr
 
 
+@pytest.mark.slow
 def test_module_imports_without_torch_or_transformers():
     probe = "import sys, tuning.utils.error_logging; print('torch' in sys.modules, 'transformers' in sys.modules)"
     result = subprocess.run(
@@ -694,6 +713,7 @@ def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -701,6 +721,7 @@ def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
     assert ours == ["survived 2", "restored True"]
 
 
+@pytest.mark.slow
 def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
     result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
     assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]

@@ -4,6 +4,7 @@ inside training steps, real signals, and a real rank death under torchrun."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,50 @@ def test_bad_input_is_a_user_error_with_one_line_termination_log(name, tiny_mode
     assert "Loading weights" not in stderr  # rejected before the model was loaded
 
 
+def damaged_model(model: str, tmp: Path, file_name: str) -> str:
+    """A copy of ``model`` whose ``file_name`` is cut to half its size, as an interrupted copy leaves it."""
+    copy = tmp / "damaged-model"
+    shutil.copytree(model, copy)
+    data = (copy / file_name).read_bytes()
+    (copy / file_name).write_bytes(data[: len(data) // 2])
+    return str(copy)
+
+
+EARLY_CHECKS = {
+    "output_dir under a file": (lambda model, tmp: {"output_dir": f"{tmp}/file/out"}, "--output_dir {tmp}/file/out"),
+    "batch size 0": (lambda model, tmp: {"per_device_train_batch_size": "0"}, "--per_device_train_batch_size"),
+    "max_steps -5": (lambda model, tmp: {"max_steps": "-5"}, "--max_steps"),
+    "corrupt config.json": (
+        lambda model, tmp: {"model_name_or_path": damaged_model(model, tmp, "config.json")},
+        "{tmp}/damaged-model/config.json is not valid JSON",
+    ),
+    "truncated safetensors": (
+        lambda model, tmp: {"model_name_or_path": damaged_model(model, tmp, "model.safetensors")},
+        "{tmp}/damaged-model/model.safetensors is not a complete safetensors file",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EARLY_CHECKS))
+def test_bad_input_is_named_before_the_model_loads(name, tiny_model, tmp_path, monkeypatch, capfd):
+    """Each a user error (one line naming the flag or file, no traceback) before anything loads."""
+    from tuning.sft_trainer import main
+
+    (tmp_path / "file").write_text("")
+    make_flags, culprit = EARLY_CHECKS[name]
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(log))
+    args = cli_args(tiny_model, **{"output_dir": str(tmp_path / "out"), **make_flags(tiny_model, tmp_path)})
+    monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *args])
+    exit_code = main()
+    stderr = capfd.readouterr().err
+    assert exit_code == 1, stderr[-3000:]
+    (line,) = termination_lines(log)
+    assert line.startswith("user_error: UserInputError: ") and culprit.format(tmp=tmp_path) in line
+    assert "Traceback" not in stderr and "Loading weights" not in stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["missing data file", "misspelled flag"])
 def test_bad_input_through_the_script(name, tiny_model, tmp_path):
     log = tmp_path / "termination-log"
@@ -95,6 +140,7 @@ def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) 
     )
 
 
+@pytest.mark.slow
 def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     result = run_fault_injection("gpu_oom", cli_args(tiny_model, str(tmp_path / "out"), max_steps=10), tmp_path, 3)
     assert result.returncode == 204, result.stderr[-3000:]
@@ -107,6 +153,7 @@ def test_gpu_oom_raised_inside_a_training_step(tiny_model, tmp_path):
     assert markers(result.stderr) == [("gpu_oom", "0", "3", "204")]
 
 
+@pytest.mark.slow
 def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
     """One step of 32 x 512 tokens needs hundreds of MB; after step 1 the address space is capped just above use."""
     filler = " ".join(f"word{i % 50} and more text" for i in range(400))
@@ -146,6 +193,7 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
         raise
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
     log = tmp_path / "termination-log"
     process = subprocess.Popen(
@@ -197,6 +245,7 @@ def start_torchrun(tiny_model: str, tmp_path: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
@@ -214,6 +263,7 @@ def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp
     assert line.startswith(f"{category}: rank 0: ")
 
 
+@pytest.mark.slow
 def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
     wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)

@@ -149,6 +149,7 @@ def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sam
     assert "model_load_time" not in tracker.tracked
 
 
+@pytest.mark.slow
 def test_cli_script_writes_training_logs(tiny_model, tmp_path):
     result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora"))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -160,6 +161,7 @@ def test_cli_script_writes_training_logs(tiny_model, tmp_path):
     assert (tmp_path / "adapter_model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_module_entry_point_shows_help():
     result = subprocess.run(
         [sys.executable, "-m", "tuning.sft_trainer", "--help"],
@@ -185,6 +187,7 @@ SEED_COMMAND = (
 )
 
 
+@pytest.mark.slow
 def test_seed_torchrun_command_with_two_ranks(tiny_model, sample_train, tmp_path):
     """The design notes' command, with the file logger (the Aim variant lives with the Aim tests)."""
     command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=tmp_path)

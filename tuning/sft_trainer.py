@@ -1,12 +1,15 @@
-"""Supervised fine-tuning of causal LMs: the fms-hf-tuning ``sft_trainer`` CLI, on transformers + TRL + PEFT.
+"""Supervised fine-tuning of causal LMs: the fms-hf-tuning ``sft_trainer`` CLI and Python API, on transformers +
+TRL + PEFT.
 
-Arguments → ``train()`` → ``main()``: ``train()`` takes parsed dataclasses plus the callbacks and trackers it is
-given and never creates a tracker itself; ``main()`` parses argv (or a JSON job config), builds the requested
-trackers and hands them in. Wrappers call ``train()`` directly with their own callbacks.
+Arguments → ``train()`` → ``main()``, with fms-hf-tuning's names and shapes: ``get_parser()``,
+``parse_arguments(parser, json_config)`` (its ten values), ``get_json_config()`` and ``train()``, which builds the
+requested trackers (the file logger always among them) from ``train_args.trackers`` and ``tracker_configs``.
+``main()`` parses argv (or a JSON job config), builds the trackers itself and hands them in with ``trackers=``, as
+wrappers that bring their own trackers do.
 """
 
 import dataclasses
-import gc
+import glob
 import json
 import logging
 import os
@@ -21,6 +24,13 @@ if __package__ in (None, ""):
     sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+if __name__ == "__main__":
+    # Before the heavy imports below: a SIGTERM (preemption) or Ctrl-C while they load still ends the job as
+    # `interrupted`, with its termination-log line. The `sft_trainer` console script does this in tuning.launch.
+    from tuning.utils.error_logging import install_early_signal_handlers
+
+    install_early_signal_handlers()
+
 import transformers
 from transformers import HfArgumentParser
 
@@ -30,8 +40,9 @@ from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, T
 from tuning.data.formatting import format_texts
 from tuning.data.loading import load_records
 from tuning.data.masking import tokenize_and_mask
-from tuning.trackers import Tracker, build_trackers
-from tuning.utils.config_utils import read_job_config
+from tuning.trackers.tracker import Tracker
+from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes
+from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
     GracefulStopCallback,
     TrainingInterrupted,
@@ -41,18 +52,55 @@ from tuning.utils.error_logging import (
 
 logger = logging.getLogger("tuning.sft_trainer")
 
-TORCH_DTYPES = ("bfloat16", "float16", "float32")
 # Names from earlier fms-hf-tuning releases and transformers 4, accepted in JSON job configs as on the CLI.
 KEY_ALIASES = {"data_path": "training_data_path", "evaluation_strategy": "eval_strategy", "tracker": "trackers"}
+# What train() uses when not told otherwise: the file logger with its defaults (fms-hf-tuning's default too).
+DEFAULT_TRACKER_CONFIGS = TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig())
+# fms-hf-tuning features this package does not have; train() rejects them by these argument names.
+UNSUPPORTED_FEATURES = {
+    "trainer_controller_args": "the trainer controller",
+    "quantized_lora_config": "fms-acceleration's quantized LoRA",
+    "fusedops_kernels_config": "fms-acceleration's fused ops and kernels",
+}
 
 
-class ParsedArguments(NamedTuple):
+class _UpstreamValues(NamedTuple):
     model_args: ModelArguments
     data_args: DataArguments
     training_args: TrainingArguments
-    peft_config: LoraConfig | PromptTuningConfig | None
-    tracker_configs: TrackerConfigFactory
-    exp_metadata: dict | None
+    trainer_controller_args: None
+    tune_config: LoraConfig | PromptTuningConfig | None
+    file_logger_config: FileLoggingTrackerConfig
+    aim_config: AimConfig
+    quantized_lora_config: None
+    fusedops_kernels_config: None
+    exp_metadata: str | None
+
+
+class ParsedArguments(_UpstreamValues):
+    """fms-hf-tuning's ten values of ``parse_arguments``, in its order, by position or by name; ``None`` at the
+    positions of the features this package does not have. ``exp_metadata`` is the JSON string as given.
+
+    Besides the ten: ``tracker_configs``, the configs of every registered tracker (those beyond the file logger
+    and Aim included), and ``experiment_metadata``, ``exp_metadata`` as a dict.
+    """
+
+    def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
+        parsed = super().__new__(cls, *values)
+        if tracker_configs is not None:
+            parsed.__dict__["_tracker_configs"] = tracker_configs
+        return parsed
+
+    @property
+    def tracker_configs(self) -> TrackerConfigFactory:
+        # Copies made by _replace/_make carry no configs beyond the tuple's: then the two it holds.
+        return self.__dict__.get("_tracker_configs") or TrackerConfigFactory(
+            file_logger_config=self.file_logger_config, aim_config=self.aim_config
+        )
+
+    @property
+    def experiment_metadata(self) -> dict | None:
+        return None if self.exp_metadata is None else json.loads(self.exp_metadata)
 
 
 class _ArgumentParser(HfArgumentParser):
@@ -62,34 +110,31 @@ class _ArgumentParser(HfArgumentParser):
         raise UserInputError(message)
 
 
+_PARSER_DATACLASSES = (ModelArguments, DataArguments, TrainingArguments, LoraConfig, PromptTuningConfig)
+
+
 def get_parser() -> HfArgumentParser:
-    parser = _ArgumentParser(
-        (
-            ModelArguments,
-            DataArguments,
-            TrainingArguments,
-            LoraConfig,
-            PromptTuningConfig,
-            FileLoggingTrackerConfig,
-            AimConfig,
-        )
-    )
+    """The CLI parser: the argument dataclasses, every registered tracker's config and the plain flags."""
+    parser = _ArgumentParser((*_PARSER_DATACLASSES, *tracker_config_classes().values()))
     parser.add_argument("--peft_method", choices=PEFT_METHODS, default=None, help="lora, pt or none (default).")
     parser.add_argument("--use_peft", action="store_true", help="Same as --peft_method lora (the oldest spelling).")
     parser.add_argument("--exp_metadata", default=None, help="JSON object recorded as the run's searchable params.")
     return parser
 
 
-def _parse_exp_metadata(value: Any) -> dict | None:
-    if value is None or isinstance(value, dict):
-        return value
+def _exp_metadata_json(value: Any) -> str | None:
+    """``exp_metadata`` as fms-hf-tuning hands it on, a JSON string (a job config may hold an object), checked to
+    be a JSON object."""
+    if value is None:
+        return None
     try:
-        metadata = json.loads(value)
-    except (TypeError, json.JSONDecodeError) as exc:
+        text = value if isinstance(value, str) else json.dumps(value)
+        metadata = json.loads(text)
+    except (TypeError, ValueError) as exc:
         raise UserInputError(f"--exp_metadata is not valid JSON: {exc}") from exc
     if not isinstance(metadata, dict):
         raise UserInputError(f"--exp_metadata must be a JSON object, got {type(metadata).__name__}")
-    return metadata
+    return text
 
 
 def _unescape_newlines(value: str | None) -> str | None:
@@ -97,30 +142,48 @@ def _unescape_newlines(value: str | None) -> str | None:
     return value.replace("\\n", "\n") if value else value
 
 
+def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, Any, bool, Any]:
+    """The dataclasses, peft_method, use_peft and exp_metadata of a JSON job config; keys that are no flag (a
+    launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
+    config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
+    peft_method = config.pop("peft_method", None)
+    use_peft = config.pop("use_peft", False)
+    exp_metadata = config.pop("exp_metadata", None)
+    if isinstance(config.get("trackers"), str):
+        config["trackers"] = [config["trackers"]]
+    known = {spec.name for dtype in parser.dataclass_types for spec in dataclasses.fields(dtype) if spec.init}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        logger.warning("ignoring job config keys that are no sft_trainer flag: %s", ", ".join(unknown))
+    try:
+        dataclass_args = parser.parse_dict(config, allow_extra_keys=True)
+    except (ValueError, TypeError) as exc:
+        raise UserInputError(f"invalid job config: {exc}") from exc
+    return list(dataclass_args), peft_method, use_peft, exp_metadata
+
+
 def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -> ParsedArguments:
-    """Parse argv, or ``json_config`` (same keys as the flags) when given."""
-    if json_config is not None:
-        config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
-        peft_method = config.pop("peft_method", None)
-        use_peft = config.pop("use_peft", False)
-        exp_metadata = config.pop("exp_metadata", None)
-        if isinstance(config.get("trackers"), str):
-            config["trackers"] = [config["trackers"]]
-        try:
-            dataclass_args = parser.parse_dict(config)
-        except (ValueError, TypeError) as exc:
-            raise UserInputError(f"invalid job config: {exc}") from exc
+    """Parse ``json_config`` (same keys as the flags) when given and not empty, else argv."""
+    if json_config:
+        dataclass_args, peft_method, use_peft, exp_metadata = _parse_job_config(parser, json_config)
     else:
         *dataclass_args, extras, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
         if remaining:
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
         peft_method, use_peft, exp_metadata = extras.peft_method, extras.use_peft, extras.exp_metadata
-    model_args, data_args, training_args, lora_config, prompt_config, file_logger_config, aim_config = dataclass_args
+    model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
+    tracker_configs = TrackerConfigFactory(
+        **{
+            f"{name}_config": config
+            for name, config in zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True)
+        }
+    )
 
     peft_method = peft_method or ("lora" if use_peft else "none")
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
-    peft_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
+    tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
+    _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
     data_args.response_template = _unescape_newlines(data_args.response_template)
     data_args.data_formatter_template = _unescape_newlines(data_args.data_formatter_template)
@@ -128,15 +191,74 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         model_args,
         data_args,
         training_args,
-        peft_config,
-        TrackerConfigFactory(file_logger_config=file_logger_config, aim_config=aim_config),
-        _parse_exp_metadata(exp_metadata),
+        None,
+        tune_config,
+        tracker_configs.file_logger_config,
+        tracker_configs.aim_config,
+        None,
+        None,
+        _exp_metadata_json(exp_metadata),
+        tracker_configs=tracker_configs,
     )
+
+
+def _warn_unused_peft_flags(peft_method: str, *configs: LoraConfig | PromptTuningConfig) -> None:
+    """Name the PEFT flags set away from their defaults that the chosen method ignores (LoRA flags without
+    ``--peft_method lora``, prompt-tuning flags without ``pt``): training goes on, without them."""
+    method_of = {LoraConfig: "lora", PromptTuningConfig: "pt"}
+    for config in configs:
+        if method_of[type(config)] == peft_method:
+            continue
+        defaults = type(config)()
+        ignored = [
+            f"--{spec.name}"
+            for spec in dataclasses.fields(config)
+            if getattr(config, spec.name) != getattr(defaults, spec.name)
+        ]
+        if ignored:
+            logger.warning(
+                "ignoring %s: %s only applies with --peft_method %s, and this run has --peft_method %s",
+                " ".join(ignored),
+                "it" if len(ignored) == 1 else "they",
+                method_of[type(config)],
+                peft_method,
+            )
 
 
 def _looks_local(path: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else must exist on disk."""
     return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
+
+
+def check_output_dir(path: str) -> None:
+    """``--output_dir`` must be a directory or creatable as one: no regular file at it or above it."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is" if existing == os.path.abspath(path) else f"is under {existing}, which is"
+        raise UserInputError(f"--output_dir {path} {where} a file, not a directory")
+
+
+def check_model_files(flag: str, path: str) -> None:
+    """A local model or tokenizer directory whose JSON files or safetensors weights are damaged (a cut-short copy
+    or download) is the user's input: name the file now. Reads the JSON files and the safetensors headers only."""
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.isdir(path):
+        return
+    for json_file in sorted(glob.glob(os.path.join(path, "*.json"))):
+        try:
+            with open(json_file, encoding="utf-8") as handle:
+                json.load(handle)
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
+            raise UserInputError(f"{flag} {path}: {json_file} is not valid JSON: {exc}") from exc
+    for weights in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(weights, framework="np"):
+                pass
+        except (OSError, SafetensorError) as exc:
+            raise UserInputError(f"{flag} {path}: {weights} is not a complete safetensors file: {exc}") from exc
 
 
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
@@ -149,8 +271,16 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     ):
         if path and not os.path.exists(path) and (_looks_local(path) or os.environ.get("HF_HUB_OFFLINE") == "1"):
             raise UserInputError(f"{flag} {path} does not exist")
-    if model_args.torch_dtype not in TORCH_DTYPES:
-        raise UserInputError(f"--torch_dtype {model_args.torch_dtype!r} is not one of {list(TORCH_DTYPES)}")
+        if path:
+            check_model_files(flag, path)
+    if train_args.output_dir:
+        check_output_dir(train_args.output_dir)
+    from tuning.utils.data_type_utils import get_torch_dtype
+
+    try:
+        get_torch_dtype(model_args.torch_dtype)
+    except UserInputError as exc:
+        raise UserInputError(f"--torch_dtype: {exc}") from exc
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path) is required")
     for path in (data_args.training_data_path, data_args.validation_data_path):
@@ -160,10 +290,26 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template")
     if not train_args.packing and not data_args.response_template:
         raise UserInputError("--response_template is required unless --packing is on")
-    if train_args.max_steps <= 0 and train_args.num_train_epochs <= 0:
-        raise UserInputError(f"--num_train_epochs must be positive, got {train_args.num_train_epochs}")
+    epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
+    if train_args.max_steps <= 0 and (not _is_number(epochs, float) or epochs <= 0):
+        raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
+    if not _is_number(accumulation, int) or accumulation <= 0:
+        raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
     if train_args.max_seq_length <= 0:
         raise UserInputError(f"--max_seq_length must be positive, got {train_args.max_seq_length}")
+    for flag in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+        if getattr(train_args, flag) <= 0:
+            raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
+    if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
+        raise UserInputError(
+            f"--max_steps must be a number of steps, or -1 to train --num_train_epochs; got {train_args.max_steps}"
+        )
+
+
+def _is_number(value: Any, kind: type) -> bool:
+    """An int (or, for ``float``, an int or a float); bools are no numbers here."""
+    kinds = (int, float) if kind is float else (int,)
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
@@ -202,26 +348,75 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
     return SFTConfig(**values, max_length=max_length, packing=train_args.packing)
 
 
+def _check_train_inputs(
+    tracker_configs: Any, callbacks: list[Any], exp_metadata: Any, unsupported: dict[str, Any]
+) -> None:
+    for argument, value in unsupported.items():
+        if value is not None:
+            raise UserInputError(f"{argument}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
+    if not isinstance(tracker_configs, TrackerConfigFactory):
+        raise UserInputError(
+            f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
+        )
+    for callback in callbacks:
+        if not isinstance(callback, transformers.TrainerCallback):
+            raise UserInputError(
+                f"additional callbacks should be of type TrainerCallback, got {type(callback).__name__}"
+            )
+    if exp_metadata is not None and not isinstance(exp_metadata, dict):
+        raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
+
+
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,
     train_args: TrainingArguments,
     peft_config: LoraConfig | PromptTuningConfig | Any | None = None,
+    trainer_controller_args: Any = None,
+    tracker_configs: TrackerConfigFactory | None = DEFAULT_TRACKER_CONFIGS,
+    additional_callbacks: list[transformers.TrainerCallback] | None = None,
+    exp_metadata: dict | None = None,
+    quantized_lora_config: Any = None,
+    fusedops_kernels_config: Any = None,
+    *,
     callbacks: list[transformers.TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
-    exp_metadata: dict | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
-    """Fine-tune and save the model (or adapter) into ``output_dir``.
+    """Fine-tune and save the model (or adapter) into ``output_dir``; fms-hf-tuning's signature.
 
-    ``callbacks`` are given to the trainer exactly as passed; ``trackers`` receive the metrics that are not trainer
-    logs (``model_load_time``) and ``exp_metadata``. Returns the train output and those additional metrics.
+    Trackers: one per name in ``train_args.trackers``, the file logger always among them (none at all for
+    ``["none"]``), configured from ``tracker_configs``; their callbacks go first, then ``additional_callbacks``
+    (``callbacks`` is the same argument). A caller that builds its own trackers hands them in with ``trackers``
+    and places their callbacks itself, among ``additional_callbacks``. The trackers receive ``exp_metadata`` (as
+    the params ``experiment_metadata``) and the metrics that are not trainer logs (``model_load_time``).
+    ``trainer_controller_args``, ``quantized_lora_config`` and ``fusedops_kernels_config`` name features this
+    package does not have and must stay None. Bad input raises a ``ValueError`` (``UserInputError``) before the
+    model loads. Returns the train output and the additional metrics.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
+    from tuning.utils.data_type_utils import get_torch_dtype
+
+    if callbacks is not None and additional_callbacks is not None:
+        raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
+    additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
+    tracker_configs = DEFAULT_TRACKER_CONFIGS if tracker_configs is None else tracker_configs
+    _check_train_inputs(
+        tracker_configs,
+        additional_callbacks,
+        exp_metadata,
+        {
+            "trainer_controller_args": trainer_controller_args,
+            "quantized_lora_config": quantized_lora_config,
+            "fusedops_kernels_config": fusedops_kernels_config,
+        },
+    )
     validate_arguments(model_args, data_args, train_args)
-    trackers = trackers or []
+    trainer_callbacks = additional_callbacks
+    if trackers is None:
+        trackers = build_trackers(train_args.trackers, tracker_configs)
+        trainer_callbacks = [*hf_callbacks(trackers), *additional_callbacks]
     if exp_metadata:
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
@@ -244,7 +439,7 @@ def train(
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
-        dtype=getattr(torch, model_args.torch_dtype),
+        dtype=get_torch_dtype(model_args.torch_dtype),
         attn_implementation=_attention_implementation(model_args.use_flash_attn),
         cache_dir=train_args.cache_dir,
     )
@@ -266,7 +461,7 @@ def train(
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks,
+        callbacks=trainer_callbacks,
     )
     train_output = trainer.train()
     trainer.save_model(train_args.output_dir)
@@ -275,25 +470,21 @@ def train(
 
 def main() -> int:
     """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
-    # The ~440k objects the imports made live as long as the job: exempt them from the garbage collector's full
-    # passes, which otherwise rescan them all, costing ~0.5 s per job on a CPU.
-    gc.freeze()
 
     def run() -> None:
-        parser = get_parser()
-        args = parse_arguments(parser, read_job_config())
+        args = parse_arguments(get_parser(), get_json_config())
         validate_arguments(args.model_args, args.data_args, args.training_args)
-        trackers = build_trackers(args.training_args.trackers, args.tracker_configs, args.training_args.output_dir)
-        callbacks = [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
+        trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
         train(
             args.model_args,
             args.data_args,
             args.training_args,
-            peft_config=args.peft_config,
-            callbacks=[*callbacks, graceful_stop],
+            args.tune_config,
+            tracker_configs=args.tracker_configs,
+            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
+            exp_metadata=args.experiment_metadata,
             trackers=trackers,
-            exp_metadata=args.exp_metadata,
         )
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)

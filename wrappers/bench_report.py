@@ -9,11 +9,14 @@ Inputs are paths, globs, or directories (searched recursively for ``*.json`` and
   NAME.json.rank<N>.error.json  the error report of failing rank N (any other error report counts as its own run)
   NAME.journal.jsonl            rank 0's journal: without a dump, the only trace of the run
   NAME.rebuilt.json             a dump rebuilt from the journal (``python -m tuning.benchmarking.rebuild``)
+  sweep_state.jsonl             a sweep's state file (``wrappers/bench_sweep.py``): each point's axis values and
+                                outcome; its skipped points get rows of their own, and its axes are the default labels
 
 One row per run: the chosen metadata labels (dotted keys reach into nested metadata; ``experiment``, ``host``,
-``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, error, or killed: a journal left without a dump
-or any error report, as after SIGKILL or the OOM killer), the root cause, throughput and step-time percentiles
-(warmup excluded), peak memory (process RSS; GPU: the most any device reserved), model load time and training steps.
+``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, interrupted, error, or killed: a journal left
+without a dump or any error report, as after SIGKILL or the OOM killer; a sweep's points take the sweep's status,
+which adds skipped and timeout), the root cause, throughput and step-time percentiles (warmup excluded), peak memory
+(process RSS; GPU: the most any device reserved), model load time and training steps.
 A run without a dump is summarised from its journal, up to where it ends.
 
 Root cause: the earliest failure by timestamp across all the run's reports (rank 0's is inside the dump), named with
@@ -43,9 +46,10 @@ from typing import Any
 import fire
 
 from tuning.benchmarking.dump import build_dump
-from tuning.benchmarking.journal import read_journal
+from tuning.benchmarking.journal import journal_path, read_journal
 from tuning.benchmarking.schema import SCHEMA_VERSION, validate_dump
 
+SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
 JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
@@ -74,13 +78,20 @@ class Run:
     dump: dict[str, Any] | None = None
     journal_dump: dict[str, Any] | None = None
     failures: list[Failure] = field(default_factory=list)
+    sweep_point: dict[str, Any] | None = None  # the run's line in a sweep's state file
 
     @property
     def status(self) -> str:
+        if self.sweep_point is not None:  # judged by the sweep from these files, the exit code and the log
+            return self.sweep_point["status"]
         dump = self.dump or self.journal_dump
         # A journal cut short rebuilds into status error with no category: the run died without a word.
         died = dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None)
         if not died:
+            if dump["status"] in ("error", "interrupted") and self.failures:
+                # The dump holds rank 0's own ending, "interrupted" too when torchrun stopped it for another rank's
+                # failure: the run's status follows its root cause.
+                return "interrupted" if self.root_cause.category == "interrupted" else "error"
             return dump["status"]
         return "error" if self.failures else "killed"
 
@@ -115,6 +126,34 @@ def _failure(report: dict[str, Any]) -> Failure:
     )
 
 
+def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
+    """A sweep's state file: point id → its latest line. A torn last line (the driver died writing it) is dropped;
+    damage anywhere else raises ``ValueError``."""
+    points = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number >= len(lines) - 1:
+                break
+            raise ValueError(f"line {number} is not JSON ({exc.msg})") from exc
+        points[record["point"]] = record
+    return points
+
+
+def run_files(metrics_path: Path) -> list[tuple[Path, bool]]:
+    """The files one run left that exist: its dump, its rank reports and its journal, as ``find_files`` gives them."""
+    candidates = [
+        metrics_path,
+        *sorted(metrics_path.parent.glob(glob.escape(metrics_path.name) + ".rank*.error.json")),
+        Path(journal_path(str(metrics_path))),
+    ]
+    return [(path, True) for path in candidates if path.is_file()]
+
+
 def find_files(inputs: list[str]) -> list[tuple[Path, bool]]:
     """``(path, named)`` for every input file, ``named`` when given directly rather than found in a directory."""
     found: dict[Path, bool] = {}
@@ -124,7 +163,8 @@ def find_files(inputs: list[str]) -> list[tuple[Path, bool]]:
             print(f"skipped {item}: no such file, directory or glob match", file=sys.stderr)
         for match in map(Path, matches):
             if match.is_dir():
-                for path in sorted([*match.rglob("*.json"), *match.rglob("*.journal.jsonl")]):
+                patterns = ("*.json", "*.journal.jsonl", SWEEP_STATE)
+                for path in sorted(path for pattern in patterns for path in match.rglob(pattern)):
                     if path.is_file():
                         found.setdefault(path, False)
             else:
@@ -204,6 +244,18 @@ def _read_journal(path: Path, run: Run) -> None:
         raise Skipped(f"not a usable journal ({exc})") from exc
 
 
+def _read_sweep_state(path: Path, run_for: Callable[[str], Run]) -> None:
+    """Each point of a sweep's state file filed under its run (``metrics_path`` is relative to the file)."""
+    try:
+        points = read_sweep_state(path)
+    except OSError as exc:
+        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Skipped(f"not a usable sweep state file ({exc})") from exc
+    for point in points.values():
+        run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
+
+
 def load(files: list[tuple[Path, bool]]) -> list[Run]:
     """Group the files by run identity and read them; each unusable file is named on stderr with the reason.
 
@@ -218,7 +270,9 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     for path, named in files:
         journal = JOURNAL.match(path.name)
         try:
-            if journal is None:
+            if path.name == SWEEP_STATE:
+                _read_sweep_state(path, run_for)
+            elif journal is None:
                 _read_json_file(path, named, run_for)
             elif journal["rank"] is None:  # other ranks' journals hold another node's system metrics only
                 journals.append((path, str(path.parent / journal["stem"])))
@@ -235,14 +289,20 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
         dump = run.dump or run.journal_dump
         if dump is not None and dump["error"] and dump["error"].get("category"):
             run.failures.append(_failure({"rank": dump["rank"], **dump["error"]}))
-    return [run for run in runs.values() if run.dump or run.journal_dump or run.failures]
+    return [run for run in runs.values() if run.dump or run.journal_dump or run.failures or run.sweep_point]
+
+
+def sweep_axes(runs: list[Run]) -> list[str]:
+    """The axes of the sweeps among the runs, in the order their state files name them."""
+    return list(dict.fromkeys(axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]))
 
 
 def label_value(run: Run, key: str) -> Any:
-    """A metadata value by dotted key (``model.name``), else one of the dump's top-level identity keys."""
+    """A metadata value by dotted key (``model.name``), else one of the dump's top-level identity keys; a sweep
+    point's axis values stand in for a run with no dump (a skipped point)."""
     dump = run.dump or run.journal_dump
     if dump is None:
-        return None
+        return (run.sweep_point or {}).get("axes", {}).get(key)
     value: Any = dump["metadata"]
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -257,11 +317,12 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
     summary = dump["summary"] if dump else {}
     cuda = summary.get("cuda") or []
     cause = run.root_cause
+    sweep_point = run.sweep_point or {}  # the sweep's judgement of its point: also skipped and timeout
     return {
         "run": run.name,
         **{label: label_value(run, label) for label in labels},
         "status": run.status,
-        "error_category": cause.category if cause else None,
+        "error_category": cause.category if cause else sweep_point.get("category"),
         "error_rank": cause.rank if cause else None,
         "error_step": cause.step if cause else None,
         "failed_ranks": " ".join(str(rank) for rank in sorted({f.rank for f in run.failures})) or None,
@@ -272,7 +333,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in cuda), default=None),
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,
-        "error_message": cause.message if cause else None,
+        "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
 
 
@@ -366,23 +427,27 @@ def main(
     """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
-    status (ok, stopped, error, or killed: a journal with neither dump nor report), the root cause (the earliest
-    failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model load
-    time and training steps. Unusable files are skipped with one line each on stderr; output paths are printed last.
+    status (ok, stopped, interrupted, error, or killed: a journal with neither dump nor report), the root cause (the
+    earliest failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model
+    load time and training steps. A sweep directory (``wrappers/bench_sweep.py``) adds a row per skipped point, and its
+    axes are the labels when none are given. Unusable files are skipped with one line each on stderr; output paths are
+    printed last.
 
     Args:
-        inputs: Dumps, rank error reports and journals: files, directories (searched recursively) or globs.
-        labels: Metadata keys shown as columns, comma-separated; dotted keys reach into nested metadata.
+        inputs: Dumps, rank error reports, journals and sweep state files: files, directories (searched
+            recursively) or globs.
+        labels: Metadata keys shown as columns, comma-separated; dotted keys reach into nested metadata; default:
+            the axes of the sweeps among the inputs.
         x: Metadata key on the plots' x axis; without it, no plots.
         group: Metadata key whose values get one line each on the plots.
         output_dir: Where report.md, report.csv, throughput.png and peak_memory.png are written.
     """
     if not inputs:
         raise SystemExit("give dumps, error reports or journals: files, directories or globs")
-    columns = list(dict.fromkeys([*_names(labels), *_names(x), *_names(group)]))
     runs = load(find_files([str(item) for item in inputs]))
     if not runs:
         raise SystemExit("no readable runs in the inputs")
+    columns = list(dict.fromkeys([*(_names(labels) or sweep_axes(runs)), *_names(x), *_names(group)]))
     rows = sorted(
         (row(run, columns) for run in runs), key=lambda r: [*map(_sort_key, (r[c] for c in columns)), r["run"]]
     )

@@ -7,13 +7,16 @@
 (also under ``torchrun``; ``--help`` lists both flag sets). A run leaves:
 
 - the dump at ``--metrics_path`` (default ``<output_dir>/benchmark.json``), written atomically by rank 0 when the
-  run ends, however it ends; schema in ``tuning.benchmarking.schema``
+  run ends, however it ends; schema in ``tuning.benchmarking.schema``. The run owns the path while it runs (a lock,
+  ``<metrics_path>.lock``: a second run on it is refused); a dump that cannot be written there (disk full) goes
+  whole to the output directory, else the temporary directory, and the run exits ``storage``
 - its journal ``<metrics_path stem>.journal.jsonl``, one line per point as it is measured; after a SIGKILL,
   ``python -m tuning.benchmarking.rebuild <journal>`` turns it into a dump
 - with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
   token throughput and system metrics series
 - on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
-  dump (rank 0) or in ``<metrics_path>.rank<N>.error.json`` (rank N)
+  dump (rank 0; status "interrupted" after a SIGTERM/SIGINT, else "error") or in
+  ``<metrics_path>.rank<N>.error.json`` (rank N)
 
 Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. the Aim callback, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
@@ -21,14 +24,23 @@ Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_fl
 every reader agrees on it.
 """
 
+if __name__ == "__main__":
+    # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
+    # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
+    from tuning.utils.error_logging import install_early_signal_handlers
+
+    install_early_signal_handlers()
+
 import faulthandler
+import fcntl
 import functools
-import gc
 import importlib
 import json
+import logging
 import os
 import socket
 import sys
+import tempfile
 import typing
 from types import SimpleNamespace
 from typing import Any
@@ -47,34 +59,55 @@ import psutil
 import yaml
 from transformers import TrainerCallback
 
-from tuning.benchmarking.callback import BenchmarkCallback
-from tuning.benchmarking.dump import rank_report_path, write_dump
-from tuning.benchmarking.journal import Journal, journal_path
-from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.stopping import StopRule
-from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
-from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
-from tuning.config.tracker_configs import AimConfig
-from tuning.sft_trainer import ParsedArguments, get_parser, parse_arguments, train, validate_arguments
-from tuning.trackers import Tracker, build_trackers, validate_tracker_names
-from tuning.utils.config_utils import read_job_config
-from tuning.utils.error_logging import (
+# Everything from this project comes from one documented surface: tuning.benchmarking (see its docstring).
+from tuning.benchmarking import (
+    AIMSTACK_TRACKER,
+    AimConfig,
+    BenchmarkCallback,
+    ErrorCategory,
     GracefulStopCallback,
+    Journal,
+    ParsedArguments,
+    RunRecord,
+    StallWatchdog,
+    StopRule,
+    StorageError,
+    Tracker,
     TrainingInterrupted,
     TrainingStalled,
     UserInputError,
     build_error_report,
+    check_output_dir,
+    cuda_peak_memory,
+    environment_info,
+    get_json_config,
+    get_parser,
+    get_tracker,
+    hf_callbacks,
+    journal_path,
+    parse_arguments,
+    peak_rss_bytes,
     print_error_marker,
+    print_own_line,
+    rank_report_path,
     run_with_error_reporting,
     termination_line,
+    thread_stacks,
+    train,
+    validate_arguments,
+    validate_tracker_names,
+    write_dump,
     write_json_atomic,
     write_termination_log,
 )
 
 PROG = "bench_train.py"
+logger = logging.getLogger(PROG)
 RANK = int(os.environ.get("RANK", "0"))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
+# Room the dump and journal need at least: a filesystem with less is refused before training.
+MIN_FREE_BYTES = 16 * 2**20
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 1. Flags. fire reads the wrapper's flags; everything else goes, as typed, to sft_trainer's own parser, so every
@@ -100,7 +133,8 @@ def wrapper_flags(
     """Benchmark flags of bench_train.py. Every flag of tuning/sft_trainer.py is accepted too (listed below).
 
     Args:
-        metrics_path: The dump (JSON), written atomically when the run ends; default <output_dir>/benchmark.json.
+        metrics_path: The dump (JSON), written atomically when the run ends; default <output_dir>/benchmark.json. One
+            run at a time: a second run on the same path is refused.
         metadata_path: JSON or YAML file holding an object of run metadata (nested objects allowed).
         metadata: Inline JSON object of run metadata; its keys override the file's, which override --exp_metadata's.
         system_metrics_interval: Seconds between system-metric samples (CPU, memory, GPUs); 0 turns sampling off.
@@ -170,7 +204,7 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, ParsedArgument
     flags = SimpleNamespace(**{name: _typed(name, value) for name, value in values.items()})
     saved_argv, sys.argv = sys.argv, [sys.argv[0], *trainer_argv]  # parse_arguments reads sys.argv
     try:
-        args = parse_arguments(get_parser(), read_job_config())
+        args = parse_arguments(get_parser(), get_json_config())
     finally:
         sys.argv = saved_argv
     return flags, args
@@ -221,14 +255,14 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) -> Tracker:
+def benchmark_aim(config: AimConfig, params: dict[str, Any]) -> Tracker:
     """The aim tracker of a benchmark: its callback isolates every Aim call (a dead server costs a warning, never the
     job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
     model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
     only when --tracker aim asks for it."""
-    from tuning.trackers.aimstack_tracker import AimStackTracker
+    from tuning.benchmarking import AimStackTracker
 
-    tracker = AimStackTracker(config, output_dir)
+    tracker = AimStackTracker(config)
     # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
     # the job loads its data and model, not beside the first training steps.
     tracker.set_params(params, "benchmark")
@@ -248,7 +282,8 @@ def check_flags(flags: SimpleNamespace) -> None:
 
 
 def check_writable(path: str) -> None:
-    """Fail now, not after hours of training, when the dump could not be written."""
+    """Fail now, not after hours of training, when the dump could not be written: not writable (a user error) or a
+    filesystem with almost no room left (``storage``)."""
     try:
         if os.path.isdir(path):
             raise IsADirectoryError(21, "Is a directory")
@@ -257,8 +292,44 @@ def check_writable(path: str) -> None:
         with open(probe, "w", encoding="utf-8"):
             pass
         os.remove(probe)
+        room = os.statvfs(os.path.dirname(path))
     except OSError as exc:
         raise UserInputError(f"cannot write --metrics_path {path}: {exc.strerror or exc}") from exc
+    free = room.f_bavail * room.f_frsize
+    if room.f_blocks and free < MIN_FREE_BYTES:  # f_blocks 0: a filesystem that does not report its size
+        raise StorageError(
+            f"--metrics_path {path}: only {free / 2**20:.1f} MiB free on its filesystem, "
+            f"the dump and journal need at least {MIN_FREE_BYTES // 2**20} MiB"
+        )
+
+
+def claim_metrics_path(path: str) -> int:
+    """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock``, held by the returned descriptor
+    and released by the kernel when the process ends, however it ends. The lock file names its holder, so a second
+    run on the same path is refused at once, naming the path and the run that has it. A filesystem without locks
+    costs a warning."""
+    lock_path = f"{path}.lock"
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UserInputError(f"cannot write --metrics_path {path}: {lock_path}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0))
+            who = f"pid {holder['pid']} on host {holder['host']}"
+        except (ValueError, TypeError, KeyError):  # the holder has not written its name yet
+            who = "a process that is starting"
+        os.close(fd)
+        raise UserInputError(
+            f"--metrics_path {path} is in use by another run ({who}, lock {lock_path}): give each run its own"
+        ) from None
+    except OSError as exc:  # ENOLCK, EOPNOTSUPP: a filesystem that does not do locks
+        logger.warning("cannot lock %s (%s): a second run on this --metrics_path would go unnoticed", lock_path, exc)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+    return fd
 
 
 def load_callbacks(spec: str | None) -> list[TrainerCallback]:
@@ -284,7 +355,9 @@ class BenchmarkJob:
 
     def __init__(self):
         self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
-        self.metrics_path: str | None = None  # set once known to be writable
+        self.metrics_path: str | None = None  # set once known to be writable and owned by this run
+        self.output_dir: str | None = None
+        self.metrics_path_lock: int | None = None
         self.stall_timeout: float | None = None
         self.record: RunRecord | None = None
         self.aim: Any = None
@@ -297,14 +370,18 @@ class BenchmarkJob:
         flags, args = parse_command_line(argv)
         train_args = args.training_args
         check_flags(flags)
+        check_output_dir(train_args.output_dir)
         metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
         check_writable(metrics_path)
-        self.metrics_path, self.stall_timeout = metrics_path, flags.stall_timeout
         sampling = flags.system_metrics_interval > 0 and LOCAL_RANK == 0
+        if RANK == 0 or sampling:  # the ranks that write files at the metrics path: the dump, their journal
+            self.metrics_path_lock = claim_metrics_path(metrics_path if RANK == 0 else f"{metrics_path}.rank{RANK}")
+        self.metrics_path, self.stall_timeout = metrics_path, flags.stall_timeout
+        self.output_dir = os.path.abspath(train_args.output_dir)
         if RANK == 0 or sampling:
             header = {
                 "time": self.started,
-                "experiment": args.tracker_configs.aim_config.experiment,
+                "experiment": args.aim_config.experiment,
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
@@ -314,7 +391,7 @@ class BenchmarkJob:
             self.record = RunRecord(Journal(journal_path(metrics_path, RANK)), header)
         # From here on every failure ends in the dump too.
         validate_arguments(args.model_args, args.data_args, train_args)
-        metadata = load_metadata(flags.metadata_path, flags.metadata, args.exp_metadata)
+        metadata = load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         if self.record is not None:
             self.record.note(metadata=metadata)
         stop_rule = StopRule(
@@ -326,17 +403,15 @@ class BenchmarkJob:
         )
         extra_callbacks = load_callbacks(flags.callbacks)
         tracker_names = validate_tracker_names(train_args.trackers)
-        trackers = build_trackers(
-            [name for name in tracker_names if name != "aim"], args.tracker_configs, train_args.output_dir
-        )
+        trackers = [get_tracker(name, args.tracker_configs) for name in tracker_names if name != AIMSTACK_TRACKER]
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
-        if "aim" in tracker_names:
-            aim_tracker = benchmark_aim(
-                args.tracker_configs.aim_config, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
-            )
+        if AIMSTACK_TRACKER in tracker_names:
+            aim_tracker = benchmark_aim(args.aim_config, {"metrics_path": metrics_path, **vars(flags)})
             self.aim = aim_tracker.get_hf_callback()
             trackers.append(aim_tracker)
+            if self.record is not None:  # journaled as soon as the run exists: a killed run's dump still links it
+                self.aim.when_run_hash_known(lambda run_hash: self.record.note(run_hash=run_hash))
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
         self.bench = BenchmarkCallback(
@@ -349,24 +424,31 @@ class BenchmarkJob:
             mirror=self.aim.track_many if self.aim is not None else None,
         )
         graceful_stop = GracefulStopCallback()
-        # The benchmark callback before Aim's, so that its last samples reach the run before Aim closes it.
-        callbacks = [tracker.get_hf_callback() for tracker in trackers if tracker.name != "aim"]
-        callbacks = [*filter(None, callbacks), self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
+        # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
+        # hooks (a step's time and number before any extension's work on it), then the extensions, then every
+        # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;
+        # Aim's last, so that the benchmark's last samples reach the run before Aim closes it.
+        log_readers = hf_callbacks([tracker for tracker in trackers if tracker.name != AIMSTACK_TRACKER])
+        log_readers = [self.bench.log_recorder, *log_readers, *filter(None, [self.aim])]
+        callbacks = [self.bench, graceful_stop, *extra_callbacks, *log_readers]
         try:
             train(
                 args.model_args,
                 args.data_args,
                 train_args,
-                peft_config=args.peft_config,
-                callbacks=callbacks,
-                trackers=trackers,
+                args.tune_config,
+                tracker_configs=args.tracker_configs,
+                additional_callbacks=callbacks,
                 exp_metadata=metadata,
+                trackers=trackers,
             )
         finally:
             self.close_helpers()
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)
-        self.finish("stopped" if self.bench.stop_reason else "ok")
+        misplaced = self.finish("stopped" if self.bench.stop_reason else "ok")
+        if misplaced is not None:
+            raise StorageError(misplaced)
 
     def close_helpers(self) -> None:
         """Sampler and watchdog stopped, Aim closed (bounded by --aim_close_timeout): on every way out."""
@@ -375,9 +457,15 @@ class BenchmarkJob:
         if self.aim is not None:
             self.aim.close()
 
-    def finish(self, status: str, error: dict[str, Any] | None = None) -> None:
+    def release_metrics_path(self) -> None:
+        if self.metrics_path_lock is not None:
+            os.close(self.metrics_path_lock)
+            self.metrics_path_lock = None
+
+    def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
+        """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
         if self.record is None:
-            return
+            return None
         if self.aim is not None:
             self.record.note(run_hash=self.aim.run_hash, aim_degraded_reason=self.aim.degraded_reason)
         dump = self.record.finish(
@@ -388,13 +476,46 @@ class BenchmarkJob:
             peak_rss_bytes=peak_rss_bytes(),
             cuda=cuda_peak_memory(),
         )
-        if dump is not None and RANK == 0:
+        if dump is None or RANK != 0:
+            return None
+        return self.write_dump(dump)
+
+    def write_dump(self, dump: dict[str, Any]) -> str | None:
+        """The dump at --metrics_path or, when it cannot be written there (disk full), whole at a fallback: the
+        output directory, else the system's temporary directory. Returns None, or the line saying where it went,
+        also printed on stderr."""
+        try:
             write_dump(self.metrics_path, dump)
+            return None
+        except OSError as exc:
+            problem = f"cannot write the dump to --metrics_path {self.metrics_path}: {exc.strerror or exc}"
+        name = os.path.basename(self.metrics_path)
+        for fallback in (
+            os.path.join(self.output_dir, name),
+            os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}"),
+        ):
+            if fallback == self.metrics_path:
+                continue
+            try:
+                os.makedirs(os.path.dirname(fallback), exist_ok=True)
+                write_dump(fallback, dump)
+            except OSError as exc:
+                problem += f"; nor to {fallback}: {exc.strerror or exc}"
+                continue
+            problem += f"; wrote it to {fallback} instead"
+            break
+        else:
+            problem += "; the journal holds what it had written"
+        print_own_line(problem)
+        return problem
 
     def report_failure(self, report: dict[str, Any]) -> None:
         """The failing rank's report: in the dump on rank 0, in its own file on any other rank."""
         self.close_helpers()
-        self.finish("error", error=report)
+        status = "interrupted" if report["category"] == ErrorCategory.INTERRUPTED else "error"
+        misplaced = self.finish(status, error=report)
+        if misplaced is not None:  # the failure's own line is in the termination log already
+            write_termination_log(f"{ErrorCategory.STORAGE}: {misplaced}")
         if RANK != 0 and self.metrics_path is not None:
             write_json_atomic(rank_report_path(self.metrics_path, RANK), report)
 
@@ -417,9 +538,11 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print_help()
         return 0
-    gc.freeze()  # the imports' objects live as long as the job: spare the garbage collector rescanning them
     job = BenchmarkJob()
-    return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
+    try:
+        return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
+    finally:
+        job.release_metrics_path()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Callbacks the bench_train tests load with ``--callbacks tests.helpers.bench_callbacks:Name``: real slowness, a
-real stall and a real exception inside the training loop, injected through the wrapper's public extension point."""
+real stall, a real exception inside the training loop, a filesystem that fills up and a third party's measurement,
+through the wrapper's public extension point."""
 
+import errno
 import os
 import time
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
@@ -33,3 +36,46 @@ class OutOfMemoryOnLastRank(TrainerCallback):
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+
+
+class AddsMetric(TrainerCallback):
+    """A third party's measurement: every training log gains ``my_metric``, 1.5 times the step."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "loss" in logs:
+            logs["my_metric"] = 1.5 * state.global_step
+
+
+class FillsDiskAfterStep2(TrainerCallback):
+    """After step 2 the filesystem holding ``$FILL_DIR`` is full, as when another job fills a shared volume."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            fill(Path(os.environ["FILL_DIR"]))
+
+
+def fill(directory: Path) -> None:
+    """Write a file in ``directory`` until its filesystem is full (a short write fills the last page)."""
+    chunk = b"\0" * 2**16
+    with open(directory / "filler", "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+
+
+class SweepFaults(TrainerCallback):
+    """Faults by batch size, for the sweep tests, when step 2 begins: at batch size 1 a communication error on the
+    first attempt only (a marker file per output_dir in $FAULT_MARKER_DIR says it happened), at 2 and more CUDA OOM."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step != 1:
+            return
+        if args.per_device_train_batch_size >= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+        marker = os.path.join(os.environ["FAULT_MARKER_DIR"], os.path.basename(args.output_dir))
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise torch.distributed.DistNetworkError("Connection closed by peer [127.0.0.1]:29500 (injected)")

@@ -1,14 +1,74 @@
-"""Benchmark runs: the dump schema and the parts that write it, shared by ``wrappers/bench_train.py`` and readers.
+"""Benchmark runs: everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) needs, in one place.
 
-- ``schema``: ``DUMP_SCHEMA``, ``SCHEMA_VERSION``, series names, ``validate_dump``
-- ``journal``: the crash-safe JSON-lines journal (writer and reader)
-- ``dump``: journal records → dump (summary, aggregates), atomic write, report file names
-- ``record``: ``RunRecord``, the live run's records (also a ``Tracker``)
-- ``callback``: ``BenchmarkCallback``, per-step measurement, stop decisions, sampler and watchdog lifetimes
-- ``tokens``: ``StepTokenCounter``, non-padding tokens per optimizer step without a device sync
-- ``system_metrics``, ``stopping``, ``watchdog``: the background sampler, the stop rule, the stall watchdog
-- ``rebuild``: ``python -m tuning.benchmarking.rebuild JOURNAL``
+The names below are the public surface; each is imported from its module on first use, so that light users (the
+rebuild command, ``bench_report``) never import torch or transformers.
 
-Submodules are imported one by one: ``schema``, ``journal``, ``dump`` and ``rebuild`` need neither torch nor
-transformers.
+Training (``tuning.sft_trainer``, ``tuning.config``, ``tuning.utils.config_utils``):
+    ``train``, ``get_parser``, ``parse_arguments``, ``validate_arguments``, ``check_output_dir``, ``ParsedArguments``,
+    ``AimConfig``, ``get_json_config``
+Trackers (``tuning.trackers``): ``Tracker``, ``get_tracker``, ``hf_callbacks``, ``validate_tracker_names``,
+    ``AIMSTACK_TRACKER``, ``AimStackTracker``
+Errors (``tuning.utils.error_logging``): ``run_with_error_reporting`` (classified exit codes), ``ErrorCategory``,
+    ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``GracefulStopCallback``,
+    ``build_error_report``, ``termination_line``, ``write_termination_log``, ``print_error_marker``,
+    ``print_own_line``, ``write_json_atomic``
+Measuring: ``BenchmarkCallback`` (per-step series, stop decisions, sampler and watchdog lifetimes), ``StopRule``,
+    ``StallWatchdog``, ``thread_stacks``, ``environment_info``, ``peak_rss_bytes``, ``cuda_peak_memory``
+Recording: ``RunRecord`` (the run's points, also a ``Tracker``), ``Journal`` and ``journal_path`` (the crash-safe
+    journal), ``write_dump``, ``rank_report_path``, ``validate_dump``, ``SCHEMA_VERSION``
+
+Modules: ``schema`` (the dump's models), ``journal``, ``dump`` (journal records → dump), ``record``, ``callback``,
+``tokens`` (non-padding tokens per step without a device sync), ``system_metrics``, ``stopping``, ``watchdog``,
+``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
 """
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "tuning.sft_trainer": (
+        "train",
+        "get_parser",
+        "parse_arguments",
+        "validate_arguments",
+        "check_output_dir",
+        "ParsedArguments",
+    ),
+    "tuning.config.tracker_configs": ("AimConfig",),
+    "tuning.utils.config_utils": ("get_json_config",),
+    "tuning.trackers": ("AIMSTACK_TRACKER", "Tracker", "get_tracker", "hf_callbacks", "validate_tracker_names"),
+    "tuning.trackers.aimstack_tracker": ("AimStackTracker",),
+    "tuning.utils.error_logging": (
+        "run_with_error_reporting",
+        "ErrorCategory",
+        "UserInputError",
+        "StorageError",
+        "TrainingInterrupted",
+        "TrainingStalled",
+        "GracefulStopCallback",
+        "build_error_report",
+        "termination_line",
+        "write_termination_log",
+        "print_error_marker",
+        "print_own_line",
+        "write_json_atomic",
+    ),
+    "tuning.benchmarking.callback": ("BenchmarkCallback",),
+    "tuning.benchmarking.stopping": ("StopRule",),
+    "tuning.benchmarking.watchdog": ("StallWatchdog", "thread_stacks"),
+    "tuning.benchmarking.system_metrics": ("environment_info", "peak_rss_bytes", "cuda_peak_memory"),
+    "tuning.benchmarking.record": ("RunRecord",),
+    "tuning.benchmarking.journal": ("Journal", "journal_path"),
+    "tuning.benchmarking.dump": ("write_dump", "rank_report_path"),
+    "tuning.benchmarking.schema": ("validate_dump", "SCHEMA_VERSION"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'tuning.benchmarking' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value
+    return value

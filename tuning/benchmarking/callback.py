@@ -5,11 +5,13 @@ time since the previous step ended, so data loading, logging, evaluation and che
 ``step_samples`` (the global batch: per-device batch x gradient accumulation x world size), ``step_tokens``
 (non-padding tokens of the step over all ranks, counted by ``tokens.StepTokenCounter`` without a device sync) and
 ``tokens_per_second``. Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``):
-``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``.
+``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``. They are read by a callback of their own,
+``log_recorder``, to go after every callback that adds numbers to the logs (the trainer hands each callback the
+same logs dict, in order), while the step hooks go before them.
 
 A step's end only notes its time; the points are built and recorded every ``RECORD_INTERVAL_S`` (0.1 s), several steps
-together, each under its own step and time, and at train end (or ``close``) whatever is left. Python that runs right
-after a training step runs on caches the step flushed, several times slower than the same code run in a batch.
+together, each under its own step and time, and at train end (or ``close``) whatever is left: batched work does
+not run on caches the training step just flushed.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
 the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
@@ -85,6 +87,7 @@ class BenchmarkCallback(TrainerCallback):
         self._global_batch = 0  # samples per optimizer step over all ranks
         self._group: Any = None
         self._joint = False
+        self.log_recorder = _LogRecorder(self)
 
     # ---- recording ----
 
@@ -136,10 +139,11 @@ class BenchmarkCallback(TrainerCallback):
             self._decide_stop(control, now - self._train_start)
         self._beat()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def note_logs(self, step: int, logs: dict[str, Any] | None) -> None:
+        """A trainer log, recorded with the next batch of points."""
         self._beat()
         if self._main and self.record is not None and logs:
-            self._unrecorded.append((state.global_step, time.time(), dict(logs)))  # a copy: callbacks edit logs
+            self._unrecorded.append((step, time.time(), dict(logs)))  # a copy: later callbacks may edit logs
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._beat()
@@ -226,6 +230,16 @@ class BenchmarkCallback(TrainerCallback):
         if code:
             self.stop_reason = reason_from_code(code)
             control.should_training_stop = True
+
+
+class _LogRecorder(TrainerCallback):
+    """The ``on_log`` of a ``BenchmarkCallback``, as a callback of its own (see the module docstring)."""
+
+    def __init__(self, bench: BenchmarkCallback):
+        self.bench = bench
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.bench.note_logs(state.global_step, logs)
 
 
 def _token_points(step: int, duration: float, tokens: int) -> Points:

@@ -9,6 +9,7 @@ came after the warmup, in which case they cover every step and ``summary.measure
 
 import json
 import math
+from array import array
 from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any
@@ -51,28 +52,81 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _context_key(context: dict[str, Any]) -> Hashable:
-    """A context's identity; a tuple of its items is ~10x cheaper than JSON for the usual flat contexts."""
+    """A context's identity: a tuple of its items for the usual flat contexts, JSON for nested ones."""
     key = tuple(sorted(context.items()))
     try:
         hash(key)
-    except TypeError:  # nested values: rare, so the slow path is fine
+    except TypeError:
         return json.dumps(context, sort_keys=True)
     return key
 
 
-def _series(points: list[Point]) -> list[dict[str, Any]]:
-    """Points grouped into ``{name, context, steps, values, timestamps}`` series, in order of first appearance."""
-    by_key: dict[tuple[str, Hashable], dict[str, Any]] = {}
-    for name, context, step, value, at in points:
-        key = (name, _context_key(context))
-        series = by_key.get(key)
+class _Series:
+    """One series' points: values (NaN for null) and, per point, the index of its moment in ``RunData``."""
+
+    __slots__ = ("name", "context", "values", "moments")
+
+    def __init__(self, name: str, context: dict[str, Any]):
+        self.name, self.context = name, dict(context)  # its own copy: recorders share context dicts
+        self.values, self.moments = array("d"), array("I")
+
+
+class RunData:
+    """What a run's journal records say, kept compact however long the run: each series as arrays of 8-byte values
+    and 4-byte indices into one table of moments (time and step), which the points measured together share."""
+
+    def __init__(self, header: dict[str, Any]):
+        self.header = header
+        self.notes: dict[str, Any] = {}
+        self.end: dict[str, Any] | None = None
+        self.latest = 0.0  # the latest record's time apart from points
+        self._series: dict[tuple[str, Hashable], _Series] = {}
+        self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
+
+    def add(self, record: dict[str, Any] | Point) -> None:
+        """A journal record: a dict as read from a journal, or a ``Point`` tuple as a live run records it."""
+        if type(record) is tuple:
+            self.add_point(*record)
+            return
+        kind = record["type"]
+        if kind == "point":
+            self.add_point(record["name"], record["context"], record["step"], record["value"], record["time"])
+            return
+        self.latest = max(self.latest, record.get("time", 0.0))
+        if kind == "note":
+            self.notes.update({key: value for key, value in record.items() if key != "type"})
+        elif kind == "end":
+            self.end = record
+
+    def add_point(self, name: str, context: dict[str, Any], step: int | None, value: float | None, at: float) -> None:
+        key = (name, _context_key(context) if context else ())
+        series = self._series.get(key)
         if series is None:
-            # The series' own copy: recorders share context dicts between points.
-            series = by_key[key] = {"name": name, "context": dict(context), "steps": [], "values": [], "timestamps": []}
-        series["steps"].append(step)
-        series["values"].append(value)
-        series["timestamps"].append(at)
-    return list(by_key.values())
+            series = self._series[key] = _Series(name, context)
+        step_code = -1 if step is None else step
+        if not self._times or self._times[-1] != at or self._steps[-1] != step_code:
+            self._times.append(at)
+            self._steps.append(step_code)
+        series.values.append(math.nan if value is None else value)
+        series.moments.append(len(self._times) - 1)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The dump's ``metrics``: ``{name, context, steps, values, timestamps}`` per series, in order of first
+        appearance."""
+        times, steps = self._times, self._steps
+        return [
+            {
+                "name": series.name,
+                "context": series.context,
+                "steps": [None if steps[index] < 0 else steps[index] for index in series.moments],
+                "values": [None if value != value else value for value in series.values],  # NaN → null
+                "timestamps": [times[index] for index in series.moments],
+            }
+            for series in self._series.values()
+        ]
+
+    def last_time(self) -> float:
+        return max(self.latest, self._times[-1] if self._times else 0.0)
 
 
 def _measured(series: dict[str, Any], warmup_steps: int) -> list[float]:
@@ -145,32 +199,22 @@ def _summary(
     }
 
 
-def build_dump(records: list[dict[str, Any] | Point], rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records: dicts as read from
-    a journal, points also as the ``Point`` tuples a live run keeps."""
-    header = records[0]
-    notes: dict[str, Any] = {}
-    points: list[Point] = []
-    end: dict[str, Any] | None = None
-    latest = 0.0  # the latest record's time apart from points (a run without an end stopped at its latest record)
+def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
+    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records."""
+    run = RunData(records[0])
     for record in records[1:]:
-        if type(record) is tuple:
-            points.append(record)
-            continue
-        kind = record["type"]
-        if kind == "point":
-            points.append((record["name"], record["context"], record["step"], record["value"], record["time"]))
-            continue
-        latest = max(latest, record.get("time", 0.0))
-        if kind == "note":
-            notes.update({key: value for key, value in record.items() if key != "type"})
-        elif kind == "end":
-            end = record
-    series = _series(points)
+        run.add(record)
+    return dump_of(run, rebuilt_from_journal)
+
+
+def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
+    """The dump of what ``run`` holds."""
+    header, notes, end = run.header, run.notes, run.end
+    series = run.metrics()
     training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
     warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
     if end is None:
-        last_time = max([latest, *(point[4] for point in points)])
+        last_time = run.last_time()
         status, stop_reason = "error", None
         error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}
     else:

@@ -1,14 +1,9 @@
 """The journal: an append-only JSON-lines file that holds every point of a run while it trains.
 
 It exists because the dump is written once, at the end: a run killed with SIGKILL (or by the OOM killer) never gets
-there. ``write`` only queues its records; a sender thread wakes every ``flush_interval`` seconds (0.2) and hands
-everything queued, pickled (``tuning.utils.pipe_messages``), to the journal's writer process, which encodes the
-JSON, writes and flushes it: records are in the kernel's page cache within that interval, and the writer, which
-outlives the training process, writes what it received even when training dies. Encoding and writing the JSON took a
-thread of the training process ~4 µs of CPU per point (holding the GIL, which the training thread then waits for);
-pickling the batch takes ~1. Waking a thread per step would cost the training thread more than the writing itself
-(~0.2 ms per wake-up on a CPU, through the GIL). ``fsync`` (which survives a node crash too) costs milliseconds, so
-it runs at most every ``sync_interval`` seconds and at ``close``, never once per record.
+there. ``write`` only queues its records; a background thread wakes every ``flush_interval`` seconds, encodes what is
+queued, writes and flushes it, so a SIGKILL loses at most the records of the last interval. ``fsync`` (which survives
+a node crash too) runs at most every ``sync_interval`` seconds and at ``close``, never once per record.
 
 Records are JSON objects with a ``type``:
 
@@ -22,56 +17,36 @@ Records are JSON objects with a ``type``:
 ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
 
-import contextlib
 import json
 import logging
 import os
-import queue
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
-if __name__ == "__main__":  # the writer process: ``tuning`` importable from a checkout too (this folder heads sys.path)
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tuning.utils.pipe_messages import encode, receive
+from tuning.utils.error_logging import print_own_line
 
 logger = logging.getLogger(__name__)
-# One encoder for every record: json.dumps builds a new one per call whenever an option is given.
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
 CLOSE_TIMEOUT_S = 30.0
 
-# A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf. A tuple
-# costs the training thread a tenth of a dict, and pickles and encodes faster.
+# A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf; encoded
+# without building its dict.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
-_POINT_HEADS: dict[str, str] = {}  # series name → the encoded start of its point records
 
 
-def _encode(records: list[dict[str, Any] | Point]) -> str:
-    """JSON lines of ``records``, points exactly as the encoder writes the record's dict (keys in the order
-    ``type``, ``name``, ``context``, ``step``, ``value``, ``time``) without building it. One loop, no call per
-    point, and a time shared by consecutive points (a step's series) is formatted once."""
-    lines = []
-    last_time, time_json = None, ""
-    for record in records:
-        if type(record) is not tuple:
-            lines.append(_ENCODER.encode(record))
-            continue
-        name, context, step, value, at = record
-        head = _POINT_HEADS.get(name)
-        if head is None:
-            head = _POINT_HEADS[name] = f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": '
-        if at != last_time:
-            last_time, time_json = at, float.__repr__(at)
-        context_json = _ENCODER.encode(context) if context else "{}"
-        step_json = "null" if step is None else int(step)
-        value_json = "null" if value is None else float.__repr__(value)
-        lines.append(f'{head}{context_json}, "step": {step_json}, "value": {value_json}, "time": {time_json}}}')
-    lines.append("")
-    return "\n".join(lines)
+def encode(record: dict[str, Any] | Point) -> str:
+    """One journal line (without its newline); a ``Point`` as the JSON of its record, keys in the documented order."""
+    if type(record) is not tuple:
+        return _ENCODER.encode(record)
+    name, context, step, value, at = record
+    step_json = "null" if step is None else int(step)
+    value_json = "null" if value is None else float.__repr__(float(value))
+    return (
+        f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": {_ENCODER.encode(context)}, '
+        f'"step": {step_json}, "value": {value_json}, "time": {float.__repr__(at)}}}'
+    )
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
@@ -85,97 +60,68 @@ class Journal:
     """Thread-safe JSON-lines writer; a new run truncates what an earlier run left at the same path.
 
     Opening fails loudly (the caller checks its output location before training); a write that fails later (disk
-    full) is logged once by the writer process and ends journaling, not training.
+    full) is logged once and ends journaling, not training.
     """
 
     def __init__(self, path: str, sync_interval: float = 5.0, flush_interval: float = 0.2):
         self.path = path
+        self.sync_interval = sync_interval
         self.flush_interval = flush_interval
-        with open(path, "w", encoding="utf-8") as file:  # the writer process gets its own copy of the descriptor
-            self._writer = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), str(file.fileno()), repr(sync_interval), path],
-                stdin=subprocess.PIPE,
-                pass_fds=(file.fileno(),),
-                start_new_session=True,  # a Ctrl-C meant for training must not cut the journal short
-            )
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._closing = threading.Event()  # set by close(): no more writes; the sender thread finishes
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- closed by the writer thread
+        self._queued: list[dict[str, Any] | Point] = []
         self._lock = threading.Lock()
-        self._sender = threading.Thread(target=self._send_queued, name="journal-sender", daemon=True)
-        self._sender.start()
+        self._closing = threading.Event()  # set by close(): no more writes; the writer finishes
+        self._writer = threading.Thread(target=self._write_queued, name="journal-writer", daemon=True)
+        self._writer.start()
 
     def write(self, *records: dict[str, Any] | Point) -> None:
-        """Queue records (dicts, or ``Point`` tuples) for the writer process, which appends them one line each, in
-        order; dropped once closed."""
+        """Queue records (dicts, or ``Point`` tuples), appended one line each, in order; dropped once closed."""
         with self._lock:
             if not self._closing.is_set():
-                self._queue.put(records)  # nobody waits on the queue: no thread wakes up now
+                self._queued.extend(records)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Write everything queued, fsync and close (the writer process exits); later writes are dropped. A writer
-        not done within ``timeout`` seconds (stuck on a hung filesystem, stopped) is killed, so that the end of a
-        job never waits on it: the journal keeps what was written, the dump gets every point anyway."""
+        """Write everything queued, fsync and close; later writes are dropped. A writer not done within ``timeout``
+        seconds (stuck on a hung filesystem) is abandoned, so that the end of a job never waits on it: the journal
+        keeps what was written, the dump gets every point anyway."""
         with self._lock:
             if self._closing.is_set():
                 return
             self._closing.set()
-        self._sender.join(timeout)
-        if self._sender.is_alive():
+        self._writer.join(timeout)
+        if self._writer.is_alive():
             logger.warning(
-                "journal %s: its writer did not finish within %g s; killed it (the dump still gets every point)",
+                "journal %s: its writer did not finish within %g s; left behind (the dump still gets every point)",
                 self.path,
                 timeout,
             )
-            self._writer.kill()  # a send blocked on the full pipe now fails, and the sender thread ends
-            self._sender.join()
 
-    def _send_queued(self) -> None:
-        """The sender thread: every ``flush_interval``, everything queued to the writer process at once."""
-        stream = self._writer.stdin
+    def _write_queued(self) -> None:
+        """The writer thread: every ``flush_interval``, everything queued, then once more after ``close``."""
+        last_sync = time.monotonic()
         closing = False
         while not closing:
             closing = self._closing.wait(self.flush_interval)
-            batch = []
-            while not self._queue.empty():
-                batch.extend(self._queue.get())
-            if batch and not stream.closed:
-                try:
-                    stream.write(encode(batch))
-                    stream.flush()
-                except OSError as exc:
-                    logger.warning("journal %s stopped: %s; the dump at the end still gets every point", self.path, exc)
-                    with contextlib.suppress(OSError):
-                        stream.close()
-        with contextlib.suppress(OSError):
-            stream.close()  # the writer writes what is left, syncs and exits
-        self._writer.wait()
+            with self._lock:
+                batch, self._queued = self._queued, []
+            if self._file.closed or not (batch or closing):
+                continue
+            try:
+                self._file.write("".join(f"{encode(record)}\n" for record in batch))
+                self._file.flush()
+                if closing or time.monotonic() - last_sync >= self.sync_interval:
+                    os.fsync(self._file.fileno())
+                    last_sync = time.monotonic()
+            except (OSError, ValueError) as exc:
+                print_own_line(f"journal {self.path} stopped: {exc}; the dump at the end still gets every point")
+                self._close_file()
+        self._close_file()
 
-
-def _write_journal(fd: int, sync_interval: float, path: str) -> None:
-    """The writer process: appends the batches that arrive on stdin to the journal open as ``fd``, until its input
-    ends (the journal was closed, or the training process died). After a failed write it only drains its input."""
-    journal = os.fdopen(fd, "w", encoding="utf-8")
-    last_sync = time.monotonic()
-    for batches in receive(sys.stdin.fileno()):
-        if journal.closed:
-            continue
+    def _close_file(self) -> None:
         try:
-            journal.write("".join(map(_encode, batches)))
-            journal.flush()
-            if time.monotonic() - last_sync >= sync_interval:
-                os.fsync(fd)
-                last_sync = time.monotonic()
-        except (OSError, ValueError) as exc:
-            print(f"journal {path} stopped: {exc}; the dump at the end still gets every point", file=sys.stderr)
-            with contextlib.suppress(OSError):
-                journal.close()
-    if not journal.closed:
-        try:
-            journal.flush()
-            os.fsync(fd)
-            journal.close()
+            self._file.close()
         except OSError as exc:
-            print(f"journal {path} could not be closed cleanly: {exc}", file=sys.stderr)
+            print_own_line(f"journal {self.path} could not be closed cleanly: {exc}")
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:
@@ -199,7 +145,3 @@ def read_journal(path: str) -> list[dict[str, Any]]:
     if not records or records[0]["type"] != "start":
         raise ValueError(f"{path}: a journal starts with a 'start' record")
     return records
-
-
-if __name__ == "__main__":
-    _write_journal(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])

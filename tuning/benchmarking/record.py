@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Any
 
-from tuning.benchmarking.dump import build_dump
+from tuning.benchmarking.dump import RunData, dump_of
 from tuning.benchmarking.journal import Journal, Point
 from tuning.benchmarking.schema import SCHEMA_VERSION
 from tuning.trackers import Tracker
@@ -22,25 +22,26 @@ def _point(name: str, value: float, step: int | None, context: dict | None, now:
 class RunRecord(Tracker):
     """Journal records of one run (format in ``tuning.benchmarking.journal``); thread-safe.
 
-    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it. Points
-    are kept as ``Point`` tuples until the dump is built (recording runs on the training thread at every step), and
-    their contexts are kept, not copied: do not change a context after recording it.
+    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it. The
+    points are kept in a compact ``RunData`` until the dump is built at ``finish``.
     """
 
     name = "benchmark_record"
 
     def __init__(self, journal: Journal, header: dict[str, Any]):
         self.journal = journal
-        self.records: list[dict[str, Any] | Point] = []
+        start = {"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header}
+        self.data = RunData(start)
         self._lock = threading.Lock()
         self._finished = False
-        self._append({"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header})
+        journal.write(start)
 
     def _append(self, *records: dict[str, Any] | Point) -> None:
         with self._lock:
             if self._finished:
                 return  # e.g. a last system-metrics sample racing the end of the run
-            self.records.extend(records)
+            for record in records:
+                self.data.add(record)
             self.journal.write(*records)
 
     def record(self, name: str, value: float, step: int | None = None, context: dict | None = None) -> None:
@@ -89,8 +90,8 @@ class RunRecord(Tracker):
                 "peak_rss_bytes": peak_rss_bytes,
                 "cuda": cuda,
             }
-            self.records.append(end)
+            self.data.add(end)
             self.journal.write(end)
             self.journal.close()
             self._finished = True
-        return build_dump(self.records)
+        return dump_of(self.data)

@@ -1,16 +1,29 @@
-"""The benchmark dump's schema: one definition for the writer (bench_train), the journal rebuild and readers.
+"""The benchmark dump's schema, declared once as typed models: the writer (bench_train), the journal rebuild and
+readers (bench_report) agree on it, ``validate_dump`` checks a dump against it and the README's JSON Schema is
+generated from it:
 
-The schema is plain data in a small JSON-Schema subset (``type`` with a list for nullable values, ``properties``,
-``required``, ``items``, ``enum``), so a reader can also feed it to any JSON-Schema validator. ``validate_dump`` checks
-a dump without third-party packages. Keys may be added in later versions; renaming or dropping one bumps
+    python -m tuning.benchmarking.schema                    # print the JSON Schema
+    python -m tuning.benchmarking.schema --readme README.md # rewrite the README's schema block
+
+Keys may be added in later versions (every object allows more keys than it declares); renaming or dropping one bumps
 ``SCHEMA_VERSION``.
 """
 
-from typing import Any
+import argparse
+import json
+import re
+import sys
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "error", "stopped")
-STOP_REASONS = ("stop_after_seconds", "auto_stop")
+Status = Literal["ok", "error", "stopped", "interrupted"]  # interrupted: ended by SIGTERM/SIGINT, with its report
+StopReason = Literal["stop_after_seconds", "auto_stop"]
+STATUSES = get_args(Status)
+STOP_REASONS = get_args(StopReason)
 
 # Series the summary is computed from; every writer uses these names.
 STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end of the previous one
@@ -20,181 +33,208 @@ TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
 PROCESS_RSS = "process_rss_bytes"
 MODEL_LOAD_TIME = "model_load_time"
 
-_NUMBER = {"type": ["number", "null"]}  # null stands for a value that was NaN or infinite
-_SERIES_KEYS = {"name": {"type": "string"}, "context": {"type": "object"}}
-
-_METRIC = {
-    "type": "object",
-    "required": ["name", "context", "steps", "values", "timestamps"],
-    "properties": {
-        **_SERIES_KEYS,
-        "steps": {"type": "array", "items": {"type": ["integer", "null"]}},
-        "values": {"type": "array", "items": _NUMBER},
-        "timestamps": {"type": "array", "items": {"type": "number"}},
-    },
-}
-
-_AGGREGATE = {
-    "type": "object",
-    "required": ["name", "context", "min", "avg", "max", "count"],
-    "properties": {**_SERIES_KEYS, "min": _NUMBER, "avg": _NUMBER, "max": _NUMBER, "count": {"type": "integer"}},
-}
-
-_CUDA_DEVICE = {
-    "type": "object",
-    "required": ["device", "max_memory_allocated_bytes", "max_memory_reserved_bytes"],
-    "properties": {
-        "device": {"type": "integer"},
-        "max_memory_allocated_bytes": {"type": "integer"},
-        "max_memory_reserved_bytes": {"type": "integer"},
-    },
-}
-
-_SUMMARY_NUMBERS = (
-    "train_runtime",
-    "model_load_time",
-    "tokens_per_second",
-    "samples_per_second",
-    "step_time_p50",
-    "step_time_p90",
-)
-
-_SUMMARY = {
-    "type": "object",
-    "required": [*_SUMMARY_NUMBERS, "measured_steps", "peak_rss_bytes", "cuda"],
-    "properties": {
-        **{key: _NUMBER for key in _SUMMARY_NUMBERS},
-        "measured_steps": {"type": "integer"},
-        "peak_rss_bytes": {"type": ["integer", "null"]},
-        "cuda": {"type": ["array", "null"], "items": _CUDA_DEVICE},
-    },
-}
-
-_VERSION = {"type": ["string", "null"]}
-_ENVIRONMENT = {
-    "type": "object",
-    "required": ["python", "torch", "transformers", "trl", "peft", "aim", "cuda", "cuda_driver", "gpus"],
-    "properties": {
-        **{key: _VERSION for key in ("python", "torch", "transformers", "trl", "peft", "aim", "cuda", "cuda_driver")},
-        "gpus": {"type": "array", "items": {"type": "string"}},
-    },
-}
-
-# The error-reporting module's report (see tuning.utils.error_logging), or the note a rebuild writes when the run
-# died without one: then only the keys below are known.
-_ERROR = {
-    "type": ["object", "null"],
-    "required": ["category", "message", "global_step"],
-    "properties": {
-        "category": {"type": ["string", "null"]},
-        "message": {"type": "string"},
-        "global_step": {"type": ["integer", "null"]},
-    },
-}
-
-DUMP_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "schema_version",
-        "status",
-        "stop_reason",
-        "run_hash",
-        "experiment",
-        "metadata",
-        "host",
-        "rank",
-        "world_size",
-        "start_time",
-        "stop_time",
-        "training_steps",
-        "warmup_steps",
-        "summary",
-        "metrics",
-        "aggregates",
-        "environment",
-        "error",
-        "aim_degraded_reason",
-        "rebuilt_from_journal",
-    ],
-    "properties": {
-        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
-        "status": {"type": "string", "enum": list(STATUSES)},
-        "stop_reason": {"type": ["string", "null"], "enum": [*STOP_REASONS, None]},
-        "run_hash": {"type": ["string", "null"]},
-        "experiment": {"type": ["string", "null"]},
-        "metadata": {"type": "object"},
-        "host": {"type": "string"},
-        "rank": {"type": "integer"},
-        "world_size": {"type": "integer"},
-        "start_time": {"type": "string"},
-        "stop_time": {"type": "string"},
-        "training_steps": {"type": "integer"},
-        "warmup_steps": {"type": "integer"},
-        "summary": _SUMMARY,
-        "metrics": {"type": "array", "items": _METRIC},
-        "aggregates": {"type": "array", "items": _AGGREGATE},
-        "environment": _ENVIRONMENT,
-        "error": _ERROR,
-        "aim_degraded_reason": {"type": ["string", "null"]},
-        "rebuilt_from_journal": {"type": "boolean"},
-    },
-}
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "number": (int, float),
-    "integer": (int,),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
+Number = float | None  # null stands for a value that was NaN or infinite
 
 
-def _type_matches(value: Any, name: str) -> bool:
-    # bool is an int subclass in Python but never a JSON number.
-    if isinstance(value, bool) and name in ("number", "integer"):
-        return False
-    return isinstance(value, _TYPES[name])
+class _Model(BaseModel):
+    # strict: no coercion ("6" is not an integer, true is not a number); extra keys are allowed (added later).
+    model_config = ConfigDict(strict=True, extra="allow", use_attribute_docstrings=True)
 
 
-def _check(value: Any, schema: dict[str, Any], path: str, problems: list[str]) -> None:
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else types
-        if not any(_type_matches(value, name) for name in types):
-            problems.append(f"{path}: expected {' or '.join(types)}, got {type(value).__name__}")
-            return
-    if "enum" in schema and value not in schema["enum"]:
-        problems.append(f"{path}: {value!r} is not one of {schema['enum']}")
-    if isinstance(value, dict):
-        problems.extend(f"{path}: missing key {key!r}" for key in schema.get("required", ()) if key not in value)
-        for key, subschema in schema.get("properties", {}).items():
-            if key in value:
-                _check(value[key], subschema, f"{path}.{key}", problems)
-    if isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            _check(item, schema["items"], f"{path}[{index}]", problems)
+class Metric(_Model):
+    """One series: its points in order, NaN/inf values as null."""
+
+    name: str
+    context: dict[str, Any]
+    steps: list[int | None]
+    values: list[Number]
+    timestamps: list[float]
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> "Metric":
+        if not len(self.steps) == len(self.values) == len(self.timestamps):
+            raise PydanticCustomError("lengths", "steps, values and timestamps differ in length")
+        return self
 
 
-def validate(value: Any, schema: dict[str, Any]) -> list[str]:
-    """Every way ``value`` departs from ``schema`` (empty when it conforms), as ``$.path: problem`` lines."""
-    problems: list[str] = []
-    _check(value, schema, "$", problems)
-    return problems
+class Aggregate(_Model):
+    """A series' minimum, mean, maximum and count, warmup excluded (null, null, null, 0 when nothing is left)."""
+
+    name: str
+    context: dict[str, Any]
+    min: Number
+    avg: Number
+    max: Number
+    count: int
+
+
+class CudaDevice(_Model):
+    device: int
+    max_memory_allocated_bytes: int
+    max_memory_reserved_bytes: int
+
+
+class Summary(_Model):
+    train_runtime: Number
+    """seconds from train begin to train end"""
+    model_load_time: Number
+    tokens_per_second: Number
+    """non-padding tokens of all ranks per second of step time"""
+    samples_per_second: Number
+    step_time_p50: Number
+    step_time_p90: Number
+    measured_steps: int
+    """post-warmup steps the step figures cover; 0 = never left warmup, the figures then cover all steps"""
+    peak_rss_bytes: int | None
+    """rank 0's peak resident memory"""
+    cuda: list[CudaDevice] | None
+    """peak memory per device; null without CUDA"""
+
+
+class Environment(_Model):
+    python: str | None
+    torch: str | None
+    transformers: str | None
+    trl: str | None
+    peft: str | None
+    aim: str | None
+    cuda: str | None
+    cuda_driver: str | None
+    gpus: list[str]
+
+
+class ErrorReport(_Model):
+    """The error report of ``tuning.utils.error_logging`` (a hang adds ``thread_stacks``), or the note of a rebuild
+    whose run died without one: then only these keys are known."""
+
+    category: str | None
+    message: str
+    global_step: int | None
+
+
+class Dump(_Model):
+    """A benchmark run's dump, written by rank 0 of ``wrappers/bench_train.py`` however the run ends."""
+
+    schema_version: Literal[1]
+    """keys may be added; a rename or removal bumps it"""
+    status: Status
+    """how the run ended"""
+    stop_reason: StopReason | None
+    """set exactly when status is stopped"""
+    run_hash: str | None
+    """the Aim run"""
+    experiment: str | None
+    metadata: dict[str, Any]
+    """the merged metadata"""
+    host: str
+    rank: int
+    world_size: int
+    start_time: str
+    """UTC ISO-8601 of the process start"""
+    stop_time: str
+    training_steps: int
+    """optimizer steps completed"""
+    warmup_steps: int
+    """the last warmup step"""
+    summary: Summary
+    metrics: list[Metric]
+    aggregates: list[Aggregate]
+    environment: Environment
+    error: ErrorReport | None
+    """set exactly when status is error or interrupted"""
+    aim_degraded_reason: str | None
+    """why Aim tracking stopped, if it did"""
+    rebuilt_from_journal: bool
+
+    @model_validator(mode="after")
+    def _status_agrees(self) -> "Dump":
+        if (self.status in ("error", "interrupted")) != (self.error is not None):
+            raise PydanticCustomError("status", "error must be set exactly when status is 'error' or 'interrupted'")
+        if (self.status == "stopped") != (self.stop_reason is not None):
+            raise PydanticCustomError("status", "stop_reason must be set exactly when status is 'stopped'")
+        return self
 
 
 def validate_dump(dump: Any) -> list[str]:
-    """Problems of a benchmark dump against ``DUMP_SCHEMA``, plus the cross-field rules a schema cannot say."""
-    problems = validate(dump, DUMP_SCHEMA)
-    if problems:
-        return problems
-    if (dump["status"] == "error") != (dump["error"] is not None):
-        problems.append("$.error: must be set exactly when status is 'error'")
-    if (dump["status"] == "stopped") != (dump["stop_reason"] is not None):
-        problems.append("$.stop_reason: must be set exactly when status is 'stopped'")
-    for index, metric in enumerate(dump["metrics"]):
-        lengths = {len(metric["steps"]), len(metric["values"]), len(metric["timestamps"])}
-        if len(lengths) > 1:
-            problems.append(f"$.metrics[{index}]: steps, values and timestamps differ in length")
-    return problems
+    """Every way ``dump`` departs from the schema (empty when it conforms), as ``$.path: problem`` lines."""
+    try:
+        Dump.model_validate(dump)
+    except ValidationError as exc:
+        return [_problem(error) for error in exc.errors()]
+    return []
+
+
+def _problem(error: Any) -> str:
+    location = error["loc"]
+    if error["type"] == "missing":
+        return f"{_path(location[:-1])}: missing key {location[-1]!r}"
+    if error["type"] in ("lengths", "status"):  # the rules of the models' own validators
+        return f"{_path(location)}: {error['msg']}"
+    return f"{_path(location)}: {error['msg']}, got {type(error['input']).__name__}"
+
+
+def _path(location: tuple[str | int, ...]) -> str:
+    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location)
+
+
+class _CompactSchema(GenerateJsonSchema):
+    """No per-field titles (the key says it) and ``{"type": [T, "null"]}`` for a nullable simple type."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def nullable_schema(self, schema: Any) -> dict[str, Any]:
+        inner = self.generate_inner(schema["schema"])
+        if list(inner) == ["type"] and isinstance(inner["type"], str):
+            return {"type": [inner["type"], "null"]}
+        return super().nullable_schema(schema)
+
+
+def json_schema() -> dict[str, Any]:
+    """The dump's JSON Schema (draft 2020-12)."""
+    return Dump.model_json_schema(schema_generator=_CompactSchema)
+
+
+def schema_text() -> str:
+    """The JSON Schema as the README shows it: one line per property."""
+
+    def text(schema: dict[str, Any], depth: int, inline_children: bool) -> str:
+        lines = []
+        for key, value in schema.items():
+            if inline_children or not isinstance(value, dict) or not value:
+                item = json.dumps(value, ensure_ascii=False)
+            else:
+                item = text(value, depth + 1, key == "properties")
+            lines.append("  " * (depth + 1) + f"{json.dumps(key)}: {item}")
+        return "{\n" + ",\n".join(lines) + "\n" + "  " * depth + "}"
+
+    return text(json_schema(), 0, False)
+
+
+_README_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?^```$", re.DOTALL | re.MULTILINE)
+
+
+def readme_with_schema(readme: str) -> str:
+    """``readme`` with the JSON Schema in its ``<!-- dump-schema -->`` block."""
+    schema = schema_text()
+    if not _README_BLOCK.search(readme):
+        raise ValueError("no <!-- dump-schema --> block followed by a ```json fence")
+    return _README_BLOCK.sub(lambda match: f"{match.group(1)}{schema}\n```", readme)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuning.benchmarking.schema", description=__doc__.split("\n")[0])
+    parser.add_argument("--readme", help="rewrite the schema block of this Markdown file instead of printing")
+    args = parser.parse_args(argv)
+    if args.readme is None:
+        print(schema_text())
+        return 0
+    with open(args.readme, encoding="utf-8") as handle:
+        text = handle.read()
+    with open(args.readme, "w", encoding="utf-8") as handle:
+        handle.write(readme_with_schema(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,8 +6,8 @@ spends on its ``num_tokens`` log, plus three more values in every log line. A be
 forward pre-hook sums the attention mask of each training micro-batch on the device where it lies; at the step's end
 the sums are all-reduced over ranks once, and the total is copied to the host without blocking; it is read once the
 copy is done, when the caller next asks (``ready``) or at the latest when training ends. In a single CPU process the
-masks themselves are kept until the caller asks and summed then, several steps together: summing right after the
-forward pass runs on caches the step just flushed and costs several times as much.
+masks themselves are kept until the caller asks and summed then, several steps together, rather than right after
+the forward pass, on caches the step just flushed.
 """
 
 from collections import deque

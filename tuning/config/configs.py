@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import transformers
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from tuning.trackers.tracker_factory import AVAILABLE_TRACKERS, FILE_LOGGING_TRACKER, NO_TRACKING
 from tuning.utils.error_logging import UserInputError
-
-DEFAULT_TRACKERS = ["file_logger"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +28,17 @@ class ModelArguments:
         default=True,
         metadata={"help": "Use flash attention 2 when installed on a GPU; falls back to sdpa with a warning."},
     )
+    # A string on the command line; Python callers may give a torch.dtype as well.
     torch_dtype: str = field(
         default="bfloat16", metadata={"help": "dtype the model is loaded in: bfloat16, float16 or float32."}
     )
     embedding_size_multiple_of: int = field(
         default=8, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
     )
+
+    def __post_init__(self):
+        if not self.tokenizer_name_or_path:
+            self.tokenizer_name_or_path = self.model_name_or_path
 
 
 @dataclass
@@ -83,8 +87,12 @@ class TrainingArguments(transformers.TrainingArguments):
         default=None, metadata={"help": "Fraction of total steps used for linear warmup (sets warmup_steps)."}
     )
     trackers: list[str] = field(
-        default_factory=lambda: list(DEFAULT_TRACKERS),
-        metadata={"help": "Trackers to use (file_logger, aim, none).", "aliases": ["--tracker"]},
+        default_factory=lambda: [FILE_LOGGING_TRACKER],
+        metadata={
+            "help": f"Trackers to use ({', '.join(AVAILABLE_TRACKERS)}); {FILE_LOGGING_TRACKER} is always on "
+            f"unless '{NO_TRACKING}' is given alone.",
+            "aliases": ["--tracker"],
+        },
     )
 
     def __post_init__(self):

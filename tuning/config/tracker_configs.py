@@ -1,6 +1,12 @@
-"""Tracker argument dataclasses: each tracker's flags are plain CLI flags and JSON job-config keys."""
+"""Tracker argument dataclasses: each tracker's flags are plain CLI flags and JSON job-config keys.
+
+A tracker registered in ``tuning.trackers.tracker_factory`` brings its config dataclass here and a
+``<name>_config`` field in :class:`TrackerConfigFactory`; the parser and ``train()`` find both by the name.
+"""
 
 from dataclasses import dataclass, field
+
+DEFAULT_AIM_EXPERIMENT = "fms-hf-tuning"
 
 
 @dataclass
@@ -13,13 +19,18 @@ class FileLoggingTrackerConfig:
 
 @dataclass
 class AimConfig:
-    experiment: str | None = field(default=None, metadata={"help": "Aim experiment name."})
+    experiment: str | None = field(
+        default=None, metadata={"help": f"Aim experiment name; {DEFAULT_AIM_EXPERIMENT} when unset."}
+    )
     aim_repo: str | None = field(
         default=None, metadata={"help": "Local Aim repository directory (created if missing)."}
     )
     aim_remote_server_ip: str | None = field(default=None, metadata={"help": "Remote Aim server host."})
     aim_remote_server_port: int | None = field(default=None, metadata={"help": "Remote Aim server port."})
-    aim_url: str | None = field(default=None, metadata={"help": "Remote Aim server as aim://host:port."})
+    aim_url: str | None = field(
+        default=None,
+        metadata={"help": "Remote Aim server as aim://host:port; set from the server ip and port when both are given."},
+    )
     aim_run_id_export_path: str | None = field(
         default=None,
         metadata={"help": "Directory receiving aimstack_tracker.json with the run hash; default output_dir."},
@@ -36,10 +47,23 @@ class AimConfig:
         },
     )
 
+    def __post_init__(self):
+        if self.experiment is None:
+            self.experiment = DEFAULT_AIM_EXPERIMENT
+        if self.aim_url is None:
+            self.aim_url = server_url(self.aim_remote_server_ip, self.aim_remote_server_port)
+
+
+def server_url(ip: str | None, port: int | str | None) -> str | None:
+    """``aim://ip:port/`` when both parts are given (the port as an int or a string), else None."""
+    if not ip or port in (None, ""):
+        return None
+    return f"aim://{ip}:{port}/"
+
 
 @dataclass
 class TrackerConfigFactory:
-    """All tracker configs of one job, as parsed from the CLI or a JSON job config."""
+    """All tracker configs of one job, as parsed from the CLI or a JSON job config: ``<tracker name>_config``."""
 
     file_logger_config: FileLoggingTrackerConfig = field(default_factory=FileLoggingTrackerConfig)
     aim_config: AimConfig = field(default_factory=AimConfig)

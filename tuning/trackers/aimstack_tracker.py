@@ -48,11 +48,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
 
-from tuning.config.tracker_configs import AimConfig
+from tuning.config.tracker_configs import AimConfig, server_url
 from tuning.trackers import aim_writer
 from tuning.trackers.tracker import Tracker, is_main_process
 from tuning.utils.error_logging import UserInputError
@@ -79,7 +80,8 @@ class SafeAimCallback(TrainerCallback):
     """Tracks a training job into one Aim run; Aim failures cost a warning, never the job (see module docstring).
 
     ``repo`` is a local directory (created if missing) or ``aim://host:port``. ``run_hash`` is set once the run
-    exists; ``degraded_reason`` says why tracking stopped, if it did.
+    exists and written to ``run_hash_export_dir`` (default: the trainer's ``output_dir``; ``when_run_hash_known``
+    tells); ``degraded_reason`` says why tracking stopped, if it did.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class SafeAimCallback(TrainerCallback):
         self.timeout = timeout
         self.run_hash_export_dir = run_hash_export_dir
         self.run_hash: str | None = None
+        self._run_hash_listeners: list[Callable[[str], None]] = []
         self.degraded_reason: str | None = None
         self._enabled = is_main_process()
         self._writer: subprocess.Popen | None = None
@@ -146,6 +149,15 @@ class SafeAimCallback(TrainerCallback):
     def set_params(self, params: dict, name: str) -> None:
         """Merge ``params`` into the run param ``name``, so queries like ``run.<name>.<key> == …`` find the run."""
         self._send({"op": "set", "name": name, "params": dict(params)}, f"setting the run param {name}")
+
+    def when_run_hash_known(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(run_hash)`` once the run exists: now if it does, else from the thread that learns it."""
+        with self._state_lock:
+            known = self.run_hash
+            if known is None:
+                self._run_hash_listeners.append(listener)
+        if known is not None:
+            listener(known)
 
     def close(self) -> None:
         """Flush the queued messages and finish the run; gives up on Aim when one message overruns ``timeout``."""
@@ -232,6 +244,10 @@ class SafeAimCallback(TrainerCallback):
     def on_init_end(self, args, state, control, **kwargs):
         # Open the run while the trainer prepares, so it is ready (or known broken) before the first step.
         if state.is_world_process_zero:
+            if self.run_hash_export_dir is None:
+                self.run_hash_export_dir = args.output_dir
+                if self.run_hash is not None:  # the run was opened before the trainer existed
+                    self._export_run_hash()
             self._open()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -308,8 +324,15 @@ class SafeAimCallback(TrainerCallback):
                 self._progress_at = time.monotonic()
                 failed = self._pending[0] if self._pending else "the Aim writer"
             if "run_hash" in answer:
-                self.run_hash = answer["run_hash"]
+                with self._state_lock:
+                    self.run_hash = answer["run_hash"]
+                    listeners, self._run_hash_listeners = self._run_hash_listeners, []
                 self._export_run_hash()
+                for listener in listeners:
+                    try:
+                        listener(self.run_hash)
+                    except Exception:  # a listener's bug must not stop this thread, which tracking relies on
+                        logger.exception("run hash listener failed")
             if "gone" in answer:
                 self._degrade(answer["gone"])
             elif "failed" in answer:
@@ -359,13 +382,8 @@ def resolve_repo(config: AimConfig) -> str:
     """Validate ``config`` (cheaply, no network) and return where the run goes: a configured server wins."""
     ip = config.aim_remote_server_ip or None
     port = None if config.aim_remote_server_port in (None, "") else config.aim_remote_server_port
-    url = config.aim_url or None
-    if url and (ip or port is not None):
-        raise UserInputError("give the Aim server as --aim_url or as --aim_remote_server_ip/_port, not both")
     if (ip is None) != (port is None):
         raise UserInputError("--aim_remote_server_ip and --aim_remote_server_port must be given together")
-    if ip is not None:
-        url = f"aim://{ip}:{port}"
     if config.aim_close_timeout is None or config.aim_close_timeout <= 0:
         raise UserInputError(
             f"--aim_close_timeout must be a positive number of seconds, got {config.aim_close_timeout}"
@@ -373,33 +391,43 @@ def resolve_repo(config: AimConfig) -> str:
     interval = config.aim_system_tracking_interval
     if interval is not None and not _MIN_SYSTEM_INTERVAL_S <= interval <= _MAX_SYSTEM_INTERVAL_S:
         raise UserInputError(f"--aim_system_tracking_interval must be between 0.1 s and one day, got {interval}")
-    if url:
-        match = _AIM_URL.fullmatch(url.strip())
-        if not match or not 0 < int(match["port"]) < 65536:
-            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {url!r}")
+    servers = {_server_address(url.strip()) or url for url in (config.aim_url, server_url(ip, port)) if url}
+    for server in servers:
+        if isinstance(server, str) or not 0 < server[1] < 65536:
+            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {server!r}")
+    if len(servers) > 1:
+        raise UserInputError(
+            "give the Aim server as --aim_url or as --aim_remote_server_ip/_port, not both: "
+            f"they name different servers ({config.aim_url} and {server_url(ip, port)})"
+        )
+    if servers:
+        server = servers.pop()
         if config.aim_repo:
-            logger.warning("ignoring --aim_repo %s: the run goes to the Aim server %s", config.aim_repo, url)
-        return f"aim://{match['host']}:{match['port']}"
+            logger.warning(
+                "ignoring --aim_repo %s: the run goes to the Aim server aim://%s:%d", config.aim_repo, *server
+            )
+        return "aim://{}:{}".format(*server)
     if config.aim_repo:
         return os.path.abspath(os.path.expanduser(config.aim_repo))
     raise UserInputError(
-        "--tracker aim needs --aim_repo DIR or an Aim server "
+        "Aim tracker requested but repo or server is not specified: give --aim_repo DIR or an Aim server "
         "(--aim_url aim://host:port, or --aim_remote_server_ip with --aim_remote_server_port)"
     )
 
 
 class AimStackTracker(Tracker):
-    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``."""
+    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``. The run hash goes to
+    ``aim_run_id_export_path``, else to the trainer's ``output_dir``, which the callback learns when the trainer
+    is created."""
 
-    name = "aim"
-
-    def __init__(self, config: AimConfig, output_dir: str):
+    def __init__(self, tracker_config: AimConfig):
+        super().__init__(name="aim", tracker_config=tracker_config)
         self.callback = SafeAimCallback(
-            resolve_repo(config),
-            experiment=config.experiment,
-            system_tracking_interval=config.aim_system_tracking_interval,
-            timeout=config.aim_close_timeout,
-            run_hash_export_dir=config.aim_run_id_export_path or output_dir,
+            resolve_repo(tracker_config),
+            experiment=tracker_config.experiment,
+            system_tracking_interval=tracker_config.aim_system_tracking_interval,
+            timeout=tracker_config.aim_close_timeout,
+            run_hash_export_dir=tracker_config.aim_run_id_export_path,
         )
 
     @property

@@ -19,19 +19,43 @@ def format_record(name: str, value: float, step: int | None, epoch: float | None
     return json.dumps(record) + "\n"
 
 
-def append_record(path: str, name: str, value: float, step: int | None, epoch: float | None) -> None:
-    """Append one record to ``path`` (opened for just this record)."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(format_record(name, value, step, epoch))
-
-
 class FileLoggingCallback(TrainerCallback):
-    """Keeps the file open from the first log to train end, flushing every record: a killed job keeps everything
-    logged before the kill, and no log pays for opening the file."""
+    """Writes ``<output_dir>/<logs_filename>`` (the trainer's ``output_dir``) on global rank 0.
 
-    def __init__(self, path: str):
-        self.path = path
+    Keeps the file open from the first log to train end, flushing every record: a killed job keeps everything
+    logged before the kill, and no log pays for opening the file. Records handed to ``record`` before the trainer
+    exists (``model_load_time``) wait until its ``output_dir`` is known.
+    """
+
+    def __init__(self, logs_filename: str = "training_logs.jsonl"):
+        self.logs_filename = logs_filename
+        self.path: str | None = None
         self._file: TextIO | None = None
+        self._pending: list[str] = []
+
+    def record(self, name: str, value: float) -> None:
+        """One record without step or epoch, appended in a file opened for just this record."""
+        if self.path is None:
+            self._pending.append(format_record(name, value, None, None))
+        else:
+            self._append(format_record(name, value, None, None))
+
+    def _append(self, text: str) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(text)
+
+    def _set_output_dir(self, output_dir: str) -> None:
+        if self.path is not None:
+            return
+        self.path = os.path.join(output_dir, self.logs_filename)
+        if self._pending:
+            self._append("".join(self._pending))
+            self._pending = []
+
+    def on_init_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self._set_output_dir(args.output_dir)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -44,6 +68,7 @@ class FileLoggingCallback(TrainerCallback):
         if not records:
             return
         if self._file is None:
+            self._set_output_dir(args.output_dir)  # a callback added after the trainer was created
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until train end
         self._file.write("".join(records))
         self._file.flush()
@@ -55,15 +80,15 @@ class FileLoggingCallback(TrainerCallback):
 
 
 class FileLoggingTracker(Tracker):
-    name = "file_logger"
+    """The ``file_logger`` tracker: losses and ``track``-ed metrics as JSON lines in the trainer's output_dir."""
 
-    def __init__(self, config: FileLoggingTrackerConfig, output_dir: str):
-        self.path = os.path.join(output_dir, config.training_logs_filename)
+    def __init__(self, tracker_config: FileLoggingTrackerConfig):
+        super().__init__(name="file_logger", tracker_config=tracker_config)
+        self.callback = FileLoggingCallback(tracker_config.training_logs_filename)
 
     def get_hf_callback(self) -> TrainerCallback:
-        return FileLoggingCallback(self.path)
+        return self.callback
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         if is_main_process():
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            append_record(self.path, name, metric, step=None, epoch=None)
+            self.callback.record(name, metric)

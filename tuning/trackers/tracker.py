@@ -44,14 +44,20 @@ def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], floa
 class Tracker:
     """A tracking backend: a transformers callback for the training loop plus a side channel for extra data.
 
+    ``name`` is the registry name (``file_logger``, ``aim``), ``config`` the tracker's config dataclass.
     ``track`` and ``set_params`` may be called before training starts (``model_load_time`` is measured while the
     model loads); a backend whose run only exists once training begins must buffer them.
     """
 
     name: str = "base"
 
+    def __init__(self, name: str | None = None, tracker_config: Any = None) -> None:
+        if name is not None:
+            self.name = name
+        self.config = tracker_config
+
     def get_hf_callback(self) -> "TrainerCallback | None":
-        """The callback to hand to ``train(callbacks=…)``; None when the backend needs none."""
+        """The tracker's trainer callback (the same object at every call); None when the backend needs none."""
         return None
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:

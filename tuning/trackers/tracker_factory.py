@@ -1,23 +1,34 @@
 """Tracker registry: name → config dataclass + lazily imported implementation.
 
 Backends register a dotted ``module:Class`` path rather than a class so that optional packages (aim) are imported
-only when their tracker is requested.
+only when their tracker is requested. A new tracker registers itself here with its config dataclass and adds a
+``<name>_config`` field to ``TrackerConfigFactory``: the parser (its flags) and ``train()`` (its construction) then
+find it by its name.
 """
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
 from tuning.trackers.tracker import Tracker
 from tuning.utils.error_logging import UserInputError
 
+if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
+    from transformers import TrainerCallback
+
+FILE_LOGGING_TRACKER = "file_logger"
+AIMSTACK_TRACKER = "aim"
 NO_TRACKING = "none"
+
+AVAILABLE_TRACKERS: list[str] = []  # every registered name, in registration order
 
 
 @dataclass(frozen=True)
 class TrackerSpec:
     config_class: type
-    implementation: str  # "module:Class"
+    implementation: str  # "module:Class", constructed with the tracker's config
     extra: str | None = None  # pip extra providing the optional backend
 
 
@@ -25,34 +36,53 @@ _REGISTRY: dict[str, TrackerSpec] = {}
 
 
 def register_tracker(name: str, spec: TrackerSpec) -> None:
+    config_field = f"{name}_config"
+    if config_field not in {known.name for known in dataclasses.fields(TrackerConfigFactory)}:
+        raise ValueError(f"tracker {name!r} needs a {config_field} field in TrackerConfigFactory")
+    if name not in _REGISTRY:
+        AVAILABLE_TRACKERS.append(name)
     _REGISTRY[name] = spec
 
 
 register_tracker(
-    "file_logger", TrackerSpec(FileLoggingTrackerConfig, "tuning.trackers.filelogging_tracker:FileLoggingTracker")
+    FILE_LOGGING_TRACKER,
+    TrackerSpec(FileLoggingTrackerConfig, "tuning.trackers.filelogging_tracker:FileLoggingTracker"),
 )
-register_tracker("aim", TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim"))
+register_tracker(
+    AIMSTACK_TRACKER, TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim")
+)
 
 
-def available_trackers() -> list[str]:
-    return sorted(_REGISTRY)
+def tracker_config_classes() -> dict[str, type]:
+    """Each registered tracker's config dataclass, by tracker name: the parser's tracker sections."""
+    return {name: spec.config_class for name, spec in _REGISTRY.items()}
 
 
-def validate_tracker_names(names: list[str]) -> list[str]:
-    """Return the requested tracker names, deduplicated; ``none`` means no tracking at all."""
-    requested = list(dict.fromkeys(name.strip().lower() for name in names))
+def validate_tracker_names(names: list[str] | None) -> list[str]:
+    """The trackers a job runs: the requested names, deduplicated, always with the file logger first.
+
+    ``["none"]`` alone means no tracking at all; an unknown name is a user error (a ``ValueError``).
+    """
+    requested = list(dict.fromkeys(name.strip().lower() for name in names or []))
     if NO_TRACKING in requested:
         if len(requested) > 1:
             raise UserInputError(f"--trackers {NO_TRACKING} cannot be combined with other trackers: {names}")
         return []
-    unknown = [name for name in requested if name not in _REGISTRY]
-    if unknown:
-        raise UserInputError(f"unknown tracker(s) {unknown}; available: {available_trackers() + [NO_TRACKING]}")
-    return requested
+    for name in names or []:
+        _spec(name)  # an unknown name is reported as typed
+    return list(dict.fromkeys([FILE_LOGGING_TRACKER, *requested]))
 
 
-def _implementation(name: str) -> type:
-    spec = _REGISTRY[name]
+def _spec(name: str) -> TrackerSpec:
+    spec = _REGISTRY.get(name.strip().lower())
+    if spec is None:
+        raise UserInputError(
+            f"Requested Tracker {name} not found. Available trackers: {', '.join(AVAILABLE_TRACKERS + [NO_TRACKING])}"
+        )
+    return spec
+
+
+def _implementation(name: str, spec: TrackerSpec) -> type[Tracker]:
     module_name, class_name = spec.implementation.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -62,12 +92,21 @@ def _implementation(name: str) -> type:
     return getattr(module, class_name)
 
 
-def get_tracker(name: str, tracker_configs: TrackerConfigFactory, output_dir: str) -> Tracker:
-    """Instantiate one tracker from its section of ``tracker_configs``."""
-    config = getattr(tracker_configs, f"{name}_config", None) or _REGISTRY[name].config_class()
-    return _implementation(name)(config, output_dir)
+def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Tracker:
+    """One tracker, configured from its ``<name>_config`` section of ``tracker_configs`` (its defaults when that is
+    unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
+    spec = _spec(name)
+    name = name.strip().lower()
+    config = getattr(tracker_configs, f"{name}_config", None) or spec.config_class()
+    return _implementation(name, spec)(config)
 
 
-def build_trackers(names: list[str], tracker_configs: TrackerConfigFactory, output_dir: str) -> list[Tracker]:
-    """Create every requested tracker; raises before any model work when a name or package is wrong."""
-    return [get_tracker(name, tracker_configs, output_dir) for name in validate_tracker_names(names)]
+def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
+    """The trackers of ``validate_tracker_names(names)``; raises before any model work when a name, a package or a
+    config is wrong."""
+    return [get_tracker(name, tracker_configs) for name in validate_tracker_names(names)]
+
+
+def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
+    """The trainer callbacks of ``trackers``, in their order."""
+    return [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]

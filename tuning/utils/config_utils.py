@@ -21,15 +21,9 @@ def _as_object(text: str, source: str) -> dict:
     return config
 
 
-def read_job_config() -> dict | None:
-    """The job config named by the environment, or None when neither variable is set (then argv is used)."""
-    path = os.environ.get(CONFIG_PATH_ENV)
-    if path:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                return _as_object(handle.read(), path)
-        except OSError as exc:
-            raise UserInputError(f"cannot read job config {path} ({CONFIG_PATH_ENV}): {exc}") from exc
+def get_json_config() -> dict:
+    """The job config named by the environment: ``SFT_TRAINER_CONFIG_JSON_ENV_VAR`` (base64 JSON) if set, else the
+    file ``SFT_TRAINER_CONFIG_JSON_PATH``; ``{}`` when neither is set (then argv is used)."""
     encoded = os.environ.get(CONFIG_BASE64_ENV)
     if encoded:
         try:
@@ -37,4 +31,11 @@ def read_job_config() -> dict | None:
         except (binascii.Error, UnicodeDecodeError) as exc:
             raise UserInputError(f"{CONFIG_BASE64_ENV} is not base64-encoded UTF-8 JSON: {exc}") from exc
         return _as_object(text, CONFIG_BASE64_ENV)
-    return None
+    path = os.environ.get(CONFIG_PATH_ENV)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return _as_object(handle.read(), path)
+        except OSError as exc:
+            raise UserInputError(f"cannot read job config {path} ({CONFIG_PATH_ENV}): {exc}") from exc
+    return {}

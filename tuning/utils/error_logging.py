@@ -18,6 +18,7 @@ host_oom       205     host (CPU) memory exhausted
 communication  206     NCCL / gloo / c10d failure, collective or watchdog timeout, rendezvous or store failure
 device_error   207     transient accelerator fault: illegal memory access, ECC error, launch failure
 hang           208     a stall watchdog saw no progress (``TrainingStalled`` or an explicit category)
+storage        209     no room to store a result: device full or quota exceeded (``StorageError``)
 interrupted    128+N   stopped by signal N: 143 for SIGTERM, 130 for SIGINT
 internal       203     anything else (the code fms-hf-tuning uses)
 =============  ======  ======================================================================================
@@ -25,7 +26,9 @@ internal       203     anything else (the code fms-hf-tuning uses)
 Termination log: one line ``<category>: [rank N: ]<Type>: <message>`` of at most 1 KiB, no traceback, appended to
 ``$TERMINATION_LOG_FILE``, else to ``/dev/termination-log`` when it exists and is writable. stderr marker, printed after
 the traceback: ``TUNING_ERROR category=gpu_oom rank=0 step=3 exit_code=204 type=OutOfMemoryError: <message>``
-(``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``.
+(``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``, and with
+``install_early_signal_handlers()`` before their heavy imports, a SIGTERM or Ctrl-C at any moment ends them the same
+way (``interrupted``).
 
 A "CUDA error: device-side assert triggered" is ``internal``, not ``device_error``: it is a deterministic kernel check
 (usually an out-of-range index from a data, tokenizer or model mismatch) that fails the same way on healthy hardware.
@@ -53,6 +56,8 @@ traceback       str           the formatted traceback of the whole exception cha
 """
 
 import enum
+import errno
+import functools
 import json
 import logging
 import os
@@ -81,8 +86,24 @@ class TrainingInterrupted(Exception):
         super().__init__(f"training stopped by {signal.Signals(signum).name}")
 
 
+class SignalInterrupt(BaseException):
+    """A stop signal turned into an exception in the main thread by ``install_early_signal_handlers``.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that a library's ``except Exception`` around model loading or
+    tokenization cannot swallow the stop. Category ``interrupted``, exit code 128+signal.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
 class TrainingStalled(RuntimeError):
     """Raised or reported by a stall watchdog when training makes no progress: category ``hang``."""
+
+
+class StorageError(OSError):
+    """A result (a dump, a checkpoint) could not be written where asked for lack of room: category ``storage``."""
 
 
 class ErrorCategory(enum.StrEnum):
@@ -94,6 +115,7 @@ class ErrorCategory(enum.StrEnum):
     COMMUNICATION = "communication"
     DEVICE_ERROR = "device_error"
     HANG = "hang"
+    STORAGE = "storage"
     INTERRUPTED = "interrupted"
     INTERNAL = "internal"
 
@@ -113,6 +135,7 @@ _PRIORITY = (
     _C.DEVICE_ERROR,
     _C.COMMUNICATION,
     _C.HANG,
+    _C.STORAGE,
     _C.INTERRUPTED,
     _C.USER_ERROR,
     _C.INTERNAL,
@@ -127,8 +150,10 @@ _TYPE_CATEGORIES = {
     "torch.distributed.DistError": _C.COMMUNICATION,
     "torch.distributed.elastic.rendezvous.api.RendezvousError": _C.COMMUNICATION,
     _qualified_name(TrainingStalled): _C.HANG,
+    _qualified_name(StorageError): _C.STORAGE,
     "KeyboardInterrupt": _C.INTERRUPTED,
     _qualified_name(TrainingInterrupted): _C.INTERRUPTED,
+    _qualified_name(SignalInterrupt): _C.INTERRUPTED,
     "torch.distributed.elastic.multiprocessing.api.SignalException": _C.INTERRUPTED,
     "argparse.ArgumentError": _C.USER_ERROR,
     "argparse.ArgumentTypeError": _C.USER_ERROR,
@@ -176,6 +201,7 @@ _MESSAGE_PATTERNS = (
         _C.COMMUNICATION,
         re.compile(r"\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))", re.I | re.S),
     ),
+    (_C.STORAGE, re.compile(r"No space left on device|Disk quota exceeded", re.I)),
     (
         _C.USER_ERROR,
         re.compile(
@@ -186,15 +212,22 @@ _MESSAGE_PATTERNS = (
     ),
 )
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
+# An OSError of these is the storage's fault whatever its message says.
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+# fms-hf-tuning's two exit codes, kept as the defaults of its two categories.
+USER_ERROR_EXIT_CODE = 1
+INTERNAL_ERROR_EXIT_CODE = 203
 
 DEFAULT_EXIT_CODES = {
-    _C.USER_ERROR: 1,
-    _C.INTERNAL: 203,
+    _C.USER_ERROR: USER_ERROR_EXIT_CODE,
+    _C.INTERNAL: INTERNAL_ERROR_EXIT_CODE,
     _C.GPU_OOM: 204,
     _C.HOST_OOM: 205,
     _C.COMMUNICATION: 206,
     _C.DEVICE_ERROR: 207,
     _C.HANG: 208,
+    _C.STORAGE: 209,
     _C.INTERRUPTED: 128 + signal.SIGTERM,
 }
 EXIT_CODE_ENV_PREFIX = "TUNING_EXIT_CODE_"
@@ -246,6 +279,8 @@ def _categories(exc: BaseException) -> set[ErrorCategory]:
         return {_C.USER_ERROR} if exc.code == 2 else set()
     names = {_qualified_name(cls) for cls in type(exc).__mro__}
     found = {category for name, category in _TYPE_CATEGORIES.items() if name in names}
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        found.add(_C.STORAGE)
     text = _safe_str(exc)
     found.update(category for category, pattern in _MESSAGE_PATTERNS if pattern.search(text))
     if _DEVICE_ASSERT.search(text):
@@ -269,7 +304,7 @@ def classify(exc: BaseException) -> ErrorCategory:
 
 
 def _signal_number(exc: BaseException) -> int | None:
-    if isinstance(exc, TrainingInterrupted):
+    if isinstance(exc, TrainingInterrupted | SignalInterrupt):
         return exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return signal.SIGINT
@@ -308,9 +343,10 @@ def _one_line(text: str, max_bytes: int) -> str:
     return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
 
 
-def termination_log_path() -> str | None:
-    """``TERMINATION_LOG_FILE`` if set, else Kubernetes' default file when it exists and is writable."""
-    path = os.environ.get(TERMINATION_LOG_ENV)
+def termination_log_path(log_file: str | None = None) -> str | None:
+    """``TERMINATION_LOG_FILE`` if set, else ``log_file`` if given, else Kubernetes' default file when it exists and
+    is writable."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or log_file
     if path:
         return path
     if os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK):
@@ -318,12 +354,14 @@ def termination_log_path() -> str | None:
     return None
 
 
-def write_termination_log(text: str) -> str | None:
-    """Append ``text`` to the termination log as one line of at most 1 KiB; return the path, or None if not written.
+def write_termination_log(text: str, log_file: str | None = None) -> str | None:
+    """Append ``text`` to the termination log (see ``termination_log_path``) as one line of at most 1 KiB; return
+    the path, or None if not written. Without ``TERMINATION_LOG_FILE``, ``log_file`` or ``/dev/termination-log``
+    nothing is written (fms-hf-tuning defaults ``log_file`` to ``error.log``: pass it to get that file).
 
     Never raises: the log is a best-effort summary and must not mask the error being reported.
     """
-    path = termination_log_path()
+    path = termination_log_path(log_file)
     if path is None:
         return None
     try:
@@ -418,11 +456,20 @@ def error_marker(report: dict[str, Any]) -> str:
     )
 
 
+def print_own_line(text: str) -> None:
+    """Print ``text`` to stderr on a line of its own, in one write: a progress bar (of this rank or, under
+    torchrun, of another writing to the same stream) may have left the current line open."""
+    line = f"\n{text}\n"
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except RuntimeError:  # a signal handler reporting while the main thread was writing to stderr: skip its buffer
+        os.write(2, line.encode("utf-8", "replace"))
+
+
 def print_error_marker(report: dict[str, Any]) -> None:
-    """Print the marker on a line of its own, in one write: a progress bar (of this rank or, under torchrun, of
-    another writing to the same stream) may have left the current line open."""
-    sys.stderr.write(f"\n{error_marker(report)}\n")
-    sys.stderr.flush()
+    """Print the marker on a line of its own."""
+    print_own_line(error_marker(report))
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
@@ -453,6 +500,48 @@ def _record_step(step: int) -> None:
     _last_global_step = step
 
 
+class _Phase(enum.Enum):
+    """Where a script is, for the early signal handlers."""
+
+    STARTING = "starting"  # importing and setting up, before run_with_error_reporting
+    RUNNING = "running"  # inside run_with_error_reporting's function
+    REPORTING = "reporting"  # that function has ended: the process reports how and exits
+
+
+_phase = _Phase.STARTING
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_signals_ignored_while_reporting: set[int] = set()
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    if _phase is _Phase.RUNNING:
+        raise SignalInterrupt(signum)
+    if _phase is _Phase.STARTING:
+        # An exception raised into module-level imports reaches no handler: report here, then exit through them.
+        raise SystemExit(run_with_error_reporting(functools.partial(_raise, SignalInterrupt(signum))))
+    if signum in _signals_ignored_while_reporting:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    _signals_ignored_while_reporting.add(signum)
+
+
+def install_early_signal_handlers() -> None:
+    """Handle SIGTERM and SIGINT from a script's first lines, before its heavy imports (call from the main thread).
+
+    While the script still imports, a signal ends it at once as ``interrupted`` (termination-log line, marker,
+    128+signal). Inside ``run_with_error_reporting`` it raises ``SignalInterrupt`` in the main thread, so that the
+    script's ``on_error`` hook runs too (bench_train's dump); during training ``GracefulStopCallback`` takes over and
+    passes a second signal back here. After the function has ended, a first signal is ignored so that the report is
+    not cut short (torchrun signals every worker once one has exited); a second one gets the default action.
+    """
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
+
+
 def run_with_error_reporting(
     fn: Callable[[], Any],
     *,
@@ -466,16 +555,19 @@ def run_with_error_reporting(
     prints the traceback and the ``TUNING_ERROR`` marker to stderr, hands the report to ``on_error`` (where a
     wrapper writes its own report file) and returns the category's exit code.
     """
+    global _phase
     try:
+        _phase = _Phase.RUNNING
         result = fn()
     except BaseException as exc:
+        _phase = _Phase.REPORTING
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return 0
         report = build_error_report(exc, global_step=global_step())
         write_termination_log(termination_line(report))
         # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
         # printed its own.
-        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted):
+        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
             traceback.print_exception(exc, file=sys.stderr)
         print_error_marker(report)
         if on_error is not None:
@@ -484,6 +576,7 @@ def run_with_error_reporting(
             except Exception:  # a failing hook must not change how the run ends
                 logger.exception("on_error hook failed")
         return report["exit_code"]
+    _phase = _Phase.REPORTING
     return result if isinstance(result, int) else 0
 
 

@@ -7,9 +7,8 @@ sample data the package ships, so tokenisation of that data is realistic (multi-
 """
 
 import argparse
+import json
 import os
-
-from tuning.data.loading import load_records
 
 SAMPLE_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "samples")
 SAMPLE_TRAIN_PATH = os.path.join(SAMPLE_DATA_DIR, "train.jsonl")
@@ -23,7 +22,8 @@ def build_tokenizer(output_dir: str, vocab_size: int = 512, model_max_length: in
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    corpus = [record["output"] for record in load_records(SAMPLE_TRAIN_PATH)]
+    with open(SAMPLE_TRAIN_PATH, encoding="utf-8") as handle:
+        corpus = [json.loads(line)["output"] for line in handle if line.strip()]
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -1,0 +1,259 @@
+"""wrappers/bench_sweep.py for real: grids of bench_train runs of the tiny model through the local executor and a
+real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected through bench_train's --callbacks
+(tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata."""
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, SAMPLE_TRAIN_PATH, subprocess_env
+from tests.helpers.aim import read_runs
+
+BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
+HELPERS = "tests.helpers.bench_callbacks"
+GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2, 4]}
+TABLE_COLUMNS = ("run", "max_seq_length", "per_device_train_batch_size", "status", "error_category", "training_steps")
+
+
+def base_flags(model: str, **extra) -> dict:
+    """Every point's flags: two logged steps of the tiny model."""
+    return {
+        "model_name_or_path": model,
+        "training_data_path": SAMPLE_TRAIN_PATH,
+        "dataset_text_field": "output",
+        "response_template": RESPONSE_TEMPLATE,
+        "max_steps": 2,
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "skip_warmup_steps": 0,
+        "system_metrics_interval": 0.5,
+        **extra,
+    }
+
+
+def write_spec(path: Path, base: dict, axes: dict, metadata: dict | None = None) -> Path:
+    path.write_text(yaml.safe_dump({"base": base, "axes": axes, "metadata": metadata or {"benchmark": "sweep-test"}}))
+    return path
+
+
+def sweep_command(spec: Path, out: Path, *flags: str) -> list[str]:
+    return [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out), *flags]
+
+
+def sweep(spec: Path, out: Path, *flags: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        sweep_command(spec, out, *flags),
+        env=subprocess_env(**env),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def state_lines(out: Path) -> list[dict]:
+    path = out / "sweep_state.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def state_by_axes(out: Path, *axes: str) -> dict[tuple, dict]:
+    return {tuple(line["axes"][axis] for axis in axes): line for line in state_lines(out)}
+
+
+def report_rows(out: Path) -> list[dict[str, str]]:
+    with (out / "report" / "report.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def attempts_in_log(out: Path, line: dict) -> int:
+    """How many times the sweep started the point: one header line per attempt in its log."""
+    log = (out / line["metrics_path"]).with_suffix(".log")
+    return log.read_text(errors="replace").count("=== bench_sweep: ")
+
+
+@pytest.fixture(scope="module")
+def local_grid(tiny_model, tmp_path_factory) -> dict:
+    """The 2x3 grid on the local executor (2 points at a time, Aim on), its driver SIGKILLed once two points have
+    finished, then the same command again."""
+    tmp = tmp_path_factory.mktemp("sweep-local")
+    out, aim_repo = tmp / "sweep", tmp / "aim"
+    spec = write_spec(
+        tmp / "sweep.yaml", base_flags(tiny_model, trackers=["file_logger", "aim"], aim_repo=str(aim_repo)), GRID
+    )
+    driver = subprocess.Popen(
+        sweep_command(spec, out, "--concurrency", "2"),
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while len(state_lines(out)) < 2:
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the sweep did not finish two points"
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=60)
+    before = state_lines(out)
+    rerun = sweep(spec, out)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    return {"out": out, "aim": aim_repo, "spec": spec, "before": before, "rerun": rerun}
+
+
+def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
+    out = local_grid["out"]
+    lines = state_by_axes(out, *GRID)
+    assert sorted(lines) == sorted(
+        (seq, batch) for seq in GRID["max_seq_length"] for batch in GRID["per_device_train_batch_size"]
+    )
+    dumps = {}
+    for axes, line in lines.items():
+        assert (line["status"], line["exit_code"]) == ("ok", 0), line
+        dump = json.loads((out / line["metrics_path"]).read_text())
+        assert dump["status"] == "ok" and dump["training_steps"] == 2
+        assert dump["metadata"] == {"benchmark": "sweep-test", **dict(zip(GRID, axes, strict=True))}
+        dumps[axes] = dump
+
+    rows = report_rows(out)
+    assert list(rows[0])[:4] == ["run", *GRID, "status"]  # the axes are the report's label columns
+    assert sorted((int(r["max_seq_length"]), int(r["per_device_train_batch_size"])) for r in rows) == sorted(lines)
+    for r in rows:
+        assert r["status"] == "ok" and float(r["tokens_per_second"]) > 0
+        assert r["run"] == lines[int(r["max_seq_length"]), int(r["per_device_train_batch_size"])]["point"]
+    assert (out / "report" / "report.md").read_text().count("| ok |") == 6
+
+    for batch in GRID["per_device_train_batch_size"]:
+        found = read_runs(local_grid["aim"], f"run.experiment_metadata.per_device_train_batch_size == {batch}")
+        hashes = {run["hash"] for run in found}
+        for seq in GRID["max_seq_length"]:
+            assert dumps[seq, batch]["run_hash"] in hashes
+        for run in found:
+            assert run["params"]["experiment_metadata"]["per_device_train_batch_size"] == batch
+
+
+def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_grid):
+    out, before = local_grid["out"], local_grid["before"]
+    lines = state_lines(out)
+    assert 2 <= len(before) < 6  # the kill came mid-sweep
+    assert lines[: len(before)] == before  # what was finished stays as it was
+    assert len(lines) == 6 and len({line["point"] for line in lines}) == 6  # every other point once, by the rerun
+    for line in before:
+        assert attempts_in_log(out, line) == 1, line["point"]
+    again = sweep(local_grid["spec"], out, "--dry_run")
+    assert again.returncode == 0 and again.stdout.strip().endswith("6 points, 0 to run"), again.stdout
+
+
+def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path):
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), GRID)
+    result = sweep(spec, tmp_path / "sweep", "--executor", "ray", "--ray_num_cpus", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    local = [tuple(r[c] for c in TABLE_COLUMNS) for r in report_rows(local_grid["out"])]
+    remote = [tuple(r[c] for c in TABLE_COLUMNS) for r in report_rows(tmp_path / "sweep")]
+    assert remote == local
+    points = tmp_path / "sweep" / "points"
+    assert len(list(points.glob("*.json"))) == 6  # the dumps, written by the driver from what the tasks returned
+    assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
+
+
+def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    axes = {
+        "callbacks": [f"{HELPERS}:SweepFaults", "no_such_module:Callback"],
+        "per_device_train_batch_size": [1, 2, 4],
+    }
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), axes)
+    out = tmp_path / "sweep"
+    result = sweep(spec, out, "--concurrency", "2", "--retries", "1", FAULT_MARKER_DIR=str(markers))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = state_by_axes(out, *axes)
+    faults, missing = axes["callbacks"]
+    outcome = {key: (line["status"], line["category"], line["attempts"]) for key, line in lines.items()}
+    assert outcome == {
+        (faults, 1): ("ok", None, 2),  # a communication error, then a clean second attempt
+        (faults, 2): ("error", "gpu_oom", 204),
+        (faults, 4): ("skipped", None, 0),
+        (missing, 1): ("error", "user_error", 1),  # never retried
+        (missing, 2): ("error", "user_error", 1),  # a user error skips nothing
+        (missing, 4): ("error", "user_error", 1),
+    }
+    assert lines[faults, 4]["reason"] == "oom at per_device_train_batch_size=2 (gpu_oom)"
+    assert attempts_in_log(out, lines[faults, 1]) == 2 and attempts_in_log(out, lines[missing, 1]) == 1
+    assert not list((out / "points").glob(lines[faults, 4]["point"] + "*"))  # never started: a state line only
+
+    rows = {(r["callbacks"], int(r["per_device_train_batch_size"])): r for r in report_rows(out)}
+    assert set(rows) == set(lines)
+    skipped = rows[faults, 4]
+    assert (skipped["status"], skipped["error_message"]) == ("skipped", lines[faults, 4]["reason"])
+    assert (rows[faults, 2]["status"], rows[faults, 2]["error_category"]) == ("error", "gpu_oom")
+
+
+def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp_path):
+    """Run under tuning.launch: the point exits with its root cause's code, and the category and rank come from
+    rank 1's report."""
+    axes = {"nproc_per_node": [2], "per_device_train_batch_size": [1, 2]}
+    base = base_flags(tiny_model, max_steps=3, callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
+    out = tmp_path / "sweep"
+    result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = state_by_axes(out, "per_device_train_batch_size")
+    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "gpu_oom", 204)
+    assert lines[(2,)]["status"] == "skipped"
+    rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
+    assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
+
+
+def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
+    base = base_flags(tiny_model, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps")  # 300 s of steps at least
+    out = tmp_path / "sweep"
+    result = sweep(write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]}), out, "--point_timeout", "20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(out)
+    assert (line["status"], line["reason"], line["attempts"]) == ("timeout", "ran past --point_timeout 20s", 1)
+    assert line["exit_code"] != 0
+    (row,) = report_rows(out)
+    assert (row["status"], row["error_message"]) == ("timeout", line["reason"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags", "reason"),
+    [
+        ({"base": {"output_dir": "x"}, "axes": {"max_steps": [1]}}, [], "output_dir is set by the sweep"),
+        ({"axes": {"max_steps": 3}}, [], "axis max_steps must be a non-empty list"),
+        ({"axes": {"max_steps": [1, 1]}}, [], "axis max_steps repeats a value"),
+        ({"axes": {}}, [], "axes is empty"),
+        ({"axis": {"max_steps": [1]}}, [], "unknown key 'axis'"),
+        ({"axes": {"nproc_per_node": [0]}}, [], "nproc_per_node must be a positive integer"),
+        ({"axes": {"max_steps": [1]}}, ["--executor", "slurm"], "--executor 'slurm': choose local or ray"),
+        ({"axes": {"max_steps": [1]}}, ["--retries=-1"], "--retries must be an integer >= 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, flags, reason):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = sweep(path, tmp_path / "sweep", *flags, timeout=60)
+    assert result.returncode == 1
+    assert reason in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_dry_run_lists_the_points_and_their_files(tmp_path):
+    path = write_spec(tmp_path / "sweep.yaml", {"max_steps": 1}, {"learning_rate": [0.1, 0.2], "max_seq_length": [8]})
+    result = sweep(path, tmp_path / "sweep", "--dry_run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "2 points, 2 to run"
+    assert lines[0].startswith("learning_rate=0.1 max_seq_length=8  nproc_per_node=1  ")
+    assert str(tmp_path / "sweep" / "points" / "learning_rate-0-1_max_seq_length-8-") in lines[0]
+    assert not (tmp_path / "sweep").exists()

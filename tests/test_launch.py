@@ -1,0 +1,305 @@
+"""tuning.launch end to end: 2 real torch.distributed ranks (CPU, gloo) on the tiny model, real faults injected
+through bench_train's --callbacks, real signals; and SIGTERM/SIGINT from the first line of the CLIs."""
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
+from tests.test_bench_train import BENCH_TRAIN, HELPERS, bench_args, read_dump, wait_for_steps
+from tests.test_error_logging_e2e import finish, markers, termination_lines, worker_pid
+from tuning.benchmarking.journal import read_journal
+from tuning.launch import K8S_TERMINATION_MESSAGE_MAX_BYTES, RankFailure, termination_message
+
+MANIFEST = REPO_ROOT / "docs" / "kubernetes" / "job.yaml"
+
+
+def start_launch(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
+    """``python -m tuning.launch ARGS``; its stderr goes to ``tmp_path/stderr`` (a pipe nobody reads would fill)."""
+    with open(tmp_path / "stderr", "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tuning.launch", *args],
+            env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log"), **env),
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+
+
+def two_ranks(script: Path | str, args: list[str]) -> list[str]:
+    return ["--nproc_per_node=2", f"--master_port={free_port()}", str(script), *args]
+
+
+def slow_bench_args(model: str, tmp_path: Path) -> list[str]:
+    """bench_train on 2 ranks, long enough to be stopped or killed mid-training."""
+    return bench_args(
+        model, tmp_path, max_steps=200, per_device_train_batch_size=2, tracker="none", callbacks=f"{HELPERS}:SlowSteps"
+    )
+
+
+def wait(process: subprocess.Popen, tmp_path: Path, timeout: float = 300) -> str:
+    """Wait for the launcher and return its stderr; kill it (failing the test) if it hangs."""
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return (tmp_path / "stderr").read_text()
+
+
+def check_pod_log(tmp_path: Path) -> list[str]:
+    text = (tmp_path / "termination-log").read_text(encoding="utf-8")
+    assert len(text.encode()) <= K8S_TERMINATION_MESSAGE_MAX_BYTES
+    return text.splitlines()
+
+
+def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_path):
+    """No script, the job config in the env var: 8 examples, batch 2, one epoch are 2 steps on 2 ranks (4 on 1)."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"output": f"### Input: q{i}\n\n### Response: a{i}"}) + "\n" for i in range(8)))
+    config = {
+        "model_name_or_path": tiny_model,
+        "training_data_path": str(data),
+        "dataset_text_field": "output",
+        "response_template": "\n### Response:",
+        "output_dir": str(tmp_path / "out"),
+        "num_train_epochs": 1,
+        "per_device_train_batch_size": 2,
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "accelerate_launch_args": {"num_processes": 2},
+    }
+    encoded = base64.b64encode(json.dumps(config).encode()).decode()
+    launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_ENV_VAR=encoded)
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert not (tmp_path / "termination-log").exists()  # a clean run writes nothing
+    records = [json.loads(line) for line in (tmp_path / "out" / "training_logs.jsonl").read_text().splitlines()]
+    assert [record["data"]["step"] for record in records if record["name"] == "training_loss"] == [1, 2]
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):
+    args = bench_args(
+        tiny_model,
+        tmp_path,
+        max_steps=6,
+        per_device_train_batch_size=2,
+        tracker="none",
+        callbacks=f"{HELPERS}:OutOfMemoryOnLastRank",
+    )
+    launcher = start_launch(two_ranks(BENCH_TRAIN, args), tmp_path)
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 204, stderr[-3000:]
+    first, second = check_pod_log(tmp_path)
+    assert first.startswith("gpu_oom: rank 1: OutOfMemoryError: CUDA out of memory")
+    # What rank 0 saw depends on timing: its lost peer (communication) or the agent's SIGTERM (interrupted).
+    assert second.startswith(("communication: rank 0: ", "interrupted: rank 0: "))
+    assert json.loads((tmp_path / "bench.json.rank1.error.json").read_text())["category"] == "gpu_oom"
+
+
+def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):
+    launcher = start_launch(two_ranks(BENCH_TRAIN, slow_bench_args(tiny_model, tmp_path)), tmp_path)
+    wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher)
+    os.kill(worker_pid(launcher, 1), signal.SIGKILL)
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 128 + signal.SIGKILL, stderr[-3000:]
+    first, second = check_pod_log(tmp_path)
+    assert first.startswith("interrupted: rank 1: killed by SIGKILL, without an error report of its own")
+    assert second.startswith(("communication: rank 0: ", "interrupted: rank 0: "))
+    assert not (tmp_path / "bench.json.rank1.error.json").exists()
+
+
+def test_bad_input_on_every_rank_exits_1(tiny_model, tmp_path):
+    args = cli_args(tiny_model, str(tmp_path / "out"), data=str(tmp_path / "missing.jsonl"))
+    launcher = start_launch(two_ranks(SFT_TRAINER, args), tmp_path)
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 1, stderr[-3000:]
+    lines = check_pod_log(tmp_path)
+    assert len(lines) == 2 and lines[0].startswith("user_error: rank ")
+    assert "data file not found" in lines[0]
+    assert {line.split(": ")[1] for line in lines} == {"rank 0", "rank 1"}
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_and_exits_143(tiny_model, tmp_path):
+    launcher = start_launch(two_ranks(BENCH_TRAIN, slow_bench_args(tiny_model, tmp_path)), tmp_path)
+    wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher)
+    launcher.send_signal(signal.SIGTERM)
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 143, stderr[-3000:]
+    assert check_pod_log(tmp_path) == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
+    dump = read_dump(tmp_path / "bench.json")
+    rank1 = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
+    assert dump["status"] == "interrupted" and dump["error"]["category"] == rank1["category"] == "interrupted"
+    assert dump["error"]["global_step"] == rank1["global_step"] == dump["training_steps"] >= 2  # the agreed step
+    assert sorted(path.name for path in tmp_path.glob("bench*.json")) == ["bench.json", "bench.json.rank1.error.json"]
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether the process has installed a SIGTERM handler (its caught-signals mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def signal_once_handled(process: subprocess.Popen, signum: int, after: float) -> None:
+    """Send ``signum`` ``after`` seconds after the start, once the process has its handlers (not before)."""
+    started = time.monotonic()
+    while not handles_sigterm(process.pid):
+        assert process.poll() is None and time.monotonic() - started < 60, "no SIGTERM handler installed"
+        time.sleep(0.05)
+    time.sleep(max(0.0, started + after - time.monotonic()))
+    process.send_signal(signum)
+
+
+CONSOLE_SCRIPT = "import sys; from tuning.launch import sft_trainer_main; sys.exit(sft_trainer_main())"
+
+
+@pytest.mark.parametrize(
+    ("command", "signum"),
+    [
+        ([SFT_TRAINER], signal.SIGTERM),
+        (["-m", "tuning.sft_trainer"], signal.SIGINT),
+        (["-c", CONSOLE_SCRIPT], signal.SIGTERM),  # what the sft_trainer console script runs
+    ],
+    ids=["script", "module", "console-script"],
+)
+def test_signal_while_sft_trainer_still_imports(command, signum, tiny_model, tmp_path):
+    log = tmp_path / "termination-log"
+    process = subprocess.Popen(
+        [sys.executable, *command, *cli_args(tiny_model, str(tmp_path / "out"))],
+        env=subprocess_env(TERMINATION_LOG_FILE=str(log)),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    signal_once_handled(process, signum, after=1.5)
+    stderr = finish(process, timeout=60)
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert termination_lines(log) == [f"interrupted: SignalInterrupt: stopped by {name}"]
+    assert [(m[0], m[2], m[3]) for m in markers(stderr)] == [("interrupted", "-", str(128 + signum))]
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "out").exists()  # ended before it got to training
+
+
+REPORTING_SCRIPT = """
+import os, signal, sys
+from tuning.utils.error_logging import install_early_signal_handlers, run_with_error_reporting
+
+install_early_signal_handlers()
+
+def main():
+    raise ValueError("bad input")
+
+def on_error(report):
+    for _ in range(int(sys.argv[2])):
+        os.kill(os.getpid(), signal.SIGTERM)  # as torchrun signals every worker once one has exited
+    with open(sys.argv[1], "w") as handle:
+        handle.write(report["category"])
+
+sys.exit(run_with_error_reporting(main, on_error=on_error))
+"""
+
+
+@pytest.mark.parametrize(("signals", "returncode", "reported"), [(1, 1, True), (2, -signal.SIGTERM, False)])
+def test_a_signal_while_reporting_is_ignored_once(signals, returncode, reported, tmp_path):
+    report = tmp_path / "report"
+    result = subprocess.run(
+        [sys.executable, "-c", REPORTING_SCRIPT, str(report), str(signals)],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == returncode, result.stderr
+    assert (report.read_text() == "user_error") if reported else not report.exists()
+
+
+def test_sigterm_to_bench_train_before_the_model_loads(tiny_model, tmp_path):
+    journal = tmp_path / "bench.journal.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, str(BENCH_TRAIN), *bench_args(tiny_model, tmp_path, tracker="none")],
+        env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log")),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started = time.monotonic()
+    while not (journal.exists() and journal.read_text().endswith("\n")):  # its start record, once the run has one
+        assert process.poll() is None and time.monotonic() - started < 120, "no journal"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, timeout=60)
+    assert process.returncode == 143, stderr[-3000:]
+    assert termination_lines(tmp_path / "termination-log") == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["status"] == "interrupted" and dump["training_steps"] == 0
+    assert dump["error"]["category"] == "interrupted" and dump["error"]["global_step"] is None
+    end = read_journal(str(journal))[-1]
+    assert end["type"] == "end" and end["status"] == "interrupted"
+
+
+def test_launcher_imports_without_torch():
+    """Its signal handlers (and the sft_trainer console script's) come before torch's import."""
+    probe = "import sys, tuning.launch; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=subprocess_env(), capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
+    assert result.stdout.split() == ["False", "False"], result.stderr
+
+
+def test_termination_message_keeps_the_root_cause_first_within_4_kib():
+    failures = [RankFailure(rank, 204, f"gpu_oom: rank {rank}: OutOfMemoryError: {'x' * 2000}") for rank in range(32)]
+    lines = termination_message(failures).splitlines()
+    assert len(termination_message(failures).encode()) <= K8S_TERMINATION_MESSAGE_MAX_BYTES
+    assert lines[0].startswith("gpu_oom: rank 0: ") and len(lines[0].encode()) == 1023
+    assert [line.split(": ")[1] for line in lines] == [f"rank {rank}" for rank in range(len(lines))]
+    assert 10 < len(lines) < 32  # one short line per other rank while they fit
+
+
+def test_manifest_has_what_the_readme_promises():
+    config_map, job = yaml.safe_load_all(MANIFEST.read_text())
+    config = json.loads(config_map["data"]["config.json"])
+    assert config["accelerate_launch_args"]["num_processes"] == 2
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"][:3] == ["python", "-m", "tuning.launch"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["env"] == [{"name": "SFT_TRAINER_CONFIG_JSON_PATH", "value": "/etc/sft/config.json"}]
+    shutdown_timeout = int(container["command"][container["command"].index("--shutdown_timeout") + 1])
+    assert pod["terminationGracePeriodSeconds"] > shutdown_timeout  # the launcher outlives its wait for the workers
+
+
+def test_manifest_passes_kubectl_client_dry_run():
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    result = subprocess.run(
+        ["kubectl", "apply", "--dry-run=client", "--validate=false", "-f", str(MANIFEST)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if result.returncode != 0 and "couldn't get current server API group list" in result.stderr:
+        # Even a client-side dry run asks an API server which resources the kinds map to.
+        pytest.skip(f"kubectl reaches no cluster: {result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr
+    assert "configmap/sft-llama-lora-config created (dry run)" in result.stdout
+    assert "job.batch/sft-llama-lora created (dry run)" in result.stdout

@@ -1,0 +1,307 @@
+"""fms-hf-tuning's Python API (commit 6f2d2127): names, signatures, defaults, exceptions and log files."""
+
+import inspect
+import json
+
+import pytest
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from tests.conftest import RESPONSE_TEMPLATE, cli_args, run_sft_trainer
+from tests.test_train import make_args
+from tuning import sft_trainer
+from tuning.config.configs import ModelArguments
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.trackers.filelogging_tracker import FileLoggingTracker
+from tuning.trackers.tracker import Tracker
+from tuning.trackers.tracker_factory import (
+    AIMSTACK_TRACKER,
+    AVAILABLE_TRACKERS,
+    FILE_LOGGING_TRACKER,
+    get_tracker,
+    tracker_config_classes,
+    validate_tracker_names,
+)
+from tuning.utils import config_utils, error_logging
+from tuning.utils.data_type_utils import get_torch_dtype, str_to_torch_dtype
+from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+
+UPSTREAM_TRAIN_PARAMETERS = [
+    ("model_args", inspect.Parameter.empty),
+    ("data_args", inspect.Parameter.empty),
+    ("train_args", inspect.Parameter.empty),
+    ("peft_config", None),
+    ("trainer_controller_args", None),
+    ("tracker_configs", TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig())),
+    ("additional_callbacks", None),
+    ("exp_metadata", None),
+    ("quantized_lora_config", None),
+    ("fusedops_kernels_config", None),
+]
+UPSTREAM_PARSED_FIELDS = (
+    "model_args",
+    "data_args",
+    "training_args",
+    "trainer_controller_args",
+    "tune_config",
+    "file_logger_config",
+    "aim_config",
+    "quantized_lora_config",
+    "fusedops_kernels_config",
+    "exp_metadata",
+)
+
+
+def training_logs(output_dir) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
+
+
+# ---- shapes ----
+
+
+def test_train_takes_upstreams_arguments_in_upstreams_order():
+    parameters = list(inspect.signature(sft_trainer.train).parameters.values())
+    upstream = parameters[: len(UPSTREAM_TRAIN_PARAMETERS)]
+    assert [(p.name, p.default) for p in upstream] == UPSTREAM_TRAIN_PARAMETERS
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in upstream)
+    ours = {p.name: p for p in parameters[len(UPSTREAM_TRAIN_PARAMETERS) :]}
+    assert set(ours) == {"callbacks", "trackers"}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in ours.values())
+
+
+def test_parse_arguments_returns_upstreams_ten_values(monkeypatch):
+    assert list(inspect.signature(sft_trainer.parse_arguments).parameters) == ["parser", "json_config"]
+    assert sft_trainer.ParsedArguments._fields == UPSTREAM_PARSED_FIELDS
+    monkeypatch.setattr("sys.argv", ["sft_trainer.py", "--model_name_or_path", "m", "--output_dir", "out"])
+    model_args, *_, exp_metadata = parsed = sft_trainer.parse_arguments(sft_trainer.get_parser())
+    assert len(parsed) == 10 and model_args.model_name_or_path == "m" and exp_metadata is None
+
+
+def test_get_json_config_is_the_config_utils_one():
+    assert sft_trainer.get_json_config is config_utils.get_json_config
+
+
+def test_parser_has_every_registered_trackers_config():
+    parser = sft_trainer.get_parser()
+    assert set(tracker_config_classes().values()) <= set(parser.dataclass_types)
+    assert tracker_config_classes()[FILE_LOGGING_TRACKER] is FileLoggingTrackerConfig
+    assert tracker_config_classes()[AIMSTACK_TRACKER] is AimConfig
+
+
+def test_tracker_constructors_take_their_config():
+    assert list(inspect.signature(get_tracker).parameters) == ["name", "tracker_configs"]
+    assert list(inspect.signature(Tracker).parameters) == ["name", "tracker_config"]
+    assert list(inspect.signature(FileLoggingTracker).parameters) == ["tracker_config"]
+    base = Tracker(name="mine", tracker_config={"k": 1})
+    assert base.name == "mine" and base.config == {"k": 1} and base.get_hf_callback() is None
+    assert {FILE_LOGGING_TRACKER, AIMSTACK_TRACKER} <= set(AVAILABLE_TRACKERS)
+
+
+def test_exit_code_constants_are_the_categories_defaults():
+    assert error_logging.USER_ERROR_EXIT_CODE == 1 == error_logging.exit_code_for("user_error")
+    assert error_logging.INTERNAL_ERROR_EXIT_CODE == 203 == error_logging.exit_code_for("internal")
+
+
+def test_write_termination_log_takes_a_log_file_that_the_environment_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("TERMINATION_LOG_FILE", raising=False)
+    own = tmp_path / "error.log"
+    assert error_logging.write_termination_log("user_error: bad flag", log_file=str(own)) == str(own)
+    assert own.read_text() == "user_error: bad flag\n"
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(tmp_path / "env.log"))
+    error_logging.write_termination_log("internal: boom", log_file=str(own))
+    assert (tmp_path / "env.log").read_text() == "internal: boom\n" and own.read_text() == "user_error: bad flag\n"
+
+
+# ---- configs ----
+
+
+def test_aim_config_defaults_and_server_url():
+    assert AimConfig().experiment == "fms-hf-tuning"
+    assert AimConfig(experiment="mine").experiment == "mine"
+    assert AimConfig(aim_remote_server_ip="10.0.0.1", aim_remote_server_port=53800).aim_url == "aim://10.0.0.1:53800/"
+    assert AimConfig(aim_url="aim://h:1", aim_remote_server_ip="h", aim_remote_server_port=1).aim_url == "aim://h:1"
+    assert AimConfig(aim_remote_server_ip="10.0.0.1").aim_url is None
+
+
+def test_tokenizer_defaults_to_the_model_path(monkeypatch):
+    assert ModelArguments(model_name_or_path="/models/m").tokenizer_name_or_path == "/models/m"
+    assert ModelArguments(model_name_or_path="m", tokenizer_name_or_path="t").tokenizer_name_or_path == "t"
+    monkeypatch.setattr("sys.argv", ["sft_trainer.py", "--model_name_or_path", "m", "--output_dir", "out"])
+    assert sft_trainer.parse_arguments(sft_trainer.get_parser()).model_args.tokenizer_name_or_path == "m"
+
+
+def test_data_type_utils():
+    assert str_to_torch_dtype("bfloat16") is torch.bfloat16
+    assert get_torch_dtype("float32") is torch.float32
+    assert get_torch_dtype(torch.float16) is torch.float16
+    for bad in ("not a type", "Tensor", None):
+        with pytest.raises(ValueError, match="Unrecognized data type of a torch.Tensor"):
+            get_torch_dtype(bad)
+
+
+# ---- trackers, upstream style ----
+
+
+def test_file_logger_is_always_among_the_trackers():
+    assert validate_tracker_names(None) == ["file_logger"]
+    assert validate_tracker_names(["aim"]) == ["file_logger", "aim"]
+    assert validate_tracker_names(["AIM", "file_logger", "aim"]) == ["file_logger", "aim"]
+    assert validate_tracker_names(["none"]) == []
+
+
+def test_get_tracker_builds_a_file_logger_from_its_config(tmp_path):
+    configs = TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig(training_logs_filename="logs.jsonl"))
+    tracker = get_tracker("file_logger", configs)
+    assert isinstance(tracker, FileLoggingTracker) and tracker.config is configs.file_logger_config
+    # Tracked before the trainer exists, written once the callback learns the trainer's output_dir.
+    tracker.track(1.5, "model_load_time")
+    callback = tracker.get_hf_callback()
+    assert callback is tracker.get_hf_callback()
+    args, state = TrainingArguments(output_dir=str(tmp_path), report_to="none"), TrainerState()
+    callback.on_init_end(args, state, TrainerControl())
+    state.global_step, state.epoch = 1, 0.5
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 2.0})
+    callback.on_train_end(args, state, TrainerControl())
+    records = [json.loads(line) for line in (tmp_path / "logs.jsonl").read_text().splitlines()]
+    assert [(r["name"], r["data"]["step"], r["data"]["value"]) for r in records] == [
+        ("model_load_time", None, 1.5),
+        ("training_loss", 1, 2.0),
+    ]
+
+
+def test_get_tracker_builds_aim_from_its_config(tmp_path):
+    configs = TrackerConfigFactory(aim_config=AimConfig(experiment="unit_test", aim_repo=str(tmp_path / "repo")))
+    tracker = get_tracker("aim", configs)
+    try:
+        assert tracker.name == "aim" and tracker.config.experiment == "unit_test"
+        assert tracker.get_hf_callback().repo == str(tmp_path / "repo")
+    finally:
+        tracker.get_hf_callback().close()
+
+
+@pytest.mark.parametrize(
+    ("name", "configs", "message"),
+    [
+        ("NotAValidTracker", TrackerConfigFactory(), "Requested Tracker NotAValidTracker not found"),
+        ("aim", TrackerConfigFactory(), "Aim tracker requested but repo or server is not specified"),
+        ("aim", None, "Aim tracker requested but repo or server is not specified"),
+    ],
+)
+def test_get_tracker_rejects_what_it_cannot_build(name, configs, message):
+    with pytest.raises(UserInputError, match=message) as caught:
+        get_tracker(name, configs)
+    assert isinstance(caught.value, ValueError)
+
+
+# ---- train() from Python ----
+
+
+def test_train_writes_training_logs_with_the_default_tracker_configs(tiny_model, sample_train, tmp_path):
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path), sample_train)
+    model_args.torch_dtype = torch.float32  # upstream callers pass dtypes as well as names
+    sft_trainer.train(model_args, data_args, train_args, None, additional_callbacks=[TrainerCallback()])
+    records = training_logs(tmp_path)
+    assert [r["data"]["step"] for r in records if r["name"] == "training_loss"] == [1, 2]
+    assert [r["name"] for r in records].count("model_load_time") == 1
+
+
+def test_train_with_aim_keeps_the_file_logger(tiny_model, sample_train, tmp_path):
+    output_dir = tmp_path / "out"
+    model_args, data_args, train_args = make_args(tiny_model, str(output_dir), sample_train, trackers=["aim"])
+    configs = TrackerConfigFactory(aim_config=AimConfig(experiment="unit_test", aim_repo=str(tmp_path / "aim")))
+    sft_trainer.train(model_args, data_args, train_args, tracker_configs=configs, exp_metadata={"dead": "beef"})
+    assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2]
+    assert json.loads((output_dir / "aimstack_tracker.json").read_text())["run_hash"]
+
+
+def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path):
+    sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train, max_steps=1, trackers=["none"]))
+    assert not (tmp_path / "training_logs.jsonl").exists()
+    assert (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"tracker_configs": "NotSupposedToBeHere"}, "tracker configs should adhere to the TrackerConfigFactory type"),
+        ({"additional_callbacks": ["NotSupposedToBeHere"]}, "additional callbacks should be of type TrainerCallback"),
+        ({"callbacks": [object()]}, "additional callbacks should be of type TrainerCallback"),
+        ({"callbacks": [], "additional_callbacks": []}, "not both"),
+        ({"exp_metadata": "deadbeef"}, "exp metadata passed should be a dict with valid json"),
+        ({"trainer_controller_args": object()}, "trainer_controller_args: the trainer controller is not supported"),
+        ({"quantized_lora_config": object()}, "quantized_lora_config: fms-acceleration's quantized LoRA"),
+        ({"fusedops_kernels_config": object()}, "fusedops_kernels_config: fms-acceleration's fused ops"),
+    ],
+)
+def test_train_rejects_bad_arguments(arguments, message, tiny_model, sample_train, tmp_path):
+    with pytest.raises(UserInputError, match=message) as caught:
+        sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train), **arguments)
+    assert isinstance(caught.value, ValueError)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda m, t: setattr(t, "trackers", ["NotAValidTracker"]), "Requested Tracker NotAValidTracker not found"),
+        (lambda m, t: setattr(t, "trackers", ["aim"]), "Aim tracker requested but repo or server is not specified"),
+        (lambda m, t: setattr(t, "num_train_epochs", 0), "num_train_epochs has to be an integer/float >= 1"),
+        (lambda m, t: setattr(t, "gradient_accumulation_steps", 0), "gradient_accumulation_steps has to be an integer"),
+        (lambda m, t: setattr(m, "torch_dtype", "not a type"), "Unrecognized data type of a torch.Tensor"),
+    ],
+)
+def test_train_rejects_bad_settings_with_upstreams_messages(change, message, tiny_model, sample_train, tmp_path):
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path), sample_train, max_steps=-1)
+    change(model_args, train_args)
+    with pytest.raises(UserInputError, match=message):
+        sft_trainer.train(model_args, data_args, train_args)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- the command line ----
+
+
+def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path):
+    output_dir = tmp_path / "out"
+    result = run_sft_trainer(cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2, 3]
+    assert json.loads((output_dir / "aimstack_tracker.json").read_text())["run_hash"]
+
+
+def test_cli_gradient_accumulation_steps_zero_is_a_user_error(tiny_model, tmp_path):
+    termination_log = tmp_path / "termination-log"
+    result = run_sft_trainer(
+        cli_args(tiny_model, str(tmp_path / "out"), gradient_accumulation_steps=0),
+        TERMINATION_LOG_FILE=str(termination_log),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "gradient_accumulation_steps has to be an integer >= 1" in termination_log.read_text()
+    assert termination_log.read_text().startswith("user_error: ")
+
+
+def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path):
+    job = {
+        "model_name_or_path": tiny_model,
+        "training_data_path": SAMPLE_TRAIN_PATH,
+        "dataset_text_field": "output",
+        "response_template": RESPONSE_TEMPLATE,
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 3,
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "exp_metadata": {"dead": "beef"},
+        "accelerate_launch_args": {"num_processes": 1},  # a launcher's key: no sft_trainer flag
+        "launcher_note": "x",
+    }
+    config_path = tmp_path / "job.json"
+    config_path.write_text(json.dumps(job))
+    result = run_sft_trainer([], SFT_TRAINER_CONFIG_JSON_PATH=str(config_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "ignoring job config keys" in line]
+    assert len(warnings) == 1 and "accelerate_launch_args, launcher_note" in warnings[0]
+    assert [r["data"]["step"] for r in training_logs(tmp_path / "out") if r["name"] == "training_loss"] == [1, 2, 3]

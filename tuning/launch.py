@@ -1,0 +1,277 @@
+"""tuning.launch: torchrun for Kubernetes pods, ending with the root cause's exit code and termination message.
+
+    python -m tuning.launch [torchrun flags] tuning/sft_trainer.py [trainer flags]
+    tuning-launch --nproc_per_node 8 wrappers/bench_train.py [bench_train flags]
+    python -m tuning.launch [torchrun flags]    # container entrypoint: the job config from SFT_TRAINER_CONFIG_JSON_*
+
+torchrun's own parser and elastic agent run the workers: flags and their ``PET_*`` variables, rendezvous, restarts,
+and on SIGTERM/SIGINT, forwarding the signal to every worker and waiting ``--shutdown_timeout`` seconds (30) before a
+SIGKILL. What this adds is how the job ends:
+
+- exit code: the root cause's, the rank that failed first. torch's agent records each failed worker (rank, pid, exit
+  code, the second it saw it end); workers built on ``tuning.utils.error_logging`` also write a termination line that
+  names the category. A rank killed by a signal without a line of its own exits 128+signal.
+- termination log (``TERMINATION_LOG_FILE``, else ``/dev/termination-log``): the root cause's line first, then one
+  shorter line per other failed rank, within Kubernetes' 4 KiB; nothing after a clean run. The workers write their
+  lines to a temporary file, which this composes the pod's from.
+- a SIGTERM/SIGINT to the launcher (preemption, ``kubectl delete``): once torch's agent has stopped the workers (at a
+  step boundary they agree on, each writing its report), exit 143/130 with one ``interrupted`` line.
+- container entrypoint: given no script while ``SFT_TRAINER_CONFIG_JSON_PATH`` or ``SFT_TRAINER_CONFIG_JSON_ENV_VAR``
+  is set, it runs ``tuning/sft_trainer.py`` on that job config with ``accelerate_launch_args.num_processes``
+  processes, else one per visible GPU, else one.
+
+This module imports torch only once its signal handlers are installed; it also holds the ``sft_trainer`` console
+script, which needs the same order.
+"""
+
+import argparse
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
+from tuning.utils.error_logging import (
+    TERMINATION_LOG_ENV,
+    TERMINATION_LOG_MAX_BYTES,
+    ErrorCategory,
+    SignalInterrupt,
+    UserInputError,
+    _one_line,
+    exit_code_for,
+    install_early_signal_handlers,
+    run_with_error_reporting,
+    termination_log_path,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+logger = logging.getLogger(__name__)
+
+SFT_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_trainer.py")
+LAUNCH_ARGS_KEY = "accelerate_launch_args"  # the job-config key fms-hf-tuning's container entrypoint reads
+K8S_TERMINATION_MESSAGE_MAX_BYTES = 4096
+OTHER_RANK_LINE_MAX_BYTES = 256  # the root cause's line keeps up to 1 KiB; other ranks share what is left
+_NO_SCRIPT = "\0"  # appended to argv to learn whether it named a script (no real path contains a NUL)
+# ``<category>: [rank N: ]...``, as tuning.utils.error_logging writes it; without a rank the job had one process.
+_TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )?")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank, as the pod reports it."""
+
+    rank: int
+    exit_code: int  # as a shell sees it: 128+N for signal N
+    line: str  # its termination-log line: its own, or one composed for a rank that wrote none
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _category_of_exit_code(code: int) -> ErrorCategory:
+    return next((category for category in ErrorCategory if exit_code_for(category) == code), ErrorCategory.INTERNAL)
+
+
+def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
+    """``exitcode`` as torch's agent records it: -N for a process ended by signal N."""
+    if line is None and exitcode < 0:
+        line = (
+            f"{ErrorCategory.INTERRUPTED}: rank {rank}: killed by {_signal_name(-exitcode)}, without an error report "
+            "of its own (kill -9, the kernel's OOM killer, a crash)"
+        )
+        return RankFailure(rank, 128 - exitcode, line)
+    if line is None:
+        category = _category_of_exit_code(exitcode)
+        return RankFailure(rank, exitcode, f"{category}: rank {rank}: exited with code {exitcode}, without a report")
+    if exitcode > 0:
+        return RankFailure(rank, exitcode, line)
+    try:  # it wrote its report, then a signal ended it (e.g. the agent's SIGKILL): the report's category decides
+        return RankFailure(rank, exit_code_for(_TERMINATION_LINE.match(line)["category"]), line)
+    except ValueError:
+        return RankFailure(rank, 128 - exitcode, line)
+
+
+def read_rank_lines(path: str) -> dict[int, tuple[int, str]]:
+    """Each rank's last line in the workers' termination log (the latest attempt's, with restarts), with its
+    position in the file: the order in which the ranks wrote them."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return {}
+    by_rank = {}
+    for position, line in enumerate(lines):
+        match = _TERMINATION_LINE.match(line)
+        if match:
+            by_rank[int(match["rank"] or 0)] = (position, line)
+    return by_rank
+
+
+def failures_in_order(
+    failures: Mapping[int, "ProcessFailure"], rank_lines: dict[int, tuple[int, str]]
+) -> list[RankFailure]:
+    """The failed ranks of torch's ``ChildFailedError.failures`` (global rank → ``ProcessFailure``), root cause first.
+
+    torch's agent stamps each failure with the second in which it saw the process end, and stops the other workers
+    only after that: a later second is a later failure. Within one second, ranks that wrote a line come in the order
+    they wrote it: a rank writes its report before it exits, and its peers fail only after that, losing it in a
+    collective or stopped by the agent's SIGTERM. A rank that a signal other than that SIGTERM ended without a line
+    (SIGKILL, SIGSEGV) comes before them, since they reacted to its death; one that SIGTERM ended without a line, or
+    that exited without writing one, after them. Ties keep torch's order (``get_first_failure``'s).
+    """
+
+    def order(item: tuple[int, "ProcessFailure"]) -> tuple[int, int, int]:
+        rank, failure = item
+        if rank in rank_lines:
+            return failure.timestamp, 0, rank_lines[rank][0]
+        killed_from_outside = failure.exitcode < 0 and -failure.exitcode != signal.SIGTERM
+        return failure.timestamp, -1 if killed_from_outside else 1, 0
+
+    return [
+        _rank_failure(rank, failure.exitcode, rank_lines.get(rank, (0, None))[1])
+        for rank, failure in sorted(failures.items(), key=order)
+    ]
+
+
+def termination_message(failures: list[RankFailure]) -> str:
+    """The pod's termination log: the root cause's line, then one line per other failed rank while within 4 KiB."""
+    root, *others = failures
+    lines = [_one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1)]
+    size = len(lines[0].encode()) + 1
+    for failure in others:
+        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1)
+        size += len(line.encode()) + 1
+        if size > K8S_TERMINATION_MESSAGE_MAX_BYTES:
+            break
+        lines.append(line)
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _write_termination_log(text: str) -> None:
+    """Replace the pod's termination log with ``text`` (which must come first); never raises."""
+    path = termination_log_path()
+    if path is None:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        logger.warning("Could not write the termination log %s: %s", path, exc)
+
+
+@contextlib.contextmanager
+def _workers_termination_log(path: str) -> Iterator[None]:
+    """The workers started meanwhile append their lines to ``path``; the launcher's own go to the pod's log."""
+    saved = os.environ.get(TERMINATION_LOG_ENV)
+    os.environ[TERMINATION_LOG_ENV] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(TERMINATION_LOG_ENV, None)
+        else:
+            os.environ[TERMINATION_LOG_ENV] = saved
+
+
+def _process_count(job_config: dict) -> int:
+    launch_args = job_config.get(LAUNCH_ARGS_KEY) or {}
+    if not isinstance(launch_args, dict):
+        raise UserInputError(f"{LAUNCH_ARGS_KEY} in the job config must be an object, got {type(launch_args).__name__}")
+    ignored = sorted(set(launch_args) - {"num_processes"})
+    if ignored:
+        logger.warning("tuning.launch ignores %s.%s; give torchrun flags instead", LAUNCH_ARGS_KEY, ignored)
+    count = launch_args.get("num_processes")
+    if count is None:
+        import torch
+
+        return torch.cuda.device_count() or 1
+    if isinstance(count, bool) or not str(count).isdigit() or int(count) < 1:
+        raise UserInputError(f"{LAUNCH_ARGS_KEY}.num_processes must be a positive integer, got {count!r}")
+    return int(count)
+
+
+def _hand_job_config_to_trainer(job_config: dict) -> None:
+    """The trainer reads the job config from the environment itself: without the launcher's key."""
+    if LAUNCH_ARGS_KEY in job_config:
+        trainer_config = {key: value for key, value in job_config.items() if key != LAUNCH_ARGS_KEY}
+        os.environ.pop(CONFIG_PATH_ENV, None)
+        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(trainer_config).encode()).decode()
+
+
+def torchrun_args(argv: list[str]) -> argparse.Namespace:
+    """torchrun's own parser on ``argv``; given no script, the container entrypoint's command."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "tuning.launch"
+    if parser.parse_args([*argv, _NO_SCRIPT]).training_script != _NO_SCRIPT:
+        return parser.parse_args(argv)
+    job_config = get_json_config()
+    if not job_config:
+        raise UserInputError(
+            f"give the script to run (e.g. tuning/sft_trainer.py), or set {CONFIG_PATH_ENV} or "
+            f"{CONFIG_BASE64_ENV} to run tuning/sft_trainer.py on that job config"
+        )
+    processes = _process_count(job_config)
+    _hand_job_config_to_trainer(job_config)
+    # The count first: a --nproc_per_node typed on the command line still wins.
+    return parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER])
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run torchrun with ``args``; return the pod's exit code, having written its termination log."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
+        workers_log = os.path.join(scratch, "termination-log")
+        try:
+            with _workers_termination_log(workers_log):
+                run(args)
+            return 0
+        except ChildFailedError as exc:
+            failed = failures_in_order(exc.failures, read_rank_lines(workers_log))
+        except SignalException as exc:
+            # The agent has forwarded it and waited for the workers: the job ends as interrupted, in one line.
+            raise SignalInterrupt(exc.sigval) from exc
+        finally:
+            install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
+    _write_termination_log(termination_message(failed))
+    root = failed[0]
+    more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""
+    print(f"tuning.launch: exit {root.exit_code}, root cause: {root.line}{more}", file=sys.stderr, flush=True)
+    return root.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tuning.launch`` and the ``tuning-launch`` console script."""
+    install_early_signal_handlers()
+    argv = sys.argv[1:] if argv is None else argv
+    return run_with_error_reporting(lambda: launch(torchrun_args(argv)))
+
+
+def sft_trainer_main() -> int:
+    """The ``sft_trainer`` console script: signal handling first, then the trainer's heavy imports."""
+    install_early_signal_handlers()
+    from tuning.sft_trainer import main as trainer_main
+
+    return trainer_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,818 @@
+"""bench_sweep.py: benchmark a whole grid of bench_train.py runs, on this machine or across a Ray cluster.
+
+    python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] [--concurrency N] \\
+        [--retries N] [--rerun_failed] [--point_timeout S] [--dry_run] [--report_only] [--ray_address ADDR]
+
+SWEEP.yaml has three keys: ``base`` (bench_train.py / sft_trainer flags as a mapping), ``axes`` (flag → list of
+values; ``nproc_per_node`` sets the processes of a point) and ``metadata`` (what every point carries). A point is
+one combination of axis values; its axis values join its metadata, so every dump and tracker run is found by them.
+
+Each point runs as its own process tree with its own files under ``DIR/points/``: ``<id>.json`` (the dump),
+``<id>.journal.jsonl``, ``<id>.json.rank<N>.error.json``, ``<id>.log`` (its output) and ``<id>/`` (its output_dir).
+Its outcome (ok, stopped, error with the root cause's category, killed, timeout) comes from those files, then from
+the ``TUNING_ERROR`` line of its log, then from its exit code, and is appended to ``DIR/sweep_state.jsonl`` the
+moment the point ends: rerunning the same command runs only the points without a line (``--rerun_failed``: also
+those that failed). A ``gpu_oom`` or ``host_oom`` at batch size b skips the larger batch sizes of the otherwise
+equal points (each point waits for its smaller batch sizes), and ``communication`` or ``device_error`` failures are
+retried up to ``--retries`` times. At the end ``bench_report`` writes ``DIR/report/``.
+"""
+
+import contextlib
+import ctypes
+import fcntl
+import functools
+import glob
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bench_report  # beside this script, whose directory Python puts first on sys.path
+import fire
+import psutil
+import yaml
+
+BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
+STATE_FILE = bench_report.SWEEP_STATE
+SPEC_KEYS = ("base", "axes", "metadata")
+LAUNCHER_FLAGS = ("nproc_per_node",)
+SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
+BATCH_SIZE_AXIS = "per_device_train_batch_size"
+OOM_CATEGORIES = ("gpu_oom", "host_oom")
+TRANSIENT_CATEGORIES = ("communication", "device_error")
+DONE_STATUSES = ("ok", "stopped")
+STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
+POLL_SECONDS = 0.5
+ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
+SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The grid: points, their identities and their command lines.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """One combination of axis values."""
+
+    id: str
+    axes: dict[str, Any]
+    flags: dict[str, Any]  # base + axes, launcher flags removed
+    nproc: int
+    metadata: dict[str, Any]
+    config: str  # hash of everything the point runs with: a state line of another config does not count
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{axis}={_short(value)}" for axis, value in self.axes.items())
+
+    @property
+    def group(self) -> str:
+        """The point's identity without its batch size: the points an OOM at a smaller batch size skips."""
+        return json.dumps({k: v for k, v in self.axes.items() if k != BATCH_SIZE_AXIS}, sort_keys=True)
+
+    @property
+    def batch_size(self) -> float | None:
+        value = self.axes.get(BATCH_SIZE_AXIS)
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    @property
+    def metrics_name(self) -> str:
+        return f"points/{self.id}.json"
+
+
+def _short(value: Any) -> str:
+    """A value as a label: paths by their last part."""
+    text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    if "/" not in text:
+        return text
+    return os.path.basename(text.rstrip("/")) or text
+
+
+def _hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def point_id(axes: dict[str, Any]) -> str:
+    """Readable and unique: ``<axis>-<value>_...`` (letters, digits, ``_`` and ``-`` only) and a hash of the values."""
+    slug = "_".join(f"{axis}-{_short(value)}" for axis, value in axes.items())
+    return f"{re.sub(r'[^A-Za-z0-9_-]+', '-', slug)[:SLUG_MAX]}-{_hash(axes)}"
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    """The sweep file, checked: every problem is a one-line ``SystemExit`` naming the culprit."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            spec = yaml.safe_load(handle)
+    except OSError as exc:
+        raise SystemExit(f"cannot read sweep file {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SystemExit(f"sweep file {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
+    if not isinstance(spec, dict):
+        raise SystemExit(f"sweep file {path} must hold a mapping with keys {', '.join(SPEC_KEYS)}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise SystemExit(f"sweep file {path}: unknown key {unknown[0]!r} (allowed: {', '.join(SPEC_KEYS)})")
+    spec = {key: spec.get(key) or {} for key in SPEC_KEYS}
+    for key in SPEC_KEYS:
+        if not isinstance(spec[key], dict):
+            raise SystemExit(f"sweep file {path}: {key} must be a mapping, got {type(spec[key]).__name__}")
+    if not spec["axes"]:
+        raise SystemExit(f"sweep file {path}: axes is empty; give at least one flag with a list of values")
+    for axis, values in spec["axes"].items():
+        if not isinstance(values, list) or not values:
+            raise SystemExit(f"sweep file {path}: axis {axis} must be a non-empty list of values")
+        if len({json.dumps(value, sort_keys=True, default=str) for value in values}) != len(values):
+            raise SystemExit(f"sweep file {path}: axis {axis} repeats a value")
+    for key in SWEEP_OWNED_FLAGS:
+        if key in spec["base"] or key in spec["axes"]:
+            raise SystemExit(f"sweep file {path}: {key} is set by the sweep for each point; remove it")
+    for nproc in [spec["base"].get("nproc_per_node", 1), *spec["axes"].get("nproc_per_node", [])]:
+        if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+            raise SystemExit(f"sweep file {path}: nproc_per_node must be a positive integer, got {nproc!r}")
+    # YAML dates and the like become strings: metadata and flags travel as JSON.
+    return json.loads(json.dumps(spec, default=str))
+
+
+def grid(spec: dict[str, Any]) -> list[Point]:
+    """Every combination of the axes, in the order the file lists them (the last axis varies fastest)."""
+    names = list(spec["axes"])
+    points = []
+    for values in itertools.product(*(spec["axes"][name] for name in names)):
+        axes = dict(zip(names, values, strict=True))
+        flags = {**spec["base"], **axes}
+        nproc = flags.pop("nproc_per_node", 1)
+        metadata = {**spec["metadata"], **axes}
+        config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
+        points.append(Point(point_id(axes), axes, flags, nproc, metadata, config))
+    return points
+
+
+def flag_tokens(flags: dict[str, Any]) -> list[str]:
+    """A mapping of flags as command-line tokens: ``null`` → a bare flag, a list → its items, a mapping → JSON."""
+    tokens = []
+    for key, value in flags.items():
+        tokens.append(f"--{key}")
+        if isinstance(value, list):
+            tokens += [json.dumps(item) if isinstance(item, dict) else str(item) for item in value]
+        elif isinstance(value, dict):
+            tokens.append(json.dumps(value))
+        elif value is not None:
+            tokens.append(str(value))
+    return tokens
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def point_command(
+    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], output_dir: str, metrics_path: str, bench_train: str
+) -> list[str]:
+    """The command of one point: bench_train.py, under ``tuning.launch`` (torchrun with the root cause's exit code)
+    when it has several processes (the port is picked on the machine that runs it)."""
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "tuning.launch", "--nproc_per_node", str(nproc), "--master_port", str(free_port())]
+    point_flags = {**flags, "output_dir": output_dir, "metrics_path": metrics_path, "metadata": json.dumps(metadata)}
+    return [*launcher, bench_train, *flag_tokens(point_flags)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A point's process tree, shared by both executors.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], Any] | None:
+    """What the child runs before exec (Linux): SIGTERM when the process that started it dies (a SIGKILLed driver
+    or Ray worker), so that no point outlives its sweep; bench_train stops at the next step and tuning.launch passes
+    it to its ranks. prctl is looked up here, in the parent, so that the child only calls it."""
+    if sys.platform != "linux":
+        return None
+    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class PointProcess:
+    """A point's command in a session of its own, its output in a log file; stopped with SIGTERM to its root (which
+    bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
+
+    def __init__(
+        self,
+        command: list[str],
+        log_path: str,
+        env: dict[str, str],
+        cwd: str,
+        timeout: float | None,
+        pass_fds: tuple[int, ...] = (),
+    ):
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+                pass_fds=pass_fds,
+            )
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.stopping_since: float | None = None
+        self.timed_out = False
+
+    def poll(self) -> int | None:
+        """The exit status once the point has ended; also enforces the timeout and the grace after a stop."""
+        code = self.process.poll()
+        if code is not None:
+            return code
+        now = time.monotonic()
+        if self.deadline is not None and now > self.deadline and self.stopping_since is None:
+            self.timed_out = True
+            self.stop()
+        if self.stopping_since is not None and now - self.stopping_since > STOP_GRACE_SECONDS:
+            self.kill()
+        return None
+
+    def stop(self) -> None:
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        try:
+            tree = [*psutil.Process(self.process.pid).children(recursive=True), psutil.Process(self.process.pid)]
+        except psutil.NoSuchProcess:
+            return
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+    def wait(self) -> int:
+        while (code := self.poll()) is None:
+            time.sleep(POLL_SECONDS)
+        return code
+
+
+def run_point_on_node(
+    flags: dict[str, Any],
+    nproc: int,
+    metadata: dict[str, Any],
+    bench_train: str,
+    cwd: str,
+    timeout: float | None,
+) -> dict[str, Any]:
+    """A Ray task's body: the point in a scratch directory of the node that runs it; returns its exit status and the
+    files the driver keeps (dump, rank reports, the journal when there is no dump, the log) as bytes by name."""
+    scratch = tempfile.mkdtemp(prefix="bench-sweep-")
+    metrics_path = os.path.join(scratch, "point.json")
+    log_path = os.path.join(scratch, "point.log")
+    command = point_command(flags, nproc, metadata, os.path.join(scratch, "output"), metrics_path, bench_train)
+    process = PointProcess(command, log_path, dict(os.environ), cwd if os.path.isdir(cwd) else scratch, timeout)
+    try:
+        exit_code = process.wait()
+    except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
+        process.stop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.process.wait(STOP_GRACE_SECONDS)
+        process.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    names = [metrics_path, *glob.glob(glob.escape(metrics_path) + ".rank*.error.json"), log_path]
+    if not os.path.exists(metrics_path):
+        names.append(os.path.join(scratch, "point.journal.jsonl"))
+    files = {}
+    for name in filter(os.path.isfile, names):
+        with open(name, "rb") as handle:
+            files[os.path.basename(name)] = handle.read()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Executors: start points, report the ones that ended. The driver reads outcomes from the files they leave.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ended:
+    point: Point
+    exit_code: int
+    timed_out: bool
+    host: str
+
+
+class LocalExecutor:
+    """Points as process trees of this machine. With GPUs (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``) each point
+    gets ``nproc_per_node`` devices of its own; on CPU one point runs at a time unless ``concurrency`` says more."""
+
+    def __init__(self, sweep: "Sweep", concurrency: int | None):
+        self.sweep = sweep
+        self.free_devices = visible_gpus()
+        self.concurrency = concurrency or (len(self.free_devices) if self.free_devices else 1)
+        self.running: dict[str, tuple[PointProcess, list[str]]] = {}
+
+    def check(self, points: list[Point]) -> None:
+        if self.concurrency > 1:
+            create_aim_repos(points)
+        if self.free_devices:
+            too_big = [point for point in points if point.nproc > len(self.free_devices)]
+            if too_big:
+                raise SystemExit(
+                    f"point {too_big[0].label} needs {too_big[0].nproc} GPUs; this machine has "
+                    f"{len(self.free_devices)} ({','.join(self.free_devices)})"
+                )
+
+    def can_start(self, point: Point) -> bool:
+        return len(self.running) < self.concurrency and (not self.free_devices or point.nproc <= len(self.free_devices))
+
+    def start(self, point: Point) -> None:
+        env = dict(os.environ)
+        devices: list[str] = []
+        if self.free_devices:
+            devices, self.free_devices = self.free_devices[: point.nproc], self.free_devices[point.nproc :]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        paths = self.sweep.paths(point)
+        command = point_command(
+            point.flags, point.nproc, point.metadata, str(paths.output_dir), str(paths.metrics), str(BENCH_TRAIN)
+        )
+        process = PointProcess(
+            command, str(paths.log), env, os.getcwd(), self.sweep.point_timeout, pass_fds=(self.sweep.lock_fd,)
+        )
+        self.running[point.id] = (process, devices)
+
+    def wait(self) -> list[Ended]:
+        ended = []
+        for point_id_, (process, devices) in list(self.running.items()):
+            code = process.poll()
+            if code is not None:
+                del self.running[point_id_]
+                self.free_devices += devices
+                ended.append(Ended(self.sweep.by_id[point_id_], code, process.timed_out, socket.gethostname()))
+        if not ended:
+            time.sleep(POLL_SECONDS)
+        return ended
+
+    def stop(self) -> None:
+        """Every running point stopped and waited for (each writes its dump); none is recorded as finished."""
+        for process, _ in self.running.values():
+            process.stop()
+        for process, _ in self.running.values():
+            process.wait()
+        self.running.clear()
+
+    def close(self) -> None:
+        pass
+
+
+def create_aim_repos(points: list[Point]) -> None:
+    """Create the local Aim repos the points track to before any point starts: Aim fails a run whose process
+    creates a repo while another process creates the same one. aim is imported only when a repo is missing."""
+    repos = set()
+    for point in points:
+        flags = point.flags
+        trackers = flags.get("trackers", flags.get("tracker", []))
+        repo = str(flags.get("aim_repo") or "")
+        remote = any(flags.get(key) for key in ("aim_url", "aim_remote_server_ip")) or repo.startswith("aim://")
+        if "aim" in (trackers if isinstance(trackers, list) else [trackers]) and repo and not remote:
+            repos.add(os.path.abspath(repo))
+    missing = sorted(repo for repo in repos if not os.path.isdir(os.path.join(repo, ".aim")))
+    if missing:
+        with contextlib.suppress(ImportError):  # without aim every point reports the missing extra itself
+            from aim import Repo
+
+            for repo in missing:
+                Repo.from_path(repo, init=True)
+
+
+def visible_gpus() -> list[str]:
+    """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` entries (no torch import: the driver stays light)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [device for device in visible.split(",") if device.strip() and device.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+
+
+class RayExecutor:
+    """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs (none on a cluster without GPUs) and as many
+    CPUs; the task runs the point on its node and hands back its files, which the driver writes under the sweep
+    directory, so no filesystem is shared. ``ray`` is imported only here."""
+
+    def __init__(
+        self,
+        sweep: "Sweep",
+        concurrency: int | None,
+        address: str | None,
+        num_cpus: int | None,
+        runtime_env: str | dict | None,
+    ):
+        try:
+            import ray
+        except ImportError as exc:
+            raise SystemExit("--executor ray needs Ray: pip install 'tuning-bench[ray]'") from exc
+        self.ray, self.sweep, self.concurrency = ray, sweep, concurrency
+        init: dict[str, Any] = {"address": address, "log_to_driver": False, "include_dashboard": False}
+        if address is None:
+            init["num_cpus"] = num_cpus
+        if runtime_env:
+            try:  # fire hands a JSON object over already parsed
+                init["runtime_env"] = runtime_env if isinstance(runtime_env, dict) else json.loads(runtime_env)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"--ray_runtime_env is not valid JSON: {exc}") from exc
+        ray.init(**init)
+        # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
+        shipped = "working_dir" in init.get("runtime_env", {})
+        self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
+        self.node_gpus = [node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]]
+        self.remote = ray.remote(max_retries=0)(run_point_on_node)
+        self.running: dict[Any, Point] = {}
+
+    def check(self, points: list[Point]) -> None:
+        most = max(self.node_gpus, default=0)
+        if most:
+            too_big = [point for point in points if point.nproc > most]
+            if too_big:
+                raise SystemExit(f"point {too_big[0].label} needs {too_big[0].nproc} GPUs; the largest node has {most}")
+
+    def can_start(self, point: Point) -> bool:
+        return self.concurrency is None or len(self.running) < self.concurrency
+
+    def start(self, point: Point) -> None:
+        gpus = point.nproc if max(self.node_gpus, default=0) else 0
+        task = self.remote.options(num_cpus=point.nproc, num_gpus=gpus, name=f"bench_sweep {point.id}")
+        ref = task.remote(
+            point.flags, point.nproc, point.metadata, self.bench_train, os.getcwd(), self.sweep.point_timeout
+        )
+        self.running[ref] = point
+
+    def wait(self) -> list[Ended]:
+        if not self.running:
+            return []
+        done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=POLL_SECONDS)
+        ended = []
+        for ref in done:
+            point = self.running.pop(ref)
+            try:
+                result = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:  # the task's worker or node died
+                self.sweep.append_log(point, f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode())
+                ended.append(Ended(point, -signal.SIGKILL, False, "?"))
+                continue
+            self.sweep.store_files(point, result["files"])
+            ended.append(Ended(point, result["exit_code"], result["timed_out"], result["host"]))
+        return ended
+
+    def stop(self) -> None:
+        for ref in self.running:
+            self.ray.cancel(ref)
+        with contextlib.suppress(Exception):
+            self.ray.wait(list(self.running), num_returns=len(self.running), timeout=STOP_GRACE_SECONDS + 5)
+        self.running.clear()
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The sweep: state file, scheduling, outcomes, progress, report.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PointPaths:
+    metrics: Path
+    log: Path
+    output_dir: Path
+
+
+@dataclass
+class Progress:
+    """A bar of points done / failed / skipped with the label of the point started last (on stderr)."""
+
+    total: int
+    counts: dict[str, int] = field(default_factory=lambda: {"done": 0, "failed": 0, "skipped": 0})
+    bar: Any = None
+
+    def __post_init__(self):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, unit="point", dynamic_ncols=True, file=sys.stderr)
+
+    def count(self, status: str) -> None:
+        kind = "done" if status in DONE_STATUSES else "skipped" if status == "skipped" else "failed"
+        self.counts[kind] += 1
+        self.bar.set_postfix(self.counts, refresh=False)
+        self.bar.update(1)
+
+    def current(self, label: str) -> None:
+        self.bar.set_description_str(label[:60])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+
+
+class Sweep:
+    def __init__(self, points: list[Point], output_dir: Path, retries: int, point_timeout: float | None):
+        self.points, self.dir, self.retries, self.point_timeout = points, output_dir, retries, point_timeout
+        self.by_id = {point.id: point for point in points}
+        self.state_path = output_dir / STATE_FILE
+        self.lock_fd = -1
+        self.interrupted_by: int | None = None
+
+    def paths(self, point: Point) -> PointPaths:
+        metrics = self.dir / point.metrics_name
+        return PointPaths(metrics, metrics.with_suffix(".log"), metrics.with_suffix(""))
+
+    def finished(self, rerun_failed: bool) -> dict[str, dict[str, Any]]:
+        """The state lines that count for the current grid: same config; with ``rerun_failed`` only successes."""
+        state = bench_report.read_sweep_state(self.state_path) if self.state_path.exists() else {}
+        return {
+            point.id: line
+            for point in self.points
+            if (line := state.get(point.id)) is not None
+            and line.get("config") == point.config
+            and (not rerun_failed or line["status"] in DONE_STATUSES)
+        }
+
+    def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
+        """One line per finished point, flushed to disk before anything else happens."""
+        line = {
+            "point": point.id,
+            "axes": point.axes,
+            "metrics_path": point.metrics_name,
+            "config": point.config,
+            **outcome,
+            "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
+        with self.state_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return line
+
+    def clear(self, point: Point) -> None:
+        """An earlier attempt's files gone (the log stays, appended to), so that what is read next is this one's."""
+        paths = self.paths(point)
+        for name in glob.glob(glob.escape(str(paths.metrics.with_suffix(""))) + ".*"):
+            if not name.endswith(".log"):
+                os.remove(name)
+        shutil.rmtree(paths.output_dir, ignore_errors=True)
+
+    def append_log(self, point: Point, data: bytes) -> None:
+        with self.paths(point).log.open("ab") as handle:
+            handle.write(data)
+
+    def store_files(self, point: Point, files: dict[str, bytes]) -> None:
+        """A Ray task's files under this point's names (``point.json`` → ``<id>.json``; the log appended)."""
+        paths = self.paths(point)
+        for name, data in files.items():
+            if name == "point.log":
+                self.append_log(point, data)
+            else:
+                target = paths.metrics.with_name(point.id + name[len("point") :])
+                tmp = target.with_name(target.name + ".tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+
+    def outcome(self, ended: Ended, log_start: int) -> dict[str, Any]:
+        """Status and category from the point's files (root cause across ranks), else from its log's TUNING_ERROR
+        line, else from its exit code (the files first: they name the category and rank)."""
+        paths = self.paths(ended.point)
+        runs = bench_report.load(bench_report.run_files(paths.metrics))
+        run = runs[0] if runs else None
+        status = run.status if run else "killed" if ended.exit_code < 0 else "error"
+        cause = run.root_cause if run else None
+        category, reason = (cause.category, cause.message) if cause else (None, None)
+        if category is None and ended.exit_code != 0:
+            with paths.log.open("rb") as handle:
+                handle.seek(log_start)
+                marker = ERROR_MARKER.findall(handle.read().decode("utf-8", "replace"))
+            if marker:
+                status, category = "error", marker[-1]
+        if ended.timed_out:
+            status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
+        elif status in DONE_STATUSES and ended.exit_code != 0:
+            status, reason = "error", f"exited {ended.exit_code} after its dump said {status}"
+        return {"status": status, "category": category, "exit_code": ended.exit_code, "reason": reason}
+
+    def run(self, executor: Any, rerun_failed: bool) -> dict[str, dict[str, Any]]:
+        """Every point not finished yet, smaller batch sizes of a group first; returns the state lines."""
+        finished = self.finished(rerun_failed)
+        pending = [point for point in self.points if point.id not in finished]
+        attempts: dict[str, int] = {}
+        log_starts: dict[str, int] = {}
+        progress = Progress(len(self.points))
+        for line in finished.values():
+            progress.count(line["status"])
+
+        def blocked(point: Point) -> Point | None:
+            """The first smaller batch size of the point's group not finished yet."""
+            return next((o for o in smaller(point) if o.id not in finished), None)
+
+        def smaller(point: Point) -> Iterator[Point]:
+            if point.batch_size is None:
+                return
+            for other in self.points:
+                if other.group == point.group and other.batch_size is not None and other.batch_size < point.batch_size:
+                    yield other
+
+        def oom_below(point: Point) -> dict[str, Any] | None:
+            ooms = [finished[o.id] for o in smaller(point) if finished[o.id].get("category") in OOM_CATEGORIES]
+            return min(ooms, key=lambda line: line["axes"][BATCH_SIZE_AXIS], default=None)
+
+        def finish(point: Point, line: dict[str, Any]) -> None:
+            finished[point.id] = line
+            progress.count(line["status"])
+
+        try:
+            while pending or executor.running:
+                if self.interrupted_by is not None:
+                    raise Interrupted(self.interrupted_by)
+                for point in list(pending):
+                    if blocked(point) is not None:
+                        continue
+                    if oom := oom_below(point):
+                        pending.remove(point)
+                        self.clear(point)
+                        reason = f"oom at {BATCH_SIZE_AXIS}={oom['axes'][BATCH_SIZE_AXIS]} ({oom['category']})"
+                        finish(point, self.record(point, status="skipped", category=None, reason=reason, attempts=0))
+                    elif executor.can_start(point):
+                        pending.remove(point)
+                        self.clear(point)
+                        attempts[point.id] = attempts.get(point.id, 0) + 1
+                        header = f"\n=== bench_sweep: {point.label}, attempt {attempts[point.id]} ===\n"
+                        self.append_log(point, header.encode())
+                        log_starts[point.id] = self.paths(point).log.stat().st_size
+                        executor.start(point)
+                        progress.current(point.label)
+                for ended in executor.wait():
+                    point = ended.point
+                    outcome = self.outcome(ended, log_starts[point.id])
+                    transient = outcome["status"] == "error" and outcome["category"] in TRANSIENT_CATEGORIES
+                    if transient and attempts[point.id] <= self.retries:
+                        pending.insert(0, point)
+                        continue
+                    finish(point, self.record(point, **outcome, attempts=attempts[point.id], host=ended.host))
+        except Interrupted:
+            progress.current("stopping: waiting for the running points")
+            executor.stop()
+            raise
+        finally:
+            progress.close()
+        return finished
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.interrupted_by = signum
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One driver per sweep directory. The points inherit the lock, so a rerun after a SIGKILLed driver waits
+        until the points it left (stopping since their parent died) are gone before it touches their files."""
+        self.lock_fd = os.open(self.dir / "sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(
+                    f"waiting for {self.dir / 'sweep.lock'}: another driver of this sweep, or points of one that was "
+                    "killed, still running",
+                    file=sys.stderr,
+                )
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(self.lock_fd)
+
+
+def write_report(output_dir: Path, points: list[Point]) -> None:
+    """bench_report over the sweep directory into DIR/report, the axes as columns; plots against the batch size
+    (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
+    import importlib.util
+
+    numeric = [
+        axis
+        for axis in points[0].axes
+        if all(isinstance(p.axes[axis], int | float) and not isinstance(p.axes[axis], bool) for p in points)
+    ]
+    x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
+    if importlib.util.find_spec("matplotlib") is None:
+        x = None
+    group = next((axis for axis in points[0].axes if axis != x), None) if x else None
+    bench_report.main(str(output_dir), x=x, group=group, output_dir=str(output_dir / "report"))
+
+
+def main(
+    spec: str,
+    output_dir: str,
+    executor: str = "local",
+    concurrency: int | None = None,
+    retries: int = 1,
+    rerun_failed: bool = False,
+    point_timeout: float | None = None,
+    dry_run: bool = False,
+    report_only: bool = False,
+    ray_address: str | None = None,
+    ray_num_cpus: int | None = None,
+    ray_runtime_env: str | dict | None = None,
+) -> int:
+    """Run every point of SPEC (a sweep YAML) into OUTPUT_DIR, resumably, then write OUTPUT_DIR/report.
+
+    Args:
+        spec: The sweep file: base (flags of every point), axes (flag → values), metadata (of every point).
+        output_dir: The sweep directory: state file, the points' files, the report. Rerun to finish a sweep.
+        executor: local (this machine's processes) or ray (tasks on a Ray cluster; pip install 'tuning-bench[ray]').
+        concurrency: Points running at once; default: local, one per nproc_per_node GPUs, one on CPU; ray, all
+            that the cluster's resources fit.
+        retries: Reruns of a point that failed with a transient category (communication, device_error).
+        rerun_failed: Also rerun the points that finished with a failure (and the ones their OOM skipped).
+        point_timeout: Seconds after which a point is stopped (SIGTERM, then SIGKILL 30 s later): status timeout.
+        dry_run: Print the points, their files and their state, and run nothing.
+        report_only: Write OUTPUT_DIR/report from what the sweep directory holds now, and run nothing.
+        ray_address: An existing Ray cluster (ray://host:10001 or host:6379); default: start a local instance.
+        ray_num_cpus: CPUs of the local Ray instance (default: all of this machine's).
+        ray_runtime_env: JSON Ray runtime_env, e.g. '{"working_dir": "."}' to ship this checkout to the nodes.
+    """
+    if executor not in ("local", "ray"):
+        raise SystemExit(f"--executor {executor!r}: choose local or ray")
+    for name, value, low in (("concurrency", concurrency, 1), ("retries", retries, 0)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
+    if point_timeout is not None and (not isinstance(point_timeout, int | float) or point_timeout <= 0):
+        raise SystemExit(f"--point_timeout must be a positive number of seconds, got {point_timeout!r}")
+    points = grid(load_spec(str(spec)))
+    sweep_dir = Path(str(output_dir)).absolute()
+    sweep = Sweep(points, sweep_dir, retries, point_timeout)
+    if dry_run:
+        finished = sweep.finished(rerun_failed)
+        for point in points:
+            state = finished[point.id]["status"] if point.id in finished else "to run"
+            processes = "" if "nproc_per_node" in point.axes else f"  nproc_per_node={point.nproc}"
+            print(f"{point.label}{processes}  {sweep.paths(point).metrics}  [{state}]")
+        print(f"{len(points)} points, {len(points) - len(finished)} to run")
+        return 0
+    if report_only:
+        write_report(sweep_dir, points)
+        return 0
+    (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(spec, sweep_dir / "sweep.yaml")
+    with sweep.locked():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, sweep.on_signal)
+        if executor == "ray":
+            runner: Any = RayExecutor(sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env)
+        else:
+            runner = LocalExecutor(sweep, concurrency)
+        try:
+            runner.check(points)
+            finished = sweep.run(runner, rerun_failed)
+        except Interrupted as stop:
+            print(f"bench_sweep: stopped by signal {stop.signum}; rerun the same command to finish", file=sys.stderr)
+            return 128 + stop.signum
+        finally:
+            runner.close()
+    statuses = [line["status"] for line in finished.values()]
+    summary = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    print(f"bench_sweep: {len(points)} points: {summary}", file=sys.stderr)
+    write_report(sweep_dir, points)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(fire.Fire(main, name="bench_sweep.py", serialize=lambda _: None))
