@@ -7,6 +7,7 @@ where a CPU cannot run out of GPU memory); the default model's size is counted o
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict
@@ -124,32 +125,27 @@ def test_every_example_fills_the_sequence_with_a_response_to_train_on(tmp_path):
     assert again.read_text() == path.read_text() != other.read_text()
 
 
-def synthetic_run(arm: str, round_index: int, step_s: float, losses: list[str], peak: int | None) -> overhead.Run:
+def synthetic_job(
+    arm: str, round_index: int, step_s: float, loop_s: float, losses: list[str], peak: int | None
+) -> gpu_check.Job:
     """A job whose first two steps take 10x longer (warm-up) and the rest ``step_s`` each; losses as logged."""
     durations = [10 * step_s] * 2 + [step_s] * 8
-    ends = [100.0 + sum(durations[: index + 1]) for index in range(len(durations))]
-    attribution = {
-        "steps": 10,
-        "time": sum(durations),
-        "training_thread_cpu": sum(durations),
-        "other_threads_cpu": 0.001 if arm == "bench_train" else 0.0,
-        "children_cpu": 0.0,
-        "hook_seconds": {"tuning.benchmarking.callback.BenchmarkCallback": 0.002} if arm == "bench_train" else {},
-        "step_ends": ends,
-        "cuda_max_memory_reserved_bytes": peak,
-    }
-    return overhead.Run(arm, round_index, 1.0, 1.0, 1.0, sum(durations), step_s, losses, attribution)
+    ends = [5.0 + sum(durations[: index + 1]) for index in range(len(durations))]
+    run = overhead.Run("gpu", arm, round_index, loop_s + 10, loop_s, statistics.median(durations), losses, ends)
+    return gpu_check.Job(run, peak)
 
 
 def test_throughput_figures_are_per_round_ratios_of_the_steps_after_the_warmup():
     workload = gpu_check.Workload(**{**asdict(TINY), "max_steps": 10, "warmup_steps": 2, "rounds": 3})
     trl_losses = [2.0, 1.5, 1.25, 1.0]
-    runs = []
-    for round_index, (trl_step, bench_step) in enumerate([(0.100, 0.102), (0.200, 0.196), (0.100, 0.103)]):
-        runs.append(synthetic_run("trl", round_index, trl_step, [f"{loss:.4f}" for loss in trl_losses], 10 * 2**30))
+    jobs = []
+    timings = [((0.100, 10.0), (0.102, 10.05)), ((0.200, 20.0), (0.196, 20.3)), ((0.100, 10.0), (0.103, 10.2))]
+    for round_index, ((trl_step, trl_loop), (bench_step, bench_loop)) in enumerate(timings):
+        trl_logged = [f"{loss:.4f}" for loss in trl_losses]
+        jobs.append(synthetic_job("trl", round_index, trl_step, trl_loop, trl_logged, 10 * 2**30))
         bench_losses = [f"{loss * (1.004 if round_index == 1 else 1.0):.4f}" for loss in trl_losses]
-        runs.append(synthetic_run("bench_train", round_index, bench_step, bench_losses, 10 * 2**30 + 2**20))
-    summary = gpu_check.throughput_summary(runs, workload)
+        jobs.append(synthetic_job("bench_train", round_index, bench_step, bench_loop, bench_losses, 10 * 2**30 + 2**20))
+    summary = gpu_check.throughput_summary(jobs, workload)
     assert summary["rounds"] == 3
     assert summary["step_time_ratio"] == pytest.approx(1.02)  # the median of 1.02, 0.98, 1.03
     assert summary["tokens_per_second_ratio"] == pytest.approx(1 / 1.02)
@@ -157,10 +153,12 @@ def test_throughput_figures_are_per_round_ratios_of_the_steps_after_the_warmup()
     assert summary["tokens_per_second"]["trl"] == pytest.approx(workload.tokens_per_step / 0.1)
     assert summary["peak_reserved_bytes"] == {"trl": 10 * 2**30, "bench_train": 10 * 2**30 + 2**20}
     assert summary["max_loss_difference"] == pytest.approx(0.004)
-    # 2 ms of hooks and 1 ms of threads in each bench_train loop; the median loop is round 2's, 28 x 0.103 s.
-    assert summary["in_process_percent"] == pytest.approx(100 * 0.003 / (28 * 0.103))
+    assert summary["loop_ratio"] == pytest.approx(1.015)  # the median of 1.005, 1.015, 1.02
+    assert summary["loop_s"] == {"trl": 10.0, "bench_train": 10.2}
     rows = {row.figure: row for row in gpu_check.throughput_rows({"throughput": summary})}
     assert not rows["tokens/s, bench_train ÷ bare TRL"].ok and not rows["step time, bench_train ÷ bare TRL"].ok
+    loop_row = rows["loop (train_runtime), bench_train ÷ bare TRL: our share of the loop"]
+    assert not loop_row.ok and loop_row.value.endswith(f"ours +{100 * (1 - 1 / 1.015):.2f} %")
     assert rows["peak GPU memory (torch, reserved)"].ok and rows["same work: per-step losses against bare TRL's"].ok
 
 
@@ -221,6 +219,8 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
     assert throughput["rounds"] == 1 and throughput["max_loss_difference"] == 0
     assert throughput["peak_reserved_bytes"] == {"trl": None, "bench_train": None}
     assert [run["arm"] for run in results["runs"]] == ["trl", "bench_train"]
+    for run in results["runs"]:
+        assert len(run["step_ends"]) == TINY.max_steps and run["peak_reserved_bytes"] is None
 
     # bench_train sampled NVML's GPU 1, named by its UUID, as {"gpu": 0}.
     dump = results["dump"]
@@ -252,7 +252,8 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         "GPU memory used by NVML (max) against CUDA's reserved peak": False,
     }
     assert {figure: rows[figure].ok for figure in expected} == expected
-    assert {"tokens/s, bench_train ÷ bare TRL", "step time, bench_train ÷ bare TRL", "whole check"} <= set(rows)
+    timed_rows = {"tokens/s, bench_train ÷ bare TRL", "step time, bench_train ÷ bare TRL", "whole check"}
+    assert {*timed_rows, "loop (train_runtime), bench_train ÷ bare TRL: our share of the loop"} <= set(rows)
 
     output = tmp_path / "report" / "gpu_check.md"
     gpu_check.write_report(list(rows.values()), results, output)
