@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: venv demo test test-fast lint
+.PHONY: venv demo test test-fast lint gpu-check
 venv: $(VENV)/.installed
 
 demo: venv
@@ -43,3 +43,11 @@ test-fast: venv
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# On one CUDA device, in under 8 minutes, downloading nothing itself: benchmarks/gpu_check.py (a ~1 B Llama,
+# bench_train against bare TRL, a real OOM, NVML series). Where .venv does not exist yet, `venv` above makes it, and
+# its `pip install torch==2.13.0` must then find a CUDA build of torch (a local wheel or index on that machine); the
+# NVML series need the nvml extra, installed here when missing (where that fails, the check runs without them).
+gpu-check: venv
+	-$(PY) -c 'import pynvml' 2>/dev/null || $(PY) -m pip install --quiet -e '.[nvml]'
+	$(PY) -m benchmarks.gpu_check

@@ -4,9 +4,13 @@ No callbacks, no trackers and no ``tuning.train()``: TRL's ``SFTTrainer`` on a d
 ``tuning.data`` functions, so every step does the same work as ours and only what we add differs. Flags are
 ``SFTConfig``'s (every transformers flag plus TRL's, ``--dataset_text_field`` included; TRL's own defaults apply, so
 pass bf16, gradient checkpointing, learning rate and logging explicitly) plus the data and model flags below.
+With CUDA it writes torch's peak memory per device (``tuning.benchmarking.cuda_peak_memory``'s list, as in
+bench_train's dump summary) to ``CUDA_PEAK_FILE`` in the output directory.
 """
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
@@ -16,6 +20,8 @@ from tuning.data.formatting import format_texts
 from tuning.data.loading import load_records
 from tuning.data.masking import tokenize_and_mask
 
+CUDA_PEAK_FILE = "cuda_peak_memory.json"
+
 
 @dataclass
 class BareArguments:
@@ -23,6 +29,7 @@ class BareArguments:
     training_data_path: str = field(metadata={"help": "JSON lines or JSON array training data."})
     response_template: str = field(metadata={"help": "Only what follows it is trained on."})
     torch_dtype: str = field(default="float32", metadata={"help": "bfloat16, float16 or float32."})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa or flash_attention_2."})
 
 
 def main() -> None:
@@ -35,11 +42,15 @@ def main() -> None:
     )
     dataset = tokenize_and_mask(texts, tokenizer, config.max_length, bare.response_template)
     model = AutoModelForCausalLM.from_pretrained(
-        bare.model_name_or_path, dtype=getattr(torch, bare.torch_dtype), attn_implementation="sdpa"
+        bare.model_name_or_path, dtype=getattr(torch, bare.torch_dtype), attn_implementation=bare.attn_implementation
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
     trainer.save_model(config.output_dir)
+    if torch.cuda.is_available():  # imported only here: the baseline's start-up stays bare
+        from tuning.benchmarking import cuda_peak_memory
+
+        Path(config.output_dir, CUDA_PEAK_FILE).write_text(json.dumps(cuda_peak_memory()))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ BASELINE = "trl"
 DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
 CASES = {"realistic": {"hidden_size": 256, "num_layers": 4}, "stress": {"hidden_size": 64, "num_layers": 2}}
 TARGETS = {"process": 1.03, "loop": 1.01, "step": 1.01}
+RESPONSE_TEMPLATE = "\n### Response:"
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Run:
     loop_s: float
     step_s: float
     losses: list = field(repr=False)
+    step_ends: list = field(default_factory=list, repr=False)  # seconds from spawn to each step's loss line
 
 
 def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[str]:
@@ -70,7 +72,7 @@ def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[
         "model_name_or_path": model_dir,
         "training_data_path": str(SAMPLE_TRAIN_PATH),
         "dataset_text_field": "output",
-        "response_template": "\n### Response:",
+        "response_template": RESPONSE_TEMPLATE,
         "torch_dtype": "float32",
         "output_dir": output_dir,
         "max_steps": settings.max_steps,
@@ -122,23 +124,29 @@ def run_once(case: str, arm: str, round_index: int, argv: list[str], run_dir: Pa
     if returncode != 0 or len(log_times) < 2 or runtime is None:
         tail = stderr_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{case}/{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
-    step_s = statistics.median(later - earlier for earlier, later in zip(log_times, log_times[1:], strict=False))
-    return Run(case, arm, round_index, process_s, runtime, step_s, losses)
+    step_ends = [moment - start for moment in log_times]
+    step_s = statistics.median(later - earlier for earlier, later in zip(step_ends, step_ends[1:], strict=False))
+    return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends)
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of every run: offline, unbuffered, ``threads`` OpenMP threads, the repository importable."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",  # a log line arrives when it is printed
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def measure(case: str, settings: Settings, arms: list[str], pairs: int, warmup: bool, workdir: Path) -> list[Run]:
     from tuning.utils.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(str(workdir / "model"), **CASES[case])
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONUNBUFFERED": "1",  # a log line arrives when it is printed
-        "OMP_NUM_THREADS": str(settings.threads),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    env = child_env(settings.threads)
     if warmup:
         short = Settings(**{**asdict(settings), "max_steps": 2})
         for arm in arms:

@@ -5,9 +5,10 @@ Series (context ``{}`` unless said): ``cpu_percent`` (whole machine), ``memory_p
 numbers ``cuda:i``): ``gpu_utilization_percent``, ``gpu_memory_used_bytes``, ``gpu_power_watts``,
 ``gpu_power_percent`` (of the enforced power limit) and ``gpu_temperature_celsius``.
 
-NVML comes from ``nvidia-ml-py`` (``pip install 'tuning-bench[nvml]'``), imported only here and only when a sampler
-starts; without it, or without a driver, the GPU series are simply absent. A sample that fails is logged once and
-skipped: measuring must never stop training.
+``CUDA_VISIBLE_DEVICES`` maps CUDA's numbers to NVML's devices, also when it names GPUs by UUID (see
+``visible_gpu_handles``). NVML comes from ``nvidia-ml-py`` (``pip install 'tuning-bench[nvml]'``), imported only
+through ``init_nvml`` and only when it is needed; without it, or without a driver, the GPU series are simply absent.
+A sample that fails is logged once and skipped: measuring must never stop training.
 """
 
 import contextlib
@@ -30,8 +31,15 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[str, float, dict[str, Any]], None]
 
 
-def _nvml() -> Any | None:
-    """The initialised pynvml module, or None where NVML is not usable."""
+GPU_UTILIZATION = "gpu_utilization_percent"
+GPU_MEMORY_USED = "gpu_memory_used_bytes"
+GPU_POWER = "gpu_power_watts"
+GPU_POWER_PERCENT = "gpu_power_percent"
+GPU_TEMPERATURE = "gpu_temperature_celsius"
+
+
+def init_nvml() -> Any | None:
+    """The initialised pynvml module, or None where NVML is not usable; the caller shuts it down."""
     try:
         import pynvml
 
@@ -42,22 +50,49 @@ def _nvml() -> Any | None:
     return pynvml
 
 
-def _visible_gpu_handles(nvml: Any) -> list[Any]:
-    """NVML handles of the devices this process sees, in CUDA order (``CUDA_VISIBLE_DEVICES`` ids or UUIDs)."""
+def nvml_text(value: str | bytes) -> str:
+    """pynvml returns bytes in old releases, str in current ones."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def visible_gpu_handles(nvml: Any) -> list[Any]:
+    """NVML handles of the GPUs this process's CUDA sees, in CUDA's order: item ``i`` is ``cuda:i``.
+
+    ``CUDA_VISIBLE_DEVICES`` names GPUs by NVML index or by UUID, whole (``GPU-8932f937-d72c-4106-...``) or by a
+    prefix that only one GPU's UUID starts with (``GPU-8932f937``), as CUDA accepts them; a MIG instance's UUID is
+    looked up by NVML itself. Like CUDA, the list ends before the first entry that names no GPU (or one already named).
+    Unset: every GPU in NVML's order, which is CUDA's on machines with one GPU model.
+    """
+    gpus = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
-    handles = []
+        return gpus
+    uuids = [nvml_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
+    handles: list[Any] = []
+    named: set[str] = set()
     for item in (part.strip() for part in visible.split(",")):
-        # CUDA stops at the first entry it cannot use; so do we.
-        try:
-            if item.isdigit():
-                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(item)))
-            else:
-                handles.append(nvml.nvmlDeviceGetHandleByUUID(item))
-        except Exception:  # noqa: BLE001 - invalid index or UUID
+        found = _named_gpu(nvml, item, gpus, uuids)
+        if found is None or found[0] in named:
             break
+        named.add(found[0])
+        handles.append(found[1])
     return handles
+
+
+def _named_gpu(nvml: Any, item: str, gpus: list[Any], uuids: list[str]) -> tuple[str, Any] | None:
+    """(UUID, handle) of the GPU one ``CUDA_VISIBLE_DEVICES`` entry names, or None when it names none."""
+    if item.isdigit():
+        index = int(item)
+        return (uuids[index], gpus[index]) if index < len(gpus) else None
+    matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
+    if len(matches) == 1:
+        return uuids[matches[0]], gpus[matches[0]]
+    if matches or not item:  # a prefix of several GPUs' UUIDs, or an empty entry
+        return None
+    try:
+        return item, nvml.nvmlDeviceGetHandleByUUID(item.encode())  # bytes: what every pynvml release takes
+    except Exception:  # noqa: BLE001 - NVML knows no such UUID either
+        return None
 
 
 class SystemMetricsSampler:
@@ -74,9 +109,12 @@ class SystemMetricsSampler:
         self._failed: set[str] = set()
 
     def start(self) -> None:
-        self._nvml = _nvml()
+        self._nvml = init_nvml()
         if self._nvml is not None:
-            self._gpus = _visible_gpu_handles(self._nvml)
+            try:
+                self._gpus = visible_gpu_handles(self._nvml)
+            except Exception as exc:  # noqa: BLE001 - an NVML that cannot list its GPUs costs their series only
+                logger.warning("no GPU metrics: NVML could not list the GPUs: %s", exc)
         psutil.cpu_percent(interval=None)  # the first reading only sets the baseline
         self._thread = threading.Thread(target=self._loop, name="system-metrics", daemon=True)
         self._thread.start()
@@ -106,27 +144,27 @@ class SystemMetricsSampler:
             self._sample_gpu(index, handle)
 
     def _sample_gpu(self, index: int, handle: Any) -> None:
-        nvml = self._nvml
-        readers: dict[str, Callable[[], float]] = {
-            "gpu_utilization_percent": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-            "gpu_memory_used_bytes": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used,
-            "gpu_power_watts": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-            "gpu_power_percent": lambda: (
-                100.0 * nvml.nvmlDeviceGetPowerUsage(handle) / nvml.nvmlDeviceGetEnforcedPowerLimit(handle)
-            ),
-            "gpu_temperature_celsius": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
-        }
-        for name, read in readers.items():
-            self._read(name, read, {"gpu": index})
+        nvml, context = self._nvml, {"gpu": index}
+        self._read(GPU_UTILIZATION, lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu, context)
+        self._read(GPU_MEMORY_USED, lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used, context)
+        watts = self._read(GPU_POWER, lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, context)
+        if watts is not None:  # the same reading in % of the limit the GPU enforces now (mW; an admin may change it)
+            limit_watts = nvml.nvmlDeviceGetEnforcedPowerLimit
+            self._read(GPU_POWER_PERCENT, lambda: 100.0 * watts / (limit_watts(handle) / 1000.0), context)
+        self._read(GPU_TEMPERATURE, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), context)
 
-    def _read(self, name: str, read: Callable[[], float], context: dict[str, Any] | None = None) -> None:
+    def _read(self, name: str, read: Callable[[], float], context: dict[str, Any] | None = None) -> float | None:
+        """Sample one series; the value, or None when it could not be read (warned about once per series)."""
         try:
-            self.sink(name, float(read()), context or {})
+            value = float(read())
         except Exception as exc:  # noqa: BLE001 - e.g. a GPU without power readings: skip that series
             key = f"{name}{context or ''}"
             if key not in self._failed:
                 self._failed.add(key)
                 logger.warning("system metric %s%s unavailable: %s", name, context or "", exc)
+            return None
+        self.sink(name, value, context or {})
+        return value
 
 
 def _version(distribution: str) -> str | None:
@@ -150,7 +188,7 @@ def environment_info() -> dict[str, Any]:
     if torch.cuda.is_available():
         info["cuda"] = torch.version.cuda
         info["gpus"] = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
-        nvml = _nvml()
+        nvml = init_nvml()
         if nvml is not None:
             driver = nvml.nvmlSystemGetDriverVersion()
             info["cuda_driver"] = driver.decode() if isinstance(driver, bytes) else driver

@@ -17,7 +17,7 @@ SAMPLE_VALIDATION_PATH = os.path.join(SAMPLE_DATA_DIR, "validation.json")
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 
-def build_tokenizer(output_dir: str, vocab_size: int = 512):
+def build_tokenizer(output_dir: str, vocab_size: int = 512, model_max_length: int = 512):
     """A byte-level BPE tokenizer with BOS/EOS/UNK and deliberately no pad token (train() must add one)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -35,7 +35,7 @@ def build_tokenizer(output_dir: str, vocab_size: int = 512):
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, model_max_length=512
+        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, model_max_length=model_max_length
     )
     wrapped.save_pretrained(output_dir)
     return wrapped
@@ -43,25 +43,67 @@ def build_tokenizer(output_dir: str, vocab_size: int = 512):
 
 def build_tiny_model(output_dir: str, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
     """Write a randomly initialised ~100k-parameter Llama and its tokenizer to ``output_dir``."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    os.makedirs(output_dir, exist_ok=True)
-    tokenizer = build_tokenizer(output_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return build_llama(
+        output_dir,
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
+        num_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_length=512,
+        seed=seed,
+    )
+
+
+def llama_config(
+    tokenizer,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    max_length: int,
+):
+    """The config of a Llama of this shape for ``tokenizer`` (its vocabulary and special tokens)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_length,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
     )
+
+
+def build_llama(
+    output_dir: str,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    max_length: int,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> str:
+    """Write a randomly initialised Llama of any shape, in ``dtype``, and this module's tokenizer (for sequences of up
+    to ``max_length`` tokens) to ``output_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(output_dir, exist_ok=True)
+    tokenizer = build_tokenizer(output_dir, model_max_length=max_length)
+    config = llama_config(
+        tokenizer, hidden_size, intermediate_size, num_layers, num_attention_heads, num_key_value_heads, max_length
+    )
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(output_dir)
+    AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).save_pretrained(output_dir)
     return output_dir
 
 

@@ -1,0 +1,309 @@
+"""benchmarks/gpu_check.py without a GPU: everything but CUDA itself runs here, so that a GPU run only confirms.
+
+The whole check runs on the tiny model on CPU, with the stand-in NVML of tests/helpers/fake_nvml (in this process and,
+through PYTHONPATH, in every job) and the OOM injected through bench_train's ``--callbacks`` (torch's own exception,
+where a CPU cannot run out of GPU memory); the default model's size is counted on torch's meta device.
+"""
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from benchmarks import gpu_check, overhead
+from tests.conftest import REPO_ROOT, subprocess_env
+from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
+from tuning.utils.tiny_model import EOS, build_tokenizer, llama_config
+
+FAKE_NVML_DIR = REPO_ROOT / "tests" / "helpers" / "fake_nvml"
+TINY = gpu_check.Workload(
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    seq_length=32,
+    batch_size=2,
+    max_steps=4,
+    warmup_steps=1,
+    rounds=1,
+    oom_batch_size=3,
+    torch_dtype="float32",
+    threads=1,
+    system_metrics_interval=0.2,
+)
+# NVML's GPU 1 is the one the check runs on (CUDA_VISIBLE_DEVICES=1 in the check's own environment).
+DEVICES = [
+    {
+        "uuid": "GPU-0a1b2c3d-0000-0000-0000-000000000000",
+        "name": "Fake H200",
+        "utilization": 5,
+        "memory_used": 3 * 2**30,
+        "power_mw": [90_000],
+        "enforced_limit_mw": 700_000,
+        "management_limit_mw": 700_000,
+        "temperature": 30,
+    },
+    {
+        "uuid": "GPU-9f8e7d6c-1111-1111-1111-111111111111",
+        "name": "Fake H200",
+        "utilization": 97,
+        "memory_used": 60 * 2**30,
+        "power_mw": [450_000, 510_000],
+        "enforced_limit_mw": 600_000,
+        "management_limit_mw": 700_000,
+        "temperature": 66,
+    },
+]
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
+    output = tmp_path / "gpu_check.md"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--output", str(output)],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [
+        "gpu_check: no CUDA device here (torch.cuda.is_available() is False), so nothing to check"
+    ]
+    assert not output.exists()
+
+
+def test_flags_that_leave_no_step_to_measure_are_refused(capsys):
+    with pytest.raises(SystemExit) as exited:
+        gpu_check.parse_args(["--max_steps", "11", "--warmup_steps", "10"])
+    assert exited.value.code == 2
+    assert "--warmup_steps must leave at least two of --max_steps" in capsys.readouterr().err
+    assert gpu_check.parse_args(["--max_steps", "12", "--warmup_steps", "10"]).max_steps == 12
+
+
+def test_the_default_model_has_about_a_billion_parameters(tmp_path):
+    """The full-size config, counted on the meta device (no memory, no time): what the GPU run will build."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    workload = gpu_check.Workload()
+    tokenizer = build_tokenizer(str(tmp_path), model_max_length=workload.seq_length)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(llama_config(tokenizer, **workload.model_shape()))
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    low, high = gpu_check.MODEL_PARAMETERS
+    assert low <= parameters <= high, parameters
+    assert model.config.max_position_embeddings >= workload.seq_length
+
+
+def test_the_model_is_built_in_its_dtype_and_counted(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    workload = gpu_check.Workload(**{**asdict(TINY), "torch_dtype": "bfloat16"})
+    built = gpu_check.build_model(tmp_path / "model", workload)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert built["parameters"] == sum(parameter.numel() for parameter in model.parameters())
+    assert built["dtypes"] == ["BF16"] and built["seconds"] > 0
+    assert model.config.num_hidden_layers == 2 and model.config.max_position_embeddings == 32
+
+
+def test_every_example_fills_the_sequence_with_a_response_to_train_on(tmp_path):
+    tokenizer = build_tokenizer(str(tmp_path / "tokenizer"), model_max_length=64)
+    path = gpu_check.build_dataset(tmp_path / "train.jsonl", records=6, seq_length=64, seed=3)
+    texts = [json.loads(line)["output"] + EOS for line in path.read_text().splitlines()]
+    dataset = tokenize_and_mask(texts, tokenizer, 64, overhead.RESPONSE_TEMPLATE)
+    assert len(dataset) == 6
+    assert all(len(input_ids) == 64 for input_ids in dataset["input_ids"])  # cut to the length: no padding
+    assert all(sum(label != IGNORE_INDEX for label in labels) > 32 for labels in dataset["labels"])  # mostly response
+    again = gpu_check.build_dataset(tmp_path / "again.jsonl", records=6, seq_length=64, seed=3)
+    other = gpu_check.build_dataset(tmp_path / "other.jsonl", records=6, seq_length=64, seed=4)
+    assert again.read_text() == path.read_text() != other.read_text()
+
+
+def synthetic_job(
+    arm: str, round_index: int, step_s: float, loop_s: float, losses: list[str], peak: int | None
+) -> gpu_check.Job:
+    """A job whose first two steps take 10x longer (warm-up) and the rest ``step_s`` each; losses as logged."""
+    durations = [10 * step_s] * 2 + [step_s] * 8
+    ends = [5.0 + sum(durations[: index + 1]) for index in range(len(durations))]
+    run = overhead.Run("gpu", arm, round_index, loop_s + 10, loop_s, statistics.median(durations), losses, ends)
+    return gpu_check.Job(run, peak)
+
+
+def test_throughput_figures_are_per_round_ratios_of_the_steps_after_the_warmup():
+    workload = gpu_check.Workload(**{**asdict(TINY), "max_steps": 10, "warmup_steps": 2, "rounds": 3})
+    trl_losses = [2.0, 1.5, 1.25, 1.0]
+    jobs = []
+    timings = [((0.100, 10.0), (0.102, 10.05)), ((0.200, 20.0), (0.196, 20.3)), ((0.100, 10.0), (0.103, 10.2))]
+    for round_index, ((trl_step, trl_loop), (bench_step, bench_loop)) in enumerate(timings):
+        trl_logged = [f"{loss:.4f}" for loss in trl_losses]
+        jobs.append(synthetic_job("trl", round_index, trl_step, trl_loop, trl_logged, 10 * 2**30))
+        bench_losses = [f"{loss * (1.004 if round_index == 1 else 1.0):.4f}" for loss in trl_losses]
+        jobs.append(synthetic_job("bench_train", round_index, bench_step, bench_loop, bench_losses, 10 * 2**30 + 2**20))
+    summary = gpu_check.throughput_summary(jobs, workload)
+    assert summary["rounds"] == 3
+    assert summary["step_time_ratio"] == pytest.approx(1.02)  # the median of 1.02, 0.98, 1.03
+    assert summary["tokens_per_second_ratio"] == pytest.approx(1 / 1.02)
+    assert summary["step_s"] == {"trl": pytest.approx(0.1), "bench_train": pytest.approx(0.103)}
+    assert summary["tokens_per_second"]["trl"] == pytest.approx(workload.tokens_per_step / 0.1)
+    assert summary["peak_reserved_bytes"] == {"trl": 10 * 2**30, "bench_train": 10 * 2**30 + 2**20}
+    assert summary["max_loss_difference"] == pytest.approx(0.004)
+    assert summary["loop_ratio"] == pytest.approx(1.015)  # the median of 1.005, 1.015, 1.02
+    assert summary["loop_s"] == {"trl": 10.0, "bench_train": 10.2}
+    rows = {row.figure: row for row in gpu_check.throughput_rows({"throughput": summary})}
+    assert not rows["tokens/s, bench_train ÷ bare TRL"].ok and not rows["step time, bench_train ÷ bare TRL"].ok
+    loop_row = rows["loop (train_runtime), bench_train ÷ bare TRL: our share of the loop"]
+    assert not loop_row.ok and loop_row.value.endswith(f"ours +{100 * (1 - 1 / 1.015):.2f} %")
+    assert rows["peak GPU memory (torch, reserved)"].ok and rows["same work: per-step losses against bare TRL's"].ok
+
+
+def test_failed_steps_become_failed_rows_and_the_table_escapes_pipes():
+    results = {
+        "workload": asdict(gpu_check.Workload()),
+        "attention": "sdpa",
+        "gpu": {"uuid": None, "name": None, "power_limit_watts": None},
+        "versions": {"torch": "2.13.0", "cuda": "12.8"},
+        "model": {"error": "OSError: disk full"},
+        "throughput": {"error": "RuntimeError: trl run 0 failed (exit 1); stderr ends with:"},
+        "dump": {"error": "FileNotFoundError: metrics.json"},
+        "oom": {"error": "TimeoutExpired: 300 s"},
+        "seconds": 600.0,
+    }
+    rows = gpu_check.table_rows(results)
+    failed = [row for row in rows if row.value.startswith("failed: ")]
+    assert [row.ok for row in failed] == [False] * 4
+    assert rows[-1].value == "10 min 0 s" and rows[-1].ok is False
+    table = gpu_check.markdown([*rows, gpu_check.Row("a | b", "1 | 2", "", None)]).splitlines()
+    assert table[:2] == ["| figure | value | target | ✓/✗ |", "|---|---|---|---|"]
+    assert table[-1] == "| a \\| b | 1 \\| 2 |  |  |"
+    assert table[3] == "| model | failed: OSError: disk full | completes | ✗ |"
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """The stand-in NVML in this process (sys.modules) and in every job (PYTHONPATH), with NVML's GPU 1 visible."""
+    monkeypatch.setenv("FAKE_NVML_DEVICES", json.dumps(DEVICES))
+    monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML_DIR}:{REPO_ROOT}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML_DIR / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return module
+
+
+def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_path, fake_gpus):
+    gpu = gpu_check.find_gpu()
+    assert (gpu.uuid, gpu.name, gpu.power_limit_watts) == (DEVICES[1]["uuid"], "Fake H200", 600.0)
+    try:
+        results = gpu_check.run_check(
+            TINY,
+            tmp_path / "work",
+            gpu,
+            "sdpa",
+            warmup_round=False,
+            oom_flags=("--callbacks", "tests.helpers.bench_callbacks:OutOfMemoryOnLastRank"),
+        )
+    finally:
+        gpu.close()
+    for step in ("model", "throughput", "dump", "oom"):
+        assert "error" not in results[step], results[step]
+
+    # Both arms trained the same batches: identical losses on CPU; no CUDA, so no peaks.
+    throughput = results["throughput"]
+    assert throughput["rounds"] == 1 and throughput["max_loss_difference"] == 0
+    assert throughput["peak_reserved_bytes"] == {"trl": None, "bench_train": None}
+    assert [run["arm"] for run in results["runs"]] == ["trl", "bench_train"]
+    for run in results["runs"]:
+        assert len(run["step_ends"]) == TINY.max_steps and run["peak_reserved_bytes"] is None
+
+    # bench_train sampled NVML's GPU 1, named by its UUID, as {"gpu": 0}.
+    dump = results["dump"]
+    assert dump["gpu_contexts"] == ['{"gpu": 0}']
+    assert all(count >= 1 for count in dump["samples"].values())
+    assert dump["utilization_max"] == 97 and dump["memory_used_max_bytes"] == 60 * 2**30
+    assert 450 <= dump["power_avg_watts"] <= 510
+    assert dump["power_avg_percent"] == pytest.approx(100 * dump["power_avg_watts"] / 600)
+    assert dump["tokens_per_step"] == [TINY.tokens_per_step] and dump["cuda"] is None
+
+    oom = results["oom"]
+    assert (oom["exit_code"], oom["dump_category"]) == (204, "gpu_oom"), oom["stderr_tail"]
+    assert oom["termination_log"].startswith("gpu_oom: OutOfMemoryError: CUDA out of memory.")
+    assert oom["memory_before_bytes"] == oom["memory_after_bytes"] == 60 * 2**30 and oom["freed_after_s"] < 1
+
+    rows = {row.figure: row for row in gpu_check.table_rows(results)}
+    expected = {
+        'NVML series under {"gpu": 0}, GPU named by UUID (GPU-9f8e7d6c-1111-1111-1111-111111111111)': True,
+        "GPU utilisation while training (max)": True,
+        "GPU power while training (mean)": True,
+        "bench_train's tokens per step": True,
+        "same work: per-step losses against bare TRL's": True,
+        "OOM job (batch 3): exit code": True,
+        "OOM job (batch 3): category in the dump / termination log": True,
+        "OOM job (batch 3): GPU memory in use after it, against before": True,
+        "random-initialised Llama: parameters": False,  # tiny and float32
+        "peak GPU memory (torch, reserved)": False,  # no CUDA here
+        "CUDA peak memory in the dump's summary": False,
+        "GPU memory used by NVML (max) against CUDA's reserved peak": False,
+    }
+    assert {figure: rows[figure].ok for figure in expected} == expected
+    timed_rows = {"tokens/s, bench_train ÷ bare TRL", "step time, bench_train ÷ bare TRL", "whole check"}
+    assert {*timed_rows, "loop (train_runtime), bench_train ÷ bare TRL: our share of the loop"} <= set(rows)
+
+    output = tmp_path / "report" / "gpu_check.md"
+    gpu_check.write_report(list(rows.values()), results, output)
+    table = output.read_text()
+    assert table.startswith("| figure | value | target | ✓/✗ |\n") and table.count("\n") == len(rows) + 2
+    assert json.loads(output.with_suffix(".json").read_text())["oom"]["exit_code"] == 204
+
+
+def test_the_makefile_target_runs_the_check_in_the_project_venv():
+    """``make -n`` prints the recipe without running it: the nvml extra where pynvml is missing, then the module."""
+    result = subprocess.run(
+        ["make", "-n", "-W", "setup.py", "gpu-check"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-2:] == [
+        ".venv/bin/python -c 'import pynvml' 2>/dev/null || .venv/bin/python -m pip install --quiet -e '.[nvml]'",
+        ".venv/bin/python -m benchmarks.gpu_check",
+    ]
+    assert "python3 -m venv .venv" in lines[0]  # a new .venv is made the same way as for make test
+
+
+@pytest.mark.parametrize("attention", ["sdpa", gpu_check.FLASH_ATTENTION])
+def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_path, monkeypatch, attention):
+    """The flags appended to overhead.py's commands win (bf16 instead of float32, the check's data), in each arm's
+    own parser, at the default (GPU) size. transformers refuses bf16 without a GPU that has it: a stand-in says
+    there is one."""
+    import transformers.training_args
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    from tests.conftest import load_script
+
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+
+    workload, data = gpu_check.Workload(), tmp_path / "train.jsonl"
+    bare_command = gpu_check.job_command("trl", workload, tmp_path / "model", data, tmp_path / "trl", attention)
+    bare_trl = load_script(REPO_ROOT / "benchmarks" / "bare_trl.py")
+    bare, config = HfArgumentParser((bare_trl.BareArguments, SFTConfig)).parse_args_into_dataclasses(bare_command[2:])
+    assert (bare.training_data_path, bare.torch_dtype, bare.attn_implementation) == (str(data), "bfloat16", attention)
+    assert (config.bf16, config.per_device_train_batch_size, config.max_steps, config.max_length) == (True, 8, 60, 1024)
+
+    bench_command = gpu_check.job_command(
+        "bench_train", workload, tmp_path / "model", data, tmp_path / "bench", attention
+    )
+    bench_train = load_script(REPO_ROOT / "wrappers" / "bench_train.py")
+    flags, args = bench_train.parse_command_line(bench_command[2:])
+    assert (flags.system_metrics_interval, flags.skip_warmup_steps) == (1.0, 10)
+    assert (args.data_args.training_data_path, args.model_args.torch_dtype) == (str(data), "bfloat16")
+    assert args.model_args.use_flash_attn == (attention == gpu_check.FLASH_ATTENTION)
+    train_args = args.training_args
+    assert (train_args.bf16, train_args.per_device_train_batch_size, train_args.max_steps) == (True, 8, 60)
+    assert train_args.max_seq_length == 1024 and train_args.trackers == ["aim"]
