@@ -33,13 +33,6 @@ import typing
 from types import SimpleNamespace
 from typing import Any
 
-from tuning.trackers import aim_writer  # light: neither torch nor transformers
-
-if __name__ == "__main__" and aim_writer.asks_for_aim(sys.argv[1:]):
-    # Aim's writer process imports Aim (~2 s of CPU): started now, it does so while this process imports torch and
-    # transformers below, not beside the first training steps. The aim tracker adopts it.
-    aim_writer.start_early()
-
 import fire
 import fire.helptext
 import fire.trace
