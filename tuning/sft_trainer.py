@@ -26,11 +26,12 @@ from transformers import HfArgumentParser
 
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.config.tracker_configs import TrackerConfigFactory
 from tuning.data.formatting import format_texts
 from tuning.data.loading import load_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.trackers import Tracker, build_trackers
+from tuning.trackers.tracker_factory import tracker_config_classes, tracker_configs_from
 from tuning.utils.config_utils import read_job_config
 from tuning.utils.error_logging import (
     GracefulStopCallback,
@@ -70,8 +71,7 @@ def get_parser() -> HfArgumentParser:
             TrainingArguments,
             LoraConfig,
             PromptTuningConfig,
-            FileLoggingTrackerConfig,
-            AimConfig,
+            *tracker_config_classes(),
         )
     )
     parser.add_argument("--peft_method", choices=PEFT_METHODS, default=None, help="lora, pt or none (default).")
@@ -115,7 +115,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         if remaining:
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
         peft_method, use_peft, exp_metadata = extras.peft_method, extras.use_peft, extras.exp_metadata
-    model_args, data_args, training_args, lora_config, prompt_config, file_logger_config, aim_config = dataclass_args
+    model_args, data_args, training_args, lora_config, prompt_config, *tracker_configs = dataclass_args
 
     peft_method = peft_method or ("lora" if use_peft else "none")
     if peft_method not in PEFT_METHODS:
@@ -129,7 +129,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         data_args,
         training_args,
         peft_config,
-        TrackerConfigFactory(file_logger_config=file_logger_config, aim_config=aim_config),
+        tracker_configs_from(tracker_configs),
         _parse_exp_metadata(exp_metadata),
     )
 

@@ -11,11 +11,12 @@
 - its journal ``<metrics_path stem>.journal.jsonl``, one line per point as it is measured; after a SIGKILL,
   ``python -m tuning.benchmarking.rebuild <journal>`` turns it into a dump
 - with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
-  token throughput and system metrics series
+  token throughput and system metrics series; with ``--tracker mlflow`` the same in an MLflow run (metadata as
+  ``params.<key>``)
 - on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
   dump (rank 0) or in ``<metrics_path>.rank<N>.error.json`` (rank N)
 
-Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. the Aim callback, 4. the job.
+Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. Aim and MLflow, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
 ``--callbacks`` or a callback in ``BenchmarkJob.run``; the dump format itself lives in ``tuning.benchmarking`` so that
 every reader agrees on it.
@@ -47,7 +48,6 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
-from tuning.config.tracker_configs import AimConfig
 from tuning.sft_trainer import ParsedArguments, get_parser, parse_arguments, train, validate_arguments
 from tuning.trackers import Tracker, build_trackers, validate_tracker_names
 from tuning.utils.config_utils import read_job_config
@@ -210,22 +210,28 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 3. Aim: the tracker's failure-isolated callback, plus the benchmark's series; the metadata arrives through train().
+# 3. Aim and MLflow: the trackers' failure-isolated callbacks, plus the benchmark's series; the metadata arrives
+#    through train().
 # ---------------------------------------------------------------------------------------------------------------------
 
+# Trackers that also receive the benchmark's series, and what the dump notes about their runs.
+MIRRORED_TRACKERS = {
+    "aim": lambda tracker: {"run_hash": tracker.run_hash, "aim_degraded_reason": tracker.degraded_reason},
+    "mlflow": lambda tracker: {"mlflow_run_id": tracker.run_id, "mlflow_degraded_reason": tracker.degraded_reason},
+}
 
-def benchmark_aim(config: AimConfig, output_dir: str, params: dict[str, Any]) -> Tracker:
-    """The aim tracker of a benchmark: its callback isolates every Aim call (a dead server costs a warning, never the
-    job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
-    model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
-    only when --tracker aim asks for it."""
-    from tuning.trackers.aimstack_tracker import AimStackTracker
 
-    tracker = AimStackTracker(config, output_dir)
-    # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
-    # the job loads its data and model, not beside the first training steps.
-    tracker.set_params(params, "benchmark")
-    return tracker
+def benchmark_trackers(names: list[str], configs: Any, output_dir: str, params: dict[str, Any]) -> list[Tracker]:
+    """The Aim and MLflow trackers of a benchmark: their callbacks isolate every call (a dead server costs a warning,
+    never the job) and their ``track_many`` receives the step-time, throughput and system series; train() hands them
+    model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in MLflow). Each
+    library is imported only when its tracker is asked for."""
+    trackers = build_trackers([name for name in names if name in MIRRORED_TRACKERS], configs, output_dir)
+    for tracker in trackers:
+        # The benchmark flags as the run's "benchmark" params, now: the first call opens the run while the job loads
+        # its data and model, not beside the first training steps.
+        tracker.set_params(params, "benchmark")
+    return trackers
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -272,15 +278,15 @@ def load_callbacks(spec: str | None) -> list[TrainerCallback]:
 
 
 class BenchmarkJob:
-    """One run. Rank 0 owns the record (dump + journal) and the Aim run; other ranks report only their own failure;
-    each node's local rank 0 samples system metrics (other nodes into their own journal)."""
+    """One run. Rank 0 owns the record (dump + journal) and the Aim/MLflow runs; other ranks report only their own
+    failure; each node's local rank 0 samples system metrics (other nodes into their own journal)."""
 
     def __init__(self):
         self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
         self.metrics_path: str | None = None  # set once known to be writable
         self.stall_timeout: float | None = None
         self.record: RunRecord | None = None
-        self.aim: Any = None
+        self.mirrored: list[Tracker] = []  # Aim and MLflow
         self.bench: BenchmarkCallback | None = None
 
     def global_step(self) -> int | None:
@@ -320,16 +326,20 @@ class BenchmarkJob:
         extra_callbacks = load_callbacks(flags.callbacks)
         tracker_names = validate_tracker_names(train_args.trackers)
         trackers = build_trackers(
-            [name for name in tracker_names if name != "aim"], args.tracker_configs, train_args.output_dir
+            [name for name in tracker_names if name not in MIRRORED_TRACKERS],
+            args.tracker_configs,
+            train_args.output_dir,
         )
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
-        if "aim" in tracker_names:
-            aim_tracker = benchmark_aim(
-                args.tracker_configs.aim_config, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
-            )
-            self.aim = aim_tracker.get_hf_callback()
-            trackers.append(aim_tracker)
+        self.mirrored = benchmark_trackers(
+            tracker_names, args.tracker_configs, train_args.output_dir, {"metrics_path": metrics_path, **vars(flags)}
+        )
+        mirrors = [tracker.get_hf_callback() for tracker in self.mirrored]
+
+        def mirror(points: list) -> None:
+            for callback in mirrors:
+                callback.track_many(points)
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
         self.bench = BenchmarkCallback(
@@ -339,12 +349,13 @@ class BenchmarkJob:
             warmup_seconds=flags.skip_warmup_seconds,
             system_metrics_interval=flags.system_metrics_interval if sampling else None,
             watchdog=watchdog,
-            mirror=self.aim.track_many if self.aim is not None else None,
+            mirror=mirror if mirrors else None,
         )
         graceful_stop = GracefulStopCallback()
-        # The benchmark callback before Aim's, so that its last samples reach the run before Aim closes it.
-        callbacks = [tracker.get_hf_callback() for tracker in trackers if tracker.name != "aim"]
-        callbacks = [*filter(None, callbacks), self.bench, *filter(None, [self.aim]), graceful_stop, *extra_callbacks]
+        # The benchmark callback before Aim's and MLflow's, so that its last samples reach their runs before they close.
+        callbacks = [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
+        callbacks = [*callbacks, self.bench, *mirrors, graceful_stop, *extra_callbacks]
+        trackers += self.mirrored
         try:
             train(
                 args.model_args,
@@ -362,17 +373,17 @@ class BenchmarkJob:
         self.finish("stopped" if self.bench.stop_reason else "ok")
 
     def close_helpers(self) -> None:
-        """Sampler and watchdog stopped, Aim closed (bounded by --aim_close_timeout): on every way out."""
+        """Sampler and watchdog stopped, Aim and MLflow closed (bounded by their close timeouts): on every way out."""
         if self.bench is not None:
             self.bench.close()
-        if self.aim is not None:
-            self.aim.close()
+        for tracker in self.mirrored:
+            tracker.get_hf_callback().close()
 
     def finish(self, status: str, error: dict[str, Any] | None = None) -> None:
         if self.record is None:
             return
-        if self.aim is not None:
-            self.record.note(run_hash=self.aim.run_hash, aim_degraded_reason=self.aim.degraded_reason)
+        for tracker in self.mirrored:
+            self.record.note(**MIRRORED_TRACKERS[tracker.name](tracker))
         dump = self.record.finish(
             status,
             training_steps=self.global_step() or 0,

@@ -196,6 +196,8 @@ def build_dump(records: list[dict[str, Any] | Point], rebuilt_from_journal: bool
         "environment": header["environment"],
         "error": error,
         "aim_degraded_reason": notes.get("aim_degraded_reason"),
+        "mlflow_run_id": notes.get("mlflow_run_id"),
+        "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),
         "rebuilt_from_journal": rebuilt_from_journal,
     }
 

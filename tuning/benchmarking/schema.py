@@ -114,6 +114,8 @@ DUMP_SCHEMA: dict[str, Any] = {
         "environment",
         "error",
         "aim_degraded_reason",
+        "mlflow_run_id",
+        "mlflow_degraded_reason",
         "rebuilt_from_journal",
     ],
     "properties": {
@@ -136,6 +138,8 @@ DUMP_SCHEMA: dict[str, Any] = {
         "environment": _ENVIRONMENT,
         "error": _ERROR,
         "aim_degraded_reason": {"type": ["string", "null"]},
+        "mlflow_run_id": {"type": ["string", "null"]},
+        "mlflow_degraded_reason": {"type": ["string", "null"]},
         "rebuilt_from_journal": {"type": "boolean"},
     },
 }

@@ -19,9 +19,10 @@ child sees its connection end and closes the run itself, within the same bound.
 Protocol: a ``multiprocessing.connection`` (an AF_UNIX socket; the child connects back with the key it reads on its
 stdin). The parent sends lists of messages: ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}``
 first, then any of ``{"op": "track", "points": [[value, name, step, epoch, context, time], ...], "logs": [[step,
-epoch, time, {key: number}], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}`` (alone when no run was opened).
-The child answers each list with ``{"ack": n}`` (n messages done so far), adding ``"info"`` (the backend's ``open``
-result) after the open, ``"failed": repr(exception)`` or ``"gone": reason``, after which it exits.
+epoch, time, {key: number}], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}``
+(alone when no run was opened). The child answers each list with ``{"ack": n}`` (n messages done so far), adding
+``"info"`` (the backend's ``open`` result) after the open, ``"failed": repr(exception)`` or ``"gone": reason``, after
+which it exits.
 
 A backend is a class with no constructor arguments, importable without the training process's heavy modules:
 ``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``track_logs(logs)``,

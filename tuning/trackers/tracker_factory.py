@@ -7,7 +7,7 @@ only when their tracker is requested.
 import importlib
 from dataclasses import dataclass
 
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, MLflowConfig, TrackerConfigFactory
 from tuning.trackers.tracker import Tracker
 from tuning.utils.error_logging import UserInputError
 
@@ -32,6 +32,21 @@ register_tracker(
     "file_logger", TrackerSpec(FileLoggingTrackerConfig, "tuning.trackers.filelogging_tracker:FileLoggingTracker")
 )
 register_tracker("aim", TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim"))
+register_tracker("mlflow", TrackerSpec(MLflowConfig, "tuning.trackers.mlflow_tracker:MLflowTracker", extra="mlflow"))
+
+
+def tracker_config_classes() -> list[type]:
+    """Every registered tracker's config dataclass, in registration order: the parser reads their flags."""
+    return [spec.config_class for spec in _REGISTRY.values()]
+
+
+def tracker_configs_from(configs: list) -> TrackerConfigFactory:
+    """The parsed configs (in ``tracker_config_classes`` order) as one ``TrackerConfigFactory``; a tracker registered
+    from outside this package gets its ``<name>_config`` attribute too."""
+    factory = TrackerConfigFactory()
+    for name, config in zip(_REGISTRY, configs, strict=True):
+        setattr(factory, f"{name}_config", config)
+    return factory
 
 
 def available_trackers() -> list[str]:
