@@ -58,7 +58,7 @@ def test_registry_builds_the_mlflow_tracker_from_parsed_flags(tmp_path, monkeypa
     args = parse_arguments(get_parser())
     assert args.tracker_configs.mlflow_config == MLflowConfig(mlflow_experiment="flags", mlflow_tracking_uri=str(store))
     (tracker,) = build_trackers(args.training_args.trackers, args.tracker_configs, str(tmp_path))
-    assert isinstance(tracker, MLflowTracker) and tracker.callback.tracking_uri == store.as_uri()
+    assert isinstance(tracker, MLflowTracker) and tracker.callback.tracking_uri == f"sqlite:///{store}/mlflow.db"
     tracker.callback.close()
 
 
@@ -187,10 +187,12 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
 
     assert DEGRADED_WARNING not in stderr["local"]
     exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
-    (run,) = search(store.as_uri(), f"{METADATA_FILTER} and params.per_device_train_batch_size = '4'")
+    store_uri = f"sqlite:///{store}/mlflow.db"
+    assert exported["tracking_uri"] == store_uri
+    (run,) = search(store_uri, f"{METADATA_FILTER} and params.per_device_train_batch_size = '4'")
     assert run.info.run_id == exported["run_id"] and run.info.status == "FINISHED"
-    assert sorted(history(store.as_uri(), run.info.run_id, "loss")) == [1, 2, 3, 4]
-    assert len(history(store.as_uri(), run.info.run_id, "model_load_time")) == 1
+    assert sorted(history(store_uri, run.info.run_id, "loss")) == [1, 2, 3, 4]
+    assert len(history(store_uri, run.info.run_id, "model_load_time")) == 1
     assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
 
     assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]

@@ -45,8 +45,8 @@ class MLflowConfig:
     mlflow_tracking_uri: str | None = field(
         default=None,
         metadata={
-            "help": "Where runs go: a local directory, sqlite:///path.db, or http://host:port of an mlflow server; "
-            "MLflow's own default (MLFLOW_TRACKING_URI) when unset."
+            "help": "Where runs go: a local directory (holding the sqlite store DIR/mlflow.db), sqlite:///path.db, "
+            "or http://host:port of an mlflow server; MLflow's own default (MLFLOW_TRACKING_URI) when unset."
         },
     )
     mlflow_run_uri_export_path: str | None = field(

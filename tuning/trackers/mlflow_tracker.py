@@ -25,6 +25,7 @@ if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; f
     raise ImportError("No module named 'mlflow'")
 
 RUN_URI_FILENAME = "mlflow_tracker.json"
+STORE_FILENAME = "mlflow.db"  # the sqlite store in a --mlflow_tracking_uri directory
 DEGRADED_WARNING = "MLflow tracking stopped, training continues without it"
 
 
@@ -64,8 +65,9 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
 
 
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
-    """Validate ``config`` (cheaply, no network) and return the tracking URI: a local directory becomes a
-    ``file://`` URI of its absolute path; ``http(s)://host:port`` must name a host and a valid port."""
+    """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
+    ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
+    ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given."""
     if config.mlflow_close_timeout is None or config.mlflow_close_timeout <= 0:
         raise UserInputError(
             f"--mlflow_close_timeout must be a positive number of seconds, got {config.mlflow_close_timeout}"
@@ -84,7 +86,7 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
         return uri.rstrip("/")
     if "://" in uri or uri.startswith("file:"):
         return uri
-    return Path(os.path.expanduser(uri)).absolute().as_uri()
+    return f"sqlite:///{Path(os.path.expanduser(uri)).absolute() / STORE_FILENAME}"
 
 
 class MLflowTracker(Tracker):
