@@ -22,10 +22,11 @@ setup(
     package_data={"tuning": ["config/*.json", "data/samples/*"]},
     install_requires=_requirements(),
     extras_require={
-        "aim": ["aim==3.29.1"],
+        "aim": ["aim>=3.29,<4"],
+        "mlflow": ["mlflow>=3.17,<4"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
-        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7"],
+        "dev": ["pytest>=8", "ruff>=0.6", "aim>=3.29,<4", "mlflow>=3.17,<4", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["sft_trainer=tuning.sft_trainer:main"]},
 )

@@ -1,8 +1,10 @@
 """The mlflow tracker against real MLflow: local stores, a real ``mlflow server``, and the ways it fails; in-process
 hooks (real transformers objects) and real jobs (``sft_trainer``, ``bench_train``)."""
 
+import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,14 +15,19 @@ import pytest
 from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
 from tests.test_aim_e2e import finish, loss_steps, start_job
-from tests.test_aim_tracker import degraded_warnings, drive
+from tests.test_aim_tracker import drive
 from tests.test_bench_train import STEP_TIME, bench_args, read_dump, series, start_bench, wait_for_steps
 from tuning.config.tracker_configs import MLflowConfig
+from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
 from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
 HELPERS = "tests.helpers.bench_callbacks"
+
+
+def degraded_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +67,32 @@ def test_registry_builds_the_mlflow_tracker_from_parsed_flags(tmp_path, monkeypa
     (tracker,) = build_trackers(args.training_args.trackers, args.tracker_configs, str(tmp_path))
     assert isinstance(tracker, MLflowTracker) and tracker.callback.tracking_uri == f"sqlite:///{store}/mlflow.db"
     tracker.callback.close()
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    demo_level: int = 0
+
+
+class DemoTracker(Tracker):
+    name = "demo"
+
+    def __init__(self, config: DemoConfig, output_dir: str):
+        self.config = config
+
+
+def test_a_backend_registered_from_outside_gets_its_flags_parsed(tmp_path, monkeypatch):
+    """Plug and play: a backend is its config dataclass and its class, registered; nothing else changes."""
+    from tuning.sft_trainer import get_parser, parse_arguments
+    from tuning.trackers import build_trackers, register_tracker, tracker_factory
+
+    monkeypatch.setattr(tracker_factory, "_REGISTRY", dict(tracker_factory._REGISTRY))
+    register_tracker("demo", TrackerSpec(DemoConfig, f"{__name__}:DemoTracker"))
+    argv = ["sft_trainer", "--model_name_or_path", "m", "--training_data_path", "d", "--output_dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--tracker", "demo", "--demo_level", "3"])
+    args = parse_arguments(get_parser())
+    (tracker,) = build_trackers(args.training_args.trackers, args.tracker_configs, str(tmp_path))
+    assert isinstance(tracker, DemoTracker) and tracker.config == DemoConfig(demo_level=3)
 
 
 def test_missing_mlflow_names_the_extra_to_install(tmp_path):
@@ -156,8 +189,23 @@ def test_server_that_never_existed(tmp_path, caplog):
     drive(tracker.get_hf_callback(), tmp_path / "out")
     assert time.monotonic() - start < 5
     assert tracker.run_id is None and "unreachable" in tracker.degraded_reason
-    assert len([line for line in degraded_warnings(caplog) if DEGRADED_WARNING in line]) == 1
+    assert len(degraded_warnings(caplog)) == 1
     assert not (tmp_path / "out" / RUN_URI_FILENAME).exists()
+
+
+def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tmp_path, caplog):
+    with socket.socket() as silent:  # the kernel completes connections; nobody ever reads them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=uri, mlflow_close_timeout=2), str(tmp_path / "out"))
+        start = time.monotonic()
+        drive(tracker.get_hf_callback(), tmp_path / "out")
+        took = time.monotonic() - start
+    assert "blocked for more than 2s" in tracker.degraded_reason and tracker.run_id is None
+    assert len(degraded_warnings(caplog)) == 1
+    assert took < 10  # the 2 s bound (the helper still importing MLflow counts) plus scheduling slack
+    assert tracker.callback._process.poll() is not None  # killed
 
 
 # ---- real jobs ----

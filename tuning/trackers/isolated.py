@@ -123,6 +123,7 @@ class IsolatedCallback:
         self._logs: collections.deque[tuple[int, float | None, float, dict[str, Any]]] = collections.deque()
         self._open_until = 0.0  # until then (monotonic), on_log skips checking that the run can take messages
         self._child_done = threading.Event()  # the child answered the close, failed or exited
+        self._connected = threading.Event()  # the child connected back
         self._closed = False
         self._run_requested = False
         self._state_lock = threading.RLock()
@@ -303,6 +304,7 @@ class IsolatedCallback:
                 connection = listener.accept()
         except OSError:
             return  # the child is gone; the exit watch reports it
+        self._connected.set()
         reader = threading.Thread(target=self._read_answers, args=(connection,), name=f"{self.label}-reader")
         reader.daemon = True
         reader.start()
@@ -321,7 +323,7 @@ class IsolatedCallback:
             try:
                 connection.send(messages)
             except (OSError, ValueError):
-                return  # the child is gone; the exit watch reports it
+                return  # the child is gone; the reader reports it
 
     def _read_answers(self, connection: Connection) -> None:
         """The reader thread: acknowledgements advance progress; a failure degrades tracking."""
@@ -330,7 +332,7 @@ class IsolatedCallback:
             try:
                 answer = connection.recv()
             except (EOFError, OSError):
-                return  # the child is gone; the exit watch says whether that was expected
+                break
             with self._state_lock:
                 done = [self._pending.popleft() for _ in range(answer["ack"] - acked)]
                 acked = answer["ack"]
@@ -346,15 +348,20 @@ class IsolatedCallback:
             elif _CLOSING in done:
                 self._child_done.set()
                 return
-
-    def _watch_exit(self) -> None:
-        """A thread: once the child exits, degrade unless it was done."""
         code = self._process.wait()
         with self._state_lock:
-            unexpected = not self._child_done.is_set() and (self._pending or not self._closed)
+            unexpected = self._pending or not self._closed
         if unexpected:
             self._degrade(f"the {self.label} helper process exited unexpectedly (exit status {code})")
         self._child_done.set()
+
+    def _watch_exit(self) -> None:
+        """A thread: a child that exits before connecting back degrades tracking (once connected, the reader
+        judges its exit)."""
+        code = self._process.wait()
+        if not self._connected.is_set():
+            self._degrade(f"the {self.label} helper process exited unexpectedly (exit status {code})")
+            self._child_done.set()
 
     def _degrade(self, reason: str) -> None:
         with self._state_lock:
