@@ -26,7 +26,8 @@ which it exits.
 
 A backend is a class with no constructor arguments, importable without the training process's heavy modules:
 ``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``track_logs(logs)``,
-``set_params(name, params)`` and ``close(finished: bool)`` (False: the training process died). Stdlib only here.
+``set_params(name, params)`` and ``close(finished: bool)`` (False: the training process died). This module imports
+only the standard library and the light ``tuning.trackers.tracker``.
 """
 
 import atexit
