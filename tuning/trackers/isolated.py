@@ -20,9 +20,9 @@ Protocol: a ``multiprocessing.connection`` (an AF_UNIX socket; the child connect
 stdin). The parent sends lists of messages: ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}``
 first, then any of ``{"op": "track", "points": [[value, name, step, epoch, context, time], ...], "logs": [[step,
 epoch, time, {key: number}], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}``
-(alone when no run was opened). The child answers each list with ``{"ack": n}`` (n messages done so far), adding
-``"info"`` (the backend's ``open`` result) after the open, ``"failed": repr(exception)`` or ``"gone": reason``, after
-which it exits.
+(alone when no run was opened). The child answers ``{"ack": 0}`` once its backend is imported, then each list with
+``{"ack": n}`` (n messages done so far), adding ``"info"`` (the backend's ``open`` result) after the open,
+``"failed": repr(exception)`` or ``"gone": reason``, after which it exits.
 
 A backend is a class with no constructor arguments, importable without the training process's heavy modules:
 ``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``track_logs(logs)``,
@@ -474,6 +474,7 @@ class _Child:
         return answer, finished
 
     def serve(self) -> None:
+        self.reply({"ack": 0})  # ready, the library imported: progress, as far as the parent's timeout goes
         while True:
             try:
                 messages = self.connection.recv()
