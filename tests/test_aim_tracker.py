@@ -266,6 +266,7 @@ def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
     repo.mkdir()
     subprocess.run([AIM_CLI, "init", "--repo", str(repo)], check=True, capture_output=True)
     callback = SafeAimCallback(str(repo), timeout=2)
+    assert callback.ready.wait(120)  # the bound is on Aim's progress, counted once the helper has imported Aim
     # Another live process (this one) holds the repo's lock, as a concurrent writer would: Aim waits 5 minutes.
     with SoftFileLock(str(repo / ".aim" / "locks" / "structured_db_lock")):
         start = time.monotonic()
@@ -323,6 +324,7 @@ DRIVER = textwrap.dedent(
     steps, pause_at, crash = int(sys.argv[3]), int(sys.argv[4]), sys.argv[6] == "crash"
     tracker = AimStackTracker(AimConfig(**config), output_dir)
     callback = tracker.get_hf_callback()
+    callback.ready.wait(120)  # the helper has imported Aim: the timeouts count from its progress
     args, state, control = TrainingArguments(output_dir=output_dir, report_to="none"), TrainerState(), TrainerControl()
     tracker.set_params({"dataset_id": "my-amazing-dataset"})
     callback.on_init_end(args, state, control)

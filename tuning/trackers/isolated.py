@@ -93,8 +93,8 @@ class IsolatedCallback:
     ``transformers.TrainerCallback`` by each backend's callback, which passes what opens its run.
 
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to ``export_path``);
-    ``degraded_reason`` says why tracking stopped, if it did. Only global rank 0 does anything, so a job makes one
-    run whatever its world size.
+    ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once the helper has imported its
+    library. Only global rank 0 does anything, so a job makes one run whatever its world size.
     """
 
     def __init__(
@@ -125,6 +125,7 @@ class IsolatedCallback:
         self._open_until = 0.0  # until then (monotonic), on_log skips checking that the run can take messages
         self._child_done = threading.Event()  # the child answered the close, failed or exited
         self._connected = threading.Event()  # the child connected back
+        self.ready = threading.Event()
         self._closed = False
         self._run_requested = False
         self._state_lock = threading.RLock()
@@ -334,6 +335,7 @@ class IsolatedCallback:
                 answer = connection.recv()
             except (EOFError, OSError):
                 break
+            self.ready.set()
             with self._state_lock:
                 done = [self._pending.popleft() for _ in range(answer["ack"] - acked)]
                 acked = answer["ack"]
