@@ -251,6 +251,7 @@ def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     tracker = AimStackTracker(AimConfig(aim_repo=str(blocker / "repo"), aim_close_timeout=5), str(tmp_path / "out"))
+    assert tracker.callback.ready.wait(120)  # the helper imported Aim: what follows is the failure alone
     tracker.track(1.0, "model_load_time")
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -303,6 +304,7 @@ def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
 
 def test_server_that_never_existed(tmp_path, caplog):
     tracker = AimStackTracker(AimConfig(aim_url=f"aim://127.0.0.1:{free_port()}"), str(tmp_path / "out"))
+    assert tracker.callback.ready.wait(120)  # the helper imported its library: the probe comes first
     tracker.set_params(METADATA)
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")

@@ -217,6 +217,7 @@ def test_remote_server_records_the_run(mlflow_server, tmp_path, caplog):
 
 def test_server_that_never_existed(tmp_path, caplog):
     tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}"), str(tmp_path / "out"))
+    assert tracker.callback.ready.wait(120)  # the helper imported its library: the probe comes first
     tracker.set_params(METADATA)
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
