@@ -48,6 +48,7 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
+from tuning.config.tracker_configs import TrackerConfigFactory
 from tuning.sft_trainer import ParsedArguments, get_parser, parse_arguments, train, validate_arguments
 from tuning.trackers import Tracker, build_trackers, validate_tracker_names
 from tuning.utils.config_utils import read_job_config
@@ -221,7 +222,9 @@ MIRRORED_TRACKERS = {
 }
 
 
-def benchmark_trackers(names: list[str], configs: Any, output_dir: str, params: dict[str, Any]) -> list[Tracker]:
+def benchmark_trackers(
+    names: list[str], configs: TrackerConfigFactory, output_dir: str, params: dict[str, Any]
+) -> list[Tracker]:
     """The Aim and MLflow trackers of a benchmark: their callbacks isolate every call (a dead server costs a warning,
     never the job) and their ``track_many`` receives the step-time, throughput and system series; train() hands them
     model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in MLflow). Each
