@@ -22,11 +22,19 @@ setup(
     package_data={"tuning": ["config/*.json", "data/samples/*"]},
     install_requires=_requirements(),
     extras_require={
-        "aim": ["aim==3.29.1"],
+        "aim": ["aim>=3.29,<4"],
+        "mlflow": ["mlflow>=3.17,<4"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
         "ray": ["ray==2.60.0"],
-        "dev": ["pytest>=8", "ruff>=0.6", "aim==3.29.1", "matplotlib>=3.7", "ray==2.60.0"],
+        "dev": [
+            "pytest>=8",
+            "ruff>=0.6",
+            "aim>=3.29,<4",
+            "mlflow>=3.17,<4",
+            "matplotlib>=3.7",
+            "ray==2.60.0",
+        ],
     },
     entry_points={
         "console_scripts": [

@@ -4,8 +4,6 @@ Hooks are driven with real transformers ``TrainingArguments``/``TrainerState`` o
 runs in a child process, since a hang there is exactly the failure under test.
 """
 
-import collections
-import io
 import json
 import math
 import os
@@ -26,10 +24,9 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
-from tuning.trackers import aim_writer
+from tuning.trackers import isolated
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
 from tuning.utils.error_logging import UserInputError
-from tuning.utils.pipe_messages import decode, encode
 
 # Almost every test here starts an Aim writer process or an Aim server.
 pytestmark = pytest.mark.slow
@@ -156,148 +153,65 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     assert read_runs(repo, 'run.experiment_metadata.dataset_id == "another-dataset"') == []
 
 
-# ---- the writer process ----
+# ---- the helper process ----
 
 
-def test_messages_reach_the_writer_as_plain_python_and_whole():
-    """Whatever a job tracks arrives as plain values (the writer cannot import the job's classes), and a message cut
-    between two reads waits for its end."""
+def test_messages_reach_the_helper_as_plain_python():
+    """Whatever a job tracks arrives as plain values: the helper cannot import the job's classes."""
 
     class Custom:
         def __str__(self) -> str:
             return "custom"
 
     params = {"f32": np.float32(2.5), "i64": np.int64(3), "custom": Custom(), "ordered": OrderedDict(a=1)}
-    params.update(row=(1, 2), nested={"listed": [np.float64(0.5), None, float("nan")]})
-    first, second = encode({"op": "set", "name": "p", "params": params}), encode({"op": "close"})
-    messages, rest = decode(first + second[:3])
-    assert len(messages) == 1 and rest == second[:3]
-    assert decode(rest + second[3:]) == ([{"op": "close"}], b"")
-    sent = messages[0]["params"]
-    assert [type(sent[key]) for key in ("f32", "i64", "custom", "ordered")] == [float, int, str, dict]
+    params.update(row=(1, 2), flag=True, nested={"listed": [np.float64(0.5), None, float("nan")]})
+    sent = isolated.plain(params)
+    assert [type(sent[key]) for key in ("f32", "i64", "custom", "ordered", "flag")] == [float, int, str, dict, bool]
     assert sent["f32"] == 2.5 and sent["i64"] == 3 and sent["custom"] == "custom" and sent["ordered"] == {"a": 1}
-    assert sent["row"] == (1, 2) and sent["nested"]["listed"][:2] == [0.5, None]
+    assert sent["row"] == [1, 2] and sent["nested"]["listed"][:2] == [0.5, None]
     assert type(sent["nested"]["listed"][0]) is float and math.isnan(sent["nested"]["listed"][2])
 
 
-def test_writer_tracks_what_aim_tracks_with_a_fraction_of_its_storage_work(tmp_path, monkeypatch):
-    """The writer's shortcuts (``Writer.writes_together``: one commit per container and message, no deletes, the
-    metadata written once per message) leave exactly what Aim's own ``Run.track`` of the same points leaves: every
-    value, and each series' first, last, minimum and maximum, across messages. An Aim whose internals moved (the
-    shortcuts silently off) fails the counts."""
-    from aim import Repo, Run
-    from aim.storage.rockscontainer import RocksContainer
-
-    from tuning.trackers.tracker import log_series
-
-    for name, value in {"Run": Run, "psutil": psutil, "log_series": log_series}.items():
-        monkeypatch.setattr(aim_writer, name, value, raising=False)  # what the writer's __main__ imports
-    operations: collections.Counter = collections.Counter()
-    for method in ("commit", "_put", "_delete", "_delete_range"):
-        real = getattr(RocksContainer, method)
-
-        def counted(self, *args, real=real, method=method, **kwargs):
-            operations[method] += 1
-            return real(self, *args, **kwargs)
-
-        monkeypatch.setattr(RocksContainer, method, counted)
-    repo = tmp_path / "repo"
-    writer = aim_writer.Writer(io.StringIO(), packages={})
-    opened = {"repo": str(repo), "experiment": "writer", "system_tracking_interval": None, "pid": os.getpid()}
-    writer.handle({"op": "open", "executable": sys.executable, "arguments": [], **opened})
-    assert writer.containers and all(isinstance(container, RocksContainer) for container in writer.containers)
-    losses = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 0.5]  # minimum and maximum move within and across messages
-    messages = []
-    for steps in (range(0, 5), range(5, 10)):
-        points = [[0.5 * step, "step_time_seconds", step, None, {}] for step in steps]
-        logs = [[step, step / 10, {"loss": losses[step], "eval_loss": -losses[step]}] for step in steps]
-        messages.append({"op": "track", "points": points, "logs": logs})
-
-    writer_operations = []
-    for message in messages:
-        operations.clear()
-        writer.handle(message)
-        writer_operations.append(dict(operations))
-    writer.handle({"op": "close"})
-    for counts in writer_operations:
-        assert 0 < counts["commit"] <= len(writer.containers), counts
-        assert counts.get("_delete", 0) == counts.get("_delete_range", 0) == 0, counts
-    # Once its series exist, a message writes each point's value, step, epoch and time, and per series at most its
-    # last value, last step, minimum and maximum (Aim itself rewrites those at every point).
-    assert writer_operations[1]["_put"] <= 4 * 15 + 4 * 3, writer_operations[1]
-
-    reference = Run(repo=str(repo), experiment="aim", system_tracking_interval=None, log_system_params=False)
-    operations.clear()
-    for message in messages:
-        for value, name, step, epoch, context in message["points"]:
-            reference.track(value, name=name, step=step, epoch=epoch, context=context)
-        for step, epoch, logs in message["logs"]:
-            for name, context, value in log_series(logs):
-                reference.track(value, name=name, step=step, epoch=epoch, context=context)
-    reference_operations = sum(operations.values())
-    reference.close()
-    assert sum(map(sum, (counts.values() for counts in writer_operations))) * 3 < reference_operations
-
-    subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
-    stored = Repo(str(repo))
-
-    def tracked(run_hash: str) -> tuple[dict, dict]:
-        run = stored.get_run(run_hash)
-        values = {
-            (metric.name, json.dumps(metric.context.to_dict())): {
-                step: (value, None if math.isnan(epoch) else epoch)  # no epoch reads back as NaN
-                for step, (value, epoch, _time) in metric.data.items()
-            }
-            for metric in run.metrics()
-        }
-        return values, run.meta_run_tree.collect("traces")
-
-    values, traces = tracked(writer.run.hash)
-    assert (values, traces) == tracked(reference.hash)
-    assert values[("loss", "{}")] == {step: (loss, step / 10) for step, loss in enumerate(losses)}
-    assert values[("loss", json.dumps({"subset": "eval"}))][9] == (-0.5, 0.9)
-    loss_trace = next(trace["loss"] for trace in traces.values() if "loss" in trace and trace["loss"]["min"] == 0.5)
-    assert (loss_trace["last"], loss_trace["last_step"], loss_trace["max"]) == (0.5, 9, 9.0)
-
-
-# ---- the writer started before the job's imports ----
-
-
-@pytest.mark.parametrize(
-    "argv, asks",
-    [
-        (["--tracker", "aim", "--aim_repo", "r"], True),
-        (["--trackers", "file_logger", "aim", "--max_steps", "3"], True),
-        (["--trackers=aim"], True),
-        (["--trackers", "file_logger", "--aim_repo", "aim"], False),
-        (["--experiment", "aim", "--trackers", "none"], False),
-    ],
-)
-def test_command_lines_that_ask_for_aim(argv, asks):
-    assert aim_writer.asks_for_aim(argv) is asks
-
-
-def test_tracker_adopts_the_writer_started_early(tmp_path):
-    aim_writer.start_early()
-    early = aim_writer._early_writer
-    callback = SafeAimCallback(str(tmp_path / "repo"))
-    assert early is not None and callback._writer is early
-    drive(callback, tmp_path / "out", steps=3)
-    assert not callback.degraded
-    (run,) = read_runs(tmp_path / "repo")
-    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
-    assert SafeAimCallback(str(tmp_path / "repo"))._writer is not early  # adopted once
-
-
-def test_unadopted_early_writer_exits_with_its_process():
-    probe = "from tuning.trackers import aim_writer; aim_writer.start_early(); print(aim_writer._early_writer.pid)"
-    # The writer inherits stderr, so this returns once the writer, too, has exited.
+def test_helper_whose_run_was_never_opened_exits_with_its_process():
+    probe = "from tuning.trackers.aimstack_tracker import SafeAimCallback; print(SafeAimCallback('r')._process.pid)"
     result = subprocess.run(
         [sys.executable, "-c", probe], env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
-    # Its pipes close early in its exit; the process entry goes a moment later.
-    wait_for_exit(int(result.stdout), 10, "the unadopted writer outlived its process")
+    wait_for_exit(int(result.stdout), 30, "the helper outlived its process")
+
+
+def test_four_jobs_into_a_new_repo_all_get_their_run(tmp_path):
+    """Jobs started together into a repository nobody has created yet: each creates its run (the repository is
+    created once, under a lock)."""
+    repo = tmp_path / "new-repo"
+    code = textwrap.dedent(
+        """
+        import sys
+        from tests.test_aim_tracker import drive
+        from tuning.trackers.aimstack_tracker import SafeAimCallback
+        from pathlib import Path
+        callback = SafeAimCallback(sys.argv[1], experiment="together")
+        drive(callback, Path(sys.argv[2]), steps=2)
+        print(callback.run_hash, callback.degraded_reason)
+        """
+    )
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(repo), str(tmp_path / f"out{index}")],
+            env=subprocess_env(),
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(4)
+    ]
+    results = [job.communicate(timeout=300) for job in jobs]
+    assert all(job.returncode == 0 for job in jobs), [stderr[-2000:] for _stdout, stderr in results]
+    reported = [stdout.split() for stdout, _stderr in results]
+    assert all(degraded == "None" for _hash, degraded in reported), results
+    assert sorted(run["hash"] for run in read_runs(repo)) == sorted(run_hash for run_hash, _ in reported)
 
 
 def test_run_hash_goes_to_output_dir_by_default(tmp_path):
@@ -312,7 +226,7 @@ def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     tracker.set_params(METADATA)
     tracker.track(1.0, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_hash is None and tracker.callback._writer is None
+    assert tracker.run_hash is None and tracker.callback._process is None
     assert not (tmp_path / "repo").exists()
 
 
@@ -340,6 +254,7 @@ def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     tracker = AimStackTracker(AimConfig(aim_repo=str(blocker / "repo"), aim_close_timeout=5))
+    assert tracker.callback.ready.wait(120)  # the helper imported Aim: what follows is the failure alone
     tracker.track(1.0, "model_load_time")
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -355,6 +270,7 @@ def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
     repo.mkdir()
     subprocess.run([AIM_CLI, "init", "--repo", str(repo)], check=True, capture_output=True)
     callback = SafeAimCallback(str(repo), timeout=2)
+    assert callback.ready.wait(120)  # the bound is on Aim's progress, counted once the helper has imported Aim
     # Another live process (this one) holds the repo's lock, as a concurrent writer would: Aim waits 5 minutes.
     with SoftFileLock(str(repo / ".aim" / "locks" / "structured_db_lock")):
         start = time.monotonic()
@@ -391,6 +307,7 @@ def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
 
 def test_server_that_never_existed(tmp_path, caplog):
     tracker = AimStackTracker(AimConfig(aim_url=f"aim://127.0.0.1:{free_port()}"))
+    assert tracker.callback.ready.wait(120)  # the helper imported its library: the probe comes first
     tracker.set_params(METADATA)
     start = time.monotonic()
     drive(tracker.get_hf_callback(), tmp_path / "out")
@@ -412,6 +329,7 @@ DRIVER = textwrap.dedent(
     steps, pause_at, crash = int(sys.argv[3]), int(sys.argv[4]), sys.argv[6] == "crash"
     tracker = AimStackTracker(AimConfig(**config))
     callback = tracker.get_hf_callback()
+    callback.ready.wait(120)  # the helper has imported Aim: the timeouts count from its progress
     args, state, control = TrainingArguments(output_dir=output_dir, report_to="none"), TrainerState(), TrainerControl()
     tracker.set_params({"dataset_id": "my-amazing-dataset"})
     callback.on_init_end(args, state, control)
@@ -428,7 +346,7 @@ DRIVER = textwrap.dedent(
             while (tracker.run_hash is None or unsent()) and not tracker.degraded:
                 time.sleep(0.05)
             with open(marker + ".paused", "w") as paused:  # says which process writes the run
-                paused.write(str(callback._writer.pid if callback._writer else ""))
+                paused.write(str(callback._process.pid if callback._process else ""))
             while not os.path.exists(marker + ".go"):
                 time.sleep(0.05)
         time.sleep(0.1)
@@ -436,7 +354,7 @@ DRIVER = textwrap.dedent(
     if not crash:  # a crashed training never reaches on_train_end: the tracker closes at exit
         callback.on_train_end(args, state, control)
     close_s = time.monotonic() - start
-    writer = callback._writer
+    writer = callback._process
     writer_alive = lambda: writer is not None and writer.poll() is None  # noqa: E731
     deadline = time.monotonic() + 2
     while writer_alive() and time.monotonic() < deadline:  # the Aim writer process must end too
@@ -528,11 +446,11 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
     assert report["exit_s"] < 15
 
 
-def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
+def test_server_gone_while_aim_waits_on_it_is_reported_unreachable(tmp_path, caplog):
     """Aim's client waits on a connection the server accepted and never answers, while new connections are refused:
-    the writer's server watch, not Aim, must say the server is gone."""
+    the helper's server watch, not Aim, must say the server is gone."""
     held: list[socket.socket] = []
-    asked = threading.Event()  # a client sent a request: Aim's, not the writer's own probe (which sends nothing)
+    asked = threading.Event()  # a client sent a request: Aim's, not the helper's own probe (which sends nothing)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -551,24 +469,23 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable():
                 continue
 
     threading.Thread(target=accept_and_hold, daemon=True).start()
-    writer = aim_writer.spawn()
+    callback = SafeAimCallback(f"aim://127.0.0.1:{port}", timeout=300)
     try:
-        open_run = {"op": "open", "repo": f"aim://127.0.0.1:{port}", "server": ["127.0.0.1", port], "timeout": 30}
-        open_run.update(experiment="e", system_tracking_interval=None, pid=os.getpid(), executable="", arguments=[])
-        writer.stdin.write(encode(open_run))
-        writer.stdin.flush()
+        callback.set_params(METADATA, "experiment_metadata")  # opens the run
         deadline = time.monotonic() + 60
         while not asked.is_set():  # Aim's client has asked and now waits for an answer
-            assert writer.poll() is None and time.monotonic() < deadline, "the writer never connected"
+            assert not callback.degraded and time.monotonic() < deadline, "the helper never connected"
             time.sleep(0.05)
         listener.close()
         closed_at = time.monotonic()
-        answer = json.loads(writer.stdout.readline())
-        assert "unreachable" in answer.get("gone", ""), answer
-        assert time.monotonic() - closed_at < aim_writer.PROBE_INTERVAL_S + aim_writer.PROBE_TIMEOUT_S + 2
-        wait_for_exit(writer.pid, 5, "the writer outlived its server")
+        while not callback.degraded:
+            assert time.monotonic() - closed_at < isolated.PROBE_INTERVAL_S + isolated.PROBE_TIMEOUT_S + 5
+            time.sleep(0.05)
+        assert "unreachable" in callback.degraded_reason
+        wait_for_exit(callback._process.pid, 5, "the helper outlived its server")
+        assert len(degraded_warnings(caplog)) == 1
     finally:
-        writer.kill()
+        callback.close()
         listener.close()
         for connection in held:
             connection.close()

@@ -42,7 +42,7 @@ from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
-from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes
+from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
 from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
     GracefulStopCallback,
@@ -173,11 +173,8 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
         peft_method, use_peft, exp_metadata = extras.peft_method, extras.use_peft, extras.exp_metadata
     model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
-    tracker_configs = TrackerConfigFactory(
-        **{
-            f"{name}_config": config
-            for name, config in zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True)
-        }
+    tracker_configs = tracker_configs_from(
+        dict(zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True))
     )
 
     peft_method = peft_method or ("lora" if use_peft else "none")

@@ -13,12 +13,13 @@
 - its journal ``<metrics_path stem>.journal.jsonl``, one line per point as it is measured; after a SIGKILL,
   ``python -m tuning.benchmarking.rebuild <journal>`` turns it into a dump
 - with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
-  token throughput and system metrics series
+  token throughput and system metrics series; with ``--tracker mlflow`` the same in an MLflow run (metadata as
+  ``params.<key>``)
 - on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
   dump (rank 0; status "interrupted" after a SIGTERM/SIGINT, else "error") or in
   ``<metrics_path>.rank<N>.error.json`` (rank N)
 
-Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. the Aim callback, 4. the job.
+Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. Aim and MLflow, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
 ``--callbacks`` or a callback in ``BenchmarkJob.run``; the dump format itself lives in ``tuning.benchmarking`` so that
 every reader agrees on it.
@@ -45,13 +46,6 @@ import typing
 from types import SimpleNamespace
 from typing import Any
 
-from tuning.trackers import aim_writer  # light: neither torch nor transformers
-
-if __name__ == "__main__" and aim_writer.asks_for_aim(sys.argv[1:]):
-    # Aim's writer process imports Aim (~2 s of CPU): started now, it does so while this process imports torch and
-    # transformers below, not beside the first training steps. The aim tracker adopts it.
-    aim_writer.start_early()
-
 import fire
 import fire.helptext
 import fire.trace
@@ -62,7 +56,7 @@ from transformers import TrainerCallback
 # Everything from this project comes from one documented surface: tuning.benchmarking (see its docstring).
 from tuning.benchmarking import (
     AIMSTACK_TRACKER,
-    AimConfig,
+    MLFLOW_TRACKER,
     BenchmarkCallback,
     ErrorCategory,
     GracefulStopCallback,
@@ -251,22 +245,31 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 3. Aim: the tracker's failure-isolated callback, plus the benchmark's series; the metadata arrives through train().
+# 3. Aim and MLflow: the trackers' failure-isolated callbacks, plus the benchmark's series; the metadata arrives
+#    through train().
 # ---------------------------------------------------------------------------------------------------------------------
 
+# Trackers that also receive the benchmark's series, and what the dump notes about their runs.
+MIRRORED_TRACKERS = {
+    AIMSTACK_TRACKER: lambda tracker: {"run_hash": tracker.run_hash, "aim_degraded_reason": tracker.degraded_reason},
+    MLFLOW_TRACKER: lambda tracker: {
+        "mlflow_run_id": tracker.run_id,
+        "mlflow_degraded_reason": tracker.degraded_reason,
+    },
+}
 
-def benchmark_aim(config: AimConfig, params: dict[str, Any]) -> Tracker:
-    """The aim tracker of a benchmark: its callback isolates every Aim call (a dead server costs a warning, never the
-    job) and its ``track_many`` receives the step-time, throughput and system series; train() hands the tracker
-    model_load_time and the metadata (``run.experiment_metadata.<key>``, which Aim queries find). aim is imported
-    only when --tracker aim asks for it."""
-    from tuning.benchmarking import AimStackTracker
 
-    tracker = AimStackTracker(config)
-    # The benchmark flags as run.benchmark.*, now: the first call opens the run (~0.15 s of the writer's CPU) while
-    # the job loads its data and model, not beside the first training steps.
-    tracker.set_params(params, "benchmark")
-    return tracker
+def benchmark_trackers(names: list[str], configs: Any, params: dict[str, Any]) -> list[Tracker]:
+    """The Aim and MLflow trackers of a benchmark: their callbacks isolate every call (a dead server costs a warning,
+    never the job) and their ``track_many`` receives the step-time, throughput and system series; train() hands them
+    model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in MLflow). Each
+    library is imported only when its tracker is asked for."""
+    trackers = [get_tracker(name, configs) for name in names if name in MIRRORED_TRACKERS]
+    for tracker in trackers:
+        # The benchmark flags as the run's "benchmark" params, now: the first call opens the run while the job loads
+        # its data and model, not beside the first training steps.
+        tracker.set_params(params, "benchmark")
+    return trackers
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -350,8 +353,8 @@ def load_callbacks(spec: str | None) -> list[TrainerCallback]:
 
 
 class BenchmarkJob:
-    """One run. Rank 0 owns the record (dump + journal) and the Aim run; other ranks report only their own failure;
-    each node's local rank 0 samples system metrics (other nodes into their own journal)."""
+    """One run. Rank 0 owns the record (dump + journal) and the Aim/MLflow runs; other ranks report only their own
+    failure; each node's local rank 0 samples system metrics (other nodes into their own journal)."""
 
     def __init__(self):
         self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
@@ -360,7 +363,7 @@ class BenchmarkJob:
         self.metrics_path_lock: int | None = None
         self.stall_timeout: float | None = None
         self.record: RunRecord | None = None
-        self.aim: Any = None
+        self.mirrored: list[Tracker] = []  # Aim and MLflow
         self.bench: BenchmarkCallback | None = None
 
     def global_step(self) -> int | None:
@@ -403,15 +406,20 @@ class BenchmarkJob:
         )
         extra_callbacks = load_callbacks(flags.callbacks)
         tracker_names = validate_tracker_names(train_args.trackers)
-        trackers = [get_tracker(name, args.tracker_configs) for name in tracker_names if name != AIMSTACK_TRACKER]
+        trackers = [get_tracker(name, args.tracker_configs) for name in tracker_names if name not in MIRRORED_TRACKERS]
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
-        if AIMSTACK_TRACKER in tracker_names:
-            aim_tracker = benchmark_aim(args.aim_config, {"metrics_path": metrics_path, **vars(flags)})
-            self.aim = aim_tracker.get_hf_callback()
-            trackers.append(aim_tracker)
-            if self.record is not None:  # journaled as soon as the run exists: a killed run's dump still links it
-                self.aim.when_run_hash_known(lambda run_hash: self.record.note(run_hash=run_hash))
+        self.mirrored = benchmark_trackers(
+            tracker_names, args.tracker_configs, {"metrics_path": metrics_path, **vars(flags)}
+        )
+        mirrors = hf_callbacks(self.mirrored)
+        if self.record is not None:  # journaled as soon as each run exists: a killed run's dump still links it
+            for tracker in self.mirrored:
+                tracker.get_hf_callback().when_run_info_known(functools.partial(self.note_mirrored, tracker))
+
+        def mirror(points: list) -> None:
+            for callback in mirrors:
+                callback.track_many(points)
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
         self.bench = BenchmarkCallback(
@@ -421,16 +429,16 @@ class BenchmarkJob:
             warmup_seconds=flags.skip_warmup_seconds,
             system_metrics_interval=flags.system_metrics_interval if sampling else None,
             watchdog=watchdog,
-            mirror=self.aim.track_many if self.aim is not None else None,
+            mirror=mirror if mirrors else None,
         )
         graceful_stop = GracefulStopCallback()
         # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every
         # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;
-        # Aim's last, so that the benchmark's last samples reach the run before Aim closes it.
-        log_readers = hf_callbacks([tracker for tracker in trackers if tracker.name != AIMSTACK_TRACKER])
-        log_readers = [self.bench.log_recorder, *log_readers, *filter(None, [self.aim])]
+        # Aim and MLflow last, so that the benchmark's last samples reach their runs before they close.
+        log_readers = [self.bench.log_recorder, *hf_callbacks(trackers), *mirrors]
         callbacks = [self.bench, graceful_stop, *extra_callbacks, *log_readers]
+        trackers += self.mirrored
         try:
             train(
                 args.model_args,
@@ -450,12 +458,16 @@ class BenchmarkJob:
         if misplaced is not None:
             raise StorageError(misplaced)
 
+    def note_mirrored(self, tracker: Tracker, *_: Any) -> None:
+        """Journal which Aim/MLflow run this is and whether tracking to it stopped."""
+        self.record.note(**MIRRORED_TRACKERS[tracker.name](tracker))
+
     def close_helpers(self) -> None:
-        """Sampler and watchdog stopped, Aim closed (bounded by --aim_close_timeout): on every way out."""
+        """Sampler and watchdog stopped, Aim and MLflow closed (bounded by their close timeouts): on every way out."""
         if self.bench is not None:
             self.bench.close()
-        if self.aim is not None:
-            self.aim.close()
+        for tracker in self.mirrored:
+            tracker.get_hf_callback().close()
 
     def release_metrics_path(self) -> None:
         if self.metrics_path_lock is not None:
@@ -466,8 +478,8 @@ class BenchmarkJob:
         """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
         if self.record is None:
             return None
-        if self.aim is not None:
-            self.record.note(run_hash=self.aim.run_hash, aim_degraded_reason=self.aim.degraded_reason)
+        for tracker in self.mirrored:
+            self.note_mirrored(tracker)
         dump = self.record.finish(
             status,
             training_steps=self.global_step() or 0,

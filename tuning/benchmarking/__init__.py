@@ -7,7 +7,7 @@ Training (``tuning.sft_trainer``, ``tuning.config``, ``tuning.utils.config_utils
     ``train``, ``get_parser``, ``parse_arguments``, ``validate_arguments``, ``check_output_dir``, ``ParsedArguments``,
     ``AimConfig``, ``get_json_config``
 Trackers (``tuning.trackers``): ``Tracker``, ``get_tracker``, ``hf_callbacks``, ``validate_tracker_names``,
-    ``AIMSTACK_TRACKER``, ``AimStackTracker``
+    ``AIMSTACK_TRACKER``, ``MLFLOW_TRACKER``, ``AimStackTracker``
 Errors (``tuning.utils.error_logging``): ``run_with_error_reporting`` (classified exit codes), ``ErrorCategory``,
     ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``GracefulStopCallback``,
     ``build_error_report``, ``termination_line``, ``write_termination_log``, ``print_error_marker``,
@@ -36,7 +36,14 @@ _EXPORTS = {
     ),
     "tuning.config.tracker_configs": ("AimConfig",),
     "tuning.utils.config_utils": ("get_json_config",),
-    "tuning.trackers": ("AIMSTACK_TRACKER", "Tracker", "get_tracker", "hf_callbacks", "validate_tracker_names"),
+    "tuning.trackers": (
+        "AIMSTACK_TRACKER",
+        "MLFLOW_TRACKER",
+        "Tracker",
+        "get_tracker",
+        "hf_callbacks",
+        "validate_tracker_names",
+    ),
     "tuning.trackers.aimstack_tracker": ("AimStackTracker",),
     "tuning.utils.error_logging": (
         "run_with_error_reporting",

@@ -240,6 +240,8 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "environment": header["environment"],
         "error": error,
         "aim_degraded_reason": notes.get("aim_degraded_reason"),
+        "mlflow_run_id": notes.get("mlflow_run_id"),
+        "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),
         "rebuilt_from_journal": rebuilt_from_journal,
     }
 

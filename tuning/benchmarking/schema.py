@@ -144,6 +144,10 @@ class Dump(_Model):
     """set exactly when status is error or interrupted"""
     aim_degraded_reason: str | None
     """why Aim tracking stopped, if it did"""
+    mlflow_run_id: str | None = None
+    """the MLflow run (dumps written before MLflow support lack the key)"""
+    mlflow_degraded_reason: str | None = None
+    """why MLflow tracking stopped, if it did"""
     rebuilt_from_journal: bool
 
     @model_validator(mode="after")

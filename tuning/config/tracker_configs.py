@@ -62,8 +62,34 @@ def server_url(ip: str | None, port: int | str | None) -> str | None:
 
 
 @dataclass
+class MLflowConfig:
+    mlflow_experiment: str | None = field(
+        default=None, metadata={"help": "MLflow experiment name (created if missing); MLflow's Default when unset."}
+    )
+    mlflow_tracking_uri: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where runs go: a local directory (holding the sqlite store DIR/mlflow.db), sqlite:///path.db, "
+            "or http://host:port of an mlflow server; MLflow's own default (MLFLOW_TRACKING_URI) when unset."
+        },
+    )
+    mlflow_run_uri_export_path: str | None = field(
+        default=None,
+        metadata={"help": "Directory receiving mlflow_tracker.json with the run's id and URI; default output_dir."},
+    )
+    mlflow_close_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds MLflow may go without progress (run creation, a write, the final close) before it is "
+            "abandoned for the rest of the job (training goes on; tracking stops)."
+        },
+    )
+
+
+@dataclass
 class TrackerConfigFactory:
     """All tracker configs of one job, as parsed from the CLI or a JSON job config: ``<tracker name>_config``."""
 
     file_logger_config: FileLoggingTrackerConfig = field(default_factory=FileLoggingTrackerConfig)
     aim_config: AimConfig = field(default_factory=AimConfig)
+    mlflow_config: MLflowConfig = field(default_factory=MLflowConfig)

@@ -1,17 +1,16 @@
 """Tracker registry: name → config dataclass + lazily imported implementation.
 
 Backends register a dotted ``module:Class`` path rather than a class so that optional packages (aim) are imported
-only when their tracker is requested. A new tracker registers itself here with its config dataclass and adds a
-``<name>_config`` field to ``TrackerConfigFactory``: the parser (its flags) and ``train()`` (its construction) then
-find it by its name.
+only when their tracker is requested. A new tracker registers itself with its config dataclass (and, in this package,
+adds a ``<name>_config`` field to ``TrackerConfigFactory``): the parser (its flags) and ``train()`` (its
+construction) then find it by its name.
 """
 
-import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, MLflowConfig, TrackerConfigFactory
 from tuning.trackers.tracker import Tracker
 from tuning.utils.error_logging import UserInputError
 
@@ -20,6 +19,7 @@ if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays li
 
 FILE_LOGGING_TRACKER = "file_logger"
 AIMSTACK_TRACKER = "aim"
+MLFLOW_TRACKER = "mlflow"
 NO_TRACKING = "none"
 
 AVAILABLE_TRACKERS: list[str] = []  # every registered name, in registration order
@@ -36,9 +36,8 @@ _REGISTRY: dict[str, TrackerSpec] = {}
 
 
 def register_tracker(name: str, spec: TrackerSpec) -> None:
-    config_field = f"{name}_config"
-    if config_field not in {known.name for known in dataclasses.fields(TrackerConfigFactory)}:
-        raise ValueError(f"tracker {name!r} needs a {config_field} field in TrackerConfigFactory")
+    """Add a tracker: its flags are parsed from ``spec.config_class`` and its parsed config is the
+    ``<name>_config`` attribute of ``TrackerConfigFactory`` (a field for this package's trackers)."""
     if name not in _REGISTRY:
         AVAILABLE_TRACKERS.append(name)
     _REGISTRY[name] = spec
@@ -51,11 +50,23 @@ register_tracker(
 register_tracker(
     AIMSTACK_TRACKER, TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim")
 )
+register_tracker(
+    MLFLOW_TRACKER, TrackerSpec(MLflowConfig, "tuning.trackers.mlflow_tracker:MLflowTracker", extra="mlflow")
+)
 
 
 def tracker_config_classes() -> dict[str, type]:
     """Each registered tracker's config dataclass, by tracker name: the parser's tracker sections."""
     return {name: spec.config_class for name, spec in _REGISTRY.items()}
+
+
+def tracker_configs_from(configs: dict[str, Any]) -> TrackerConfigFactory:
+    """Parsed configs by tracker name as one ``TrackerConfigFactory``; a tracker registered from outside this package
+    gets its ``<name>_config`` attribute too."""
+    factory = TrackerConfigFactory()
+    for name, config in configs.items():
+        setattr(factory, f"{name}_config", config)
+    return factory
 
 
 def validate_tracker_names(names: list[str] | None) -> list[str]:

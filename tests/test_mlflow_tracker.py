@@ -1,0 +1,336 @@
+"""The mlflow tracker against real MLflow: local stores, a real ``mlflow server``, and the ways it fails; in-process
+hooks (real transformers objects) and real jobs (``sft_trainer``, ``bench_train``)."""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
+from tests.test_aim_e2e import finish, loss_steps, start_job
+from tests.test_aim_tracker import drive, wait_for_exit
+from tests.test_bench_train import STEP_TIME, bench_args, read_dump, series, start_bench, wait_for_steps
+from tuning.config.tracker_configs import MLflowConfig
+from tuning.trackers import Tracker, TrackerSpec
+from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
+from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
+from tuning.utils.error_logging import UserInputError
+
+HELPERS = "tests.helpers.bench_callbacks"
+
+
+def degraded_warnings(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    yield server
+    server.stop()
+
+
+# ---- configuration ----
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (MLflowConfig(mlflow_tracking_uri="http://127.0.0.1:99999"), "http://host:port"),
+        (MLflowConfig(mlflow_tracking_uri="http://:5000"), "http://host:port"),
+        (MLflowConfig(mlflow_close_timeout=0), "--mlflow_close_timeout"),
+    ],
+)
+def test_bad_config_is_a_clear_user_error(config, message, tmp_path):
+    with pytest.raises(UserInputError) as caught:
+        MLflowTracker(config)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_registry_builds_the_mlflow_tracker_from_parsed_flags(tmp_path, monkeypatch):
+    from tuning.sft_trainer import get_parser, parse_arguments
+    from tuning.trackers.tracker_factory import build_trackers
+
+    store = tmp_path / "store"
+    argv = ["sft_trainer", "--model_name_or_path", "m", "--training_data_path", "d", "--output_dir", str(tmp_path)]
+    argv += ["--tracker", "mlflow", "--mlflow_tracking_uri", str(store), "--mlflow_experiment", "flags"]
+    monkeypatch.setattr(sys, "argv", argv)
+    args = parse_arguments(get_parser())
+    assert args.tracker_configs.mlflow_config == MLflowConfig(mlflow_experiment="flags", mlflow_tracking_uri=str(store))
+    file_logger, tracker = build_trackers(args.training_args.trackers, args.tracker_configs)
+    assert isinstance(tracker, MLflowTracker) and tracker.callback.tracking_uri == f"sqlite:///{store}/mlflow.db"
+    tracker.callback.close()
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    demo_level: int = 0
+
+
+class DemoTracker(Tracker):
+    name = "demo"
+
+    def __init__(self, tracker_config: DemoConfig):
+        super().__init__(name="demo", tracker_config=tracker_config)
+
+
+def test_a_backend_registered_from_outside_gets_its_flags_parsed(tmp_path, monkeypatch):
+    """Plug and play: a backend is its config dataclass and its class, registered; nothing else changes."""
+    from tuning.sft_trainer import get_parser, parse_arguments
+    from tuning.trackers import build_trackers, register_tracker, tracker_factory
+
+    monkeypatch.setattr(tracker_factory, "_REGISTRY", dict(tracker_factory._REGISTRY))
+    register_tracker("demo", TrackerSpec(DemoConfig, f"{__name__}:DemoTracker"))
+    argv = ["sft_trainer", "--model_name_or_path", "m", "--training_data_path", "d", "--output_dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--tracker", "demo", "--demo_level", "3"])
+    args = parse_arguments(get_parser())
+    file_logger, tracker = build_trackers(args.training_args.trackers, args.tracker_configs)
+    assert isinstance(tracker, DemoTracker) and tracker.config == DemoConfig(demo_level=3)
+
+
+def test_missing_mlflow_names_the_extra_to_install(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None  # import -> ImportError\n")
+    code = textwrap.dedent(
+        """
+        from tuning.config.tracker_configs import TrackerConfigFactory
+        from tuning.trackers.tracker_factory import build_trackers
+        from tuning.utils.error_logging import UserInputError
+        try:
+            build_trackers(["mlflow"], TrackerConfigFactory())
+        except UserInputError as exc:
+            print(exc)
+        """
+    )
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'tuning-bench[mlflow]'" in done.stdout
+
+
+# ---- local stores ----
+
+
+@pytest.mark.parametrize("store", ["directory", "sqlite"])
+def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_path, caplog):
+    uri = str(tmp_path / "mlruns") if store == "directory" else f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"
+    output_dir, export_dir = tmp_path / "out", tmp_path / "export"
+    config = MLflowConfig(
+        mlflow_tracking_uri=uri, mlflow_experiment="local", mlflow_run_uri_export_path=str(export_dir)
+    )
+    tracker = MLflowTracker(config)
+    long_value = "x" * (MAX_PARAM_VALUE_LENGTH + 10)
+    tracker.set_params({**METADATA, "cluster": {"zone": "a", "gpus": [0, 1]}, "notes": long_value})
+    tracker.track(1.25, "model_load_time")
+    tracker.callback.track_many(
+        [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
+        + [("step_time_seconds", 0.25, 3, None), ("tokens_per_second", 400.0, 3, None)]
+    )
+    drive(tracker.get_hf_callback(), output_dir)
+
+    assert not tracker.degraded and not degraded_warnings(caplog)
+    exported = json.loads((export_dir / RUN_URI_FILENAME).read_text())
+    assert exported["run_id"] == tracker.run_id and exported["run_uri"] == f"runs:/{tracker.run_id}"
+    assert not (output_dir / RUN_URI_FILENAME).exists()
+    tracking_uri = exported["tracking_uri"]
+    (run,) = search(tracking_uri, METADATA_FILTER)
+    assert run.info.run_id == tracker.run_id and run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["gpu_model"] == "A100-80GB" and params["cluster.zone"] == "a" and params["cluster.gpus"] == "[0, 1]"
+    assert params["notes"] + params["notes.part2"] == long_value  # long values continue, never dropped
+    assert params["output_dir"] == str(output_dir)  # the training arguments
+    assert "model" not in params and not any(key.startswith("model.") for key in params)  # no model in drive()
+    assert history(tracking_uri, run.info.run_id, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}
+    assert history(tracking_uri, run.info.run_id, "gpu_power_watts/gpu_0") == {0: 100.0, 1: 120.0}
+    assert history(tracking_uri, run.info.run_id, "step_time_seconds") == {3: 0.25}
+    assert history(tracking_uri, run.info.run_id, "model_load_time") == {0: 1.25}
+    assert history(tracking_uri, run.info.run_id, "train_loss") == {5: 0.4}
+    assert history(tracking_uri, run.info.run_id, "train_tflops") == {5: 2.5}
+    assert search(tracking_uri, "params.dataset_id = 'another-dataset'") == []
+
+
+def test_other_ranks_track_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(tmp_path / "mlruns")))
+    tracker.set_params(METADATA)
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert tracker.run_id is None and tracker.callback._process is None
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_killed_training_process_leaves_a_closed_run(tmp_path):
+    """SIGKILL the training process mid-run: its helper sees the connection end and closes the run as KILLED."""
+    code = textwrap.dedent(
+        """
+        import sys, time
+        from tuning.config.tracker_configs import MLflowConfig
+        from tuning.trackers.mlflow_tracker import MLflowTracker
+        tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=sys.argv[1]))
+        tracker.set_params({"dataset_id": "killed"})
+        tracker.track(0.5, "model_load_time")
+        callback = tracker.callback
+        while (tracker.run_id is None or callback._points or callback._pending) and not tracker.degraded:
+            time.sleep(0.05)  # until the run exists and holds everything tracked
+        print(tracker.callback._process.pid, tracker.degraded_reason, flush=True)
+        time.sleep(600)
+        """
+    )
+    store = tmp_path / "mlruns"
+    argv = [sys.executable, "-c", code, str(store)]
+    child = subprocess.Popen(argv, env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        helper_pid, reason = child.stdout.readline().split()
+    finally:
+        child.kill()
+        child.wait()
+    assert reason == "None"
+    wait_for_exit(int(helper_pid), 30, "the MLflow helper outlived its training process by 30 s")
+    (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'killed'")
+    assert run.info.status == "KILLED"
+    assert history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "model_load_time") == {0: 0.5}
+
+
+# ---- a real server ----
+
+
+def test_remote_server_records_the_run(mlflow_server, tmp_path, caplog):
+    config = MLflowConfig(mlflow_tracking_uri=mlflow_server.url, mlflow_experiment="remote")
+    tracker = MLflowTracker(config)
+    tracker.set_params(METADATA)
+    tracker.track(2.5, "model_load_time")
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert tracker.run_id and not tracker.degraded and not degraded_warnings(caplog)
+    (run,) = search(mlflow_server.url, METADATA_FILTER)
+    assert run.info.run_id == tracker.run_id
+    assert history(mlflow_server.url, tracker.run_id, "loss") == {
+        step: pytest.approx(1.0 / step) for step in range(1, 6)
+    }
+    assert history(mlflow_server.url, tracker.run_id, "model_load_time") == {0: 2.5}
+
+
+def test_server_that_never_existed(tmp_path, caplog):
+    tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}"))
+    assert tracker.callback.ready.wait(120)  # the helper imported its library: the probe comes first
+    tracker.set_params(METADATA)
+    start = time.monotonic()
+    drive(tracker.get_hf_callback(), tmp_path / "out")
+    assert time.monotonic() - start < 5
+    assert tracker.run_id is None and "unreachable" in tracker.degraded_reason
+    assert len(degraded_warnings(caplog)) == 1
+    assert not (tmp_path / "out" / RUN_URI_FILENAME).exists()
+
+
+def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tmp_path, caplog):
+    with socket.socket() as silent:  # the kernel completes connections; nobody ever reads them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=uri, mlflow_close_timeout=2))
+        assert tracker.callback.ready.wait(120)  # the bound counts from the helper's progress: MLflow imported
+        start = time.monotonic()
+        drive(tracker.get_hf_callback(), tmp_path / "out")
+        took = time.monotonic() - start
+    assert "blocked for more than 2s" in tracker.degraded_reason and tracker.run_id is None
+    assert len(degraded_warnings(caplog)) == 1
+    assert took < 10  # the 2 s bound plus scheduling slack (MLflow's client would wait 120 s per try)
+    assert tracker.callback._process.wait(timeout=10) == -signal.SIGKILL
+
+
+# ---- real jobs ----
+
+
+def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(tiny_model, tmp_path):
+    """Two jobs at once: one into a local directory store, one whose server never existed."""
+    store = tmp_path / "mlruns"
+    flags = {
+        "local": ["--mlflow_tracking_uri", str(store)],
+        "never": ["--mlflow_tracking_uri", f"http://127.0.0.1:{free_port()}"],
+    }
+    jobs = {}
+    for name, extra in flags.items():
+        args = cli_args(tiny_model, str(tmp_path / name), max_steps=4)
+        args += [
+            "--trackers",
+            "file_logger",
+            "mlflow",
+            "--mlflow_experiment",
+            "e2e",
+            "--exp_metadata",
+            json.dumps(METADATA),
+        ]
+        jobs[name] = start_job(args + extra, tmp_path / name)
+    stderr = {name: finish(job, tmp_path / name) for name, job in jobs.items()}
+
+    assert DEGRADED_WARNING not in stderr["local"]
+    exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
+    store_uri = f"sqlite:///{store}/mlflow.db"
+    assert exported["tracking_uri"] == store_uri
+    (run,) = search(store_uri, f"{METADATA_FILTER} and params.per_device_train_batch_size = '4'")
+    assert run.info.run_id == exported["run_id"] and run.info.status == "FINISHED"
+    assert sorted(history(store_uri, run.info.run_id, "loss")) == [1, 2, 3, 4]
+    assert len(history(store_uri, run.info.run_id, "model_load_time")) == 1
+    assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
+
+    assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
+    assert loss_steps(tmp_path / "never") == [1, 2, 3, 4]
+    assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
+
+
+def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflow_server, tmp_path):
+    metadata = json.dumps({"batch": 4, "sweep": "mlflow-bench"})
+    args = bench_args(
+        tiny_model, tmp_path, max_steps=6, tracker="mlflow", mlflow_tracking_uri=mlflow_server.url, metadata=metadata
+    )
+    process = start_bench(args)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert DEGRADED_WARNING not in stderr
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["status"] == "ok" and dump["mlflow_degraded_reason"] is None
+    (run,) = search(mlflow_server.url, "params.sweep = 'mlflow-bench' and params.batch = '4'")
+    assert run.info.run_id == dump["mlflow_run_id"]
+    assert run.data.params["benchmark.system_metrics_interval"] == "0.2"
+    steps = series(dump, STEP_TIME)["steps"]
+    assert sorted(history(mlflow_server.url, run.info.run_id, STEP_TIME)) == steps
+    assert sorted(history(mlflow_server.url, run.info.run_id, "tokens_per_second")) == steps
+    assert history(mlflow_server.url, run.info.run_id, "cpu_percent")  # a system series
+    assert sorted(history(mlflow_server.url, run.info.run_id, "loss")) == list(range(1, 7))
+
+
+def test_bench_train_server_killed_mid_run(tiny_model, tmp_path):
+    server = MlflowServer(tmp_path / "mlflow")
+    try:
+        args = bench_args(
+            tiny_model,
+            tmp_path,
+            max_steps=10,
+            tracker="mlflow",
+            mlflow_tracking_uri=server.url,
+            mlflow_close_timeout=20,
+            callbacks=f"{HELPERS}:SlowSteps",
+        )
+        process = start_bench(args)
+        wait_for_steps(tmp_path / "bench.journal.jsonl", 2, process)
+        while not (tmp_path / RUN_URI_FILENAME).exists():  # the run exists on the server
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            time.sleep(0.2)
+        server.kill()
+        killed_at = time.monotonic()
+        _, stderr = process.communicate(timeout=180)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        server.stop()
+    assert process.returncode == 0, stderr[-3000:]
+    assert stderr.count(DEGRADED_WARNING) == 1
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["status"] == "ok" and dump["training_steps"] == 10
+    assert "unreachable" in dump["mlflow_degraded_reason"] and dump["mlflow_run_id"]
+    assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
+    assert ended_after < 120  # ten slow steps, saving and exit; never an endless wait on the dead server

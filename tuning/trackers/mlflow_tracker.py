@@ -1,0 +1,125 @@
+"""mlflow tracker: one MLflow run per job, written outside the training process, that can never hang or fail
+training.
+
+The run lives in a helper process (``tuning.trackers.isolated``, whose docstring has the design and the failure
+rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (its docstring has the metric and param names).
+``SafeMlflowCallback`` turns hooks and API calls into messages for it; ``MLflowTracker`` maps ``MLflowConfig`` and the
+``Tracker`` API onto the callback.
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from transformers import TrainerCallback
+
+from tuning.config.tracker_configs import MLflowConfig
+from tuning.trackers.isolated import IsolatedCallback
+from tuning.trackers.mlflow_writer import server_address
+from tuning.trackers.tracker import Tracker
+from tuning.utils.error_logging import UserInputError
+
+if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
+    raise ImportError("No module named 'mlflow'")
+
+RUN_URI_FILENAME = "mlflow_tracker.json"
+STORE_FILENAME = "mlflow.db"  # the sqlite store in a --mlflow_tracking_uri directory
+DEGRADED_WARNING = "MLflow tracking stopped, training continues without it"
+
+
+class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
+    """Tracks a training job into one MLflow run; MLflow failures cost a warning, never the job.
+
+    ``run_id`` is set once the run exists (and ``mlflow_tracker.json`` written to ``run_uri_export_dir``, by default
+    the trainer's ``output_dir``); ``degraded_reason`` says why tracking stopped, if it did.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None,
+        experiment: str | None = None,
+        timeout: float = 30.0,
+        run_uri_export_dir: str | None = None,
+    ):
+        self.tracking_uri = tracking_uri
+        options = {
+            "tracking_uri": tracking_uri,
+            "experiment": experiment,
+            "run_name": None,
+            "source": sys.argv[0] if sys.argv else "",
+        }
+        super().__init__(
+            "tuning.trackers.mlflow_writer:MlflowBackend",
+            "MLflow",
+            options,
+            server=server_address(tracking_uri),
+            timeout=timeout,
+            export_filename=RUN_URI_FILENAME,
+            export_dir=run_uri_export_dir,
+        )
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run_info["run_id"] if self.run_info else None
+
+
+def resolve_tracking_uri(config: MLflowConfig) -> str | None:
+    """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
+    ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
+    ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given."""
+    if config.mlflow_close_timeout is None or config.mlflow_close_timeout <= 0:
+        raise UserInputError(
+            f"--mlflow_close_timeout must be a positive number of seconds, got {config.mlflow_close_timeout}"
+        )
+    uri = (config.mlflow_tracking_uri or "").strip()
+    if not uri:
+        return None
+    if uri.startswith(("http://", "https://")):
+        url = urlparse(uri)
+        try:
+            valid = bool(url.hostname) and url.port != 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise UserInputError(f"--mlflow_tracking_uri must look like http://host:port (port 1-65535), got {uri!r}")
+        return uri.rstrip("/")
+    if "://" in uri or uri.startswith("file:"):
+        return uri
+    return f"sqlite:///{Path(os.path.expanduser(uri)).absolute() / STORE_FILENAME}"
+
+
+class MLflowTracker(Tracker):
+    """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback``."""
+
+    def __init__(self, tracker_config: MLflowConfig):
+        super().__init__(name="mlflow", tracker_config=tracker_config)
+        self.callback = SafeMlflowCallback(
+            resolve_tracking_uri(tracker_config),
+            experiment=tracker_config.mlflow_experiment,
+            timeout=tracker_config.mlflow_close_timeout,
+            run_uri_export_dir=tracker_config.mlflow_run_uri_export_path,
+        )
+
+    @property
+    def run_id(self) -> str | None:
+        return self.callback.run_id
+
+    @property
+    def degraded_reason(self) -> str | None:
+        return self.callback.degraded_reason
+
+    @property
+    def degraded(self) -> bool:
+        return self.callback.degraded
+
+    def get_hf_callback(self) -> TrainerCallback:
+        return self.callback
+
+    def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
+        """MLflow has no contexts: the metric goes under its own name."""
+        self.callback.track(metric, name)
+
+    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
+        self.callback.set_params(params, name)

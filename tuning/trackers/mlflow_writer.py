@@ -1,0 +1,167 @@
+"""The MLflow backend of the mlflow tracker: runs in the tracker's helper process (``tuning.trackers.isolated``) and
+owns the job's MLflow run through ``mlflow.MlflowClient``. Imports MLflow when created, so that the helper does so
+while the job loads data and the model.
+
+Names: trainer logs keep their keys (``loss``, ``train_loss``, ``eval_loss``, as transformers' own MLflow callback logs
+them); other series are ``name`` plus ``/key_value`` per context entry (``gpu_power_watts/gpu_0``). Params: the
+``experiment_metadata`` and ``hparams`` groups under their own keys (so ``params.dataset_id = '...'`` finds a run),
+other groups as ``group.key``; nested mappings flattened with dots, lists as JSON, values longer than MLflow's limit
+continued in ``key.part2``, ``key.part3``, ...; a key that already holds another value gets its group's prefix.
+"""
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from filelock import FileLock
+
+# MLflow's documented limits: param values, keys, and entries per log_batch call.
+MAX_PARAM_VALUE_LENGTH = 6000
+MAX_KEY_LENGTH = 250
+MAX_PARAMS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+UNPREFIXED_GROUPS = ("experiment_metadata", "hparams")
+
+_INVALID_KEY_CHARACTERS = re.compile(r"[^\w.\- /]")
+
+
+def metric_key(name: str, context: dict[str, Any] | None = None) -> str:
+    """A series' MLflow metric key: its name, then ``/key_value`` per context entry."""
+    parts = [name, *(f"{key}_{value}" for key, value in sorted((context or {}).items()))]
+    return valid_key("/".join(parts))
+
+
+def valid_key(key: str) -> str:
+    """``key`` with the characters MLflow refuses replaced, shortened (with a digest of the whole) when too long."""
+    key = _INVALID_KEY_CHARACTERS.sub("_", key)
+    if len(key) > MAX_KEY_LENGTH:
+        digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+        key = f"{key[: MAX_KEY_LENGTH - 9]}.{digest}"
+    return key
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested params as MLflow params: dotted keys, string values within MLflow's length limit (longer ones
+    continued in ``key.part2``, ...)."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{name}."))
+            continue
+        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        chunks = [text[start : start + MAX_PARAM_VALUE_LENGTH] for start in range(0, len(text), MAX_PARAM_VALUE_LENGTH)]
+        for index, chunk in enumerate(chunks or [""]):
+            flat[valid_key(name if index == 0 else f"{name}.part{index + 1}")] = chunk
+    return flat
+
+
+def sqlite_path(tracking_uri: str | None) -> str | None:
+    """The database file of a ``sqlite:///`` tracking URI."""
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        return tracking_uri[len("sqlite:///") :] or None
+    return None
+
+
+class MlflowBackend:
+    def __init__(self):
+        import mlflow
+        from mlflow.entities import Metric, Param
+
+        self._mlflow, self._metric, self._param = mlflow, Metric, Param
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.params: dict[str, str] = {}  # what the run holds already: MLflow params cannot change
+        self.last_steps: dict[str, int] = {}  # per key, for points without a step
+
+    def open(self, options: dict[str, Any]) -> dict[str, Any]:
+        tracking_uri = options["tracking_uri"] or self._mlflow.get_tracking_uri()
+        self.client = self._mlflow.MlflowClient(tracking_uri=tracking_uri)
+        database = sqlite_path(tracking_uri)
+        if database:  # jobs started together must not create (and migrate) a new database at the same time
+            os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
+            with FileLock(f"{database}.lock"):
+                experiment_id = self._experiment_id(options["experiment"])
+        else:
+            experiment_id = self._experiment_id(options["experiment"])
+        tags = {"mlflow.source.name": options["source"], "mlflow.source.type": "LOCAL"}
+        run = self.client.create_run(experiment_id, tags=tags, run_name=options["run_name"])
+        self.run_id = run.info.run_id
+        return {
+            "run_id": self.run_id,
+            "run_uri": f"runs:/{self.run_id}",
+            "experiment_id": experiment_id,
+            "tracking_uri": tracking_uri,
+        }
+
+    def _experiment_id(self, name: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        if name is None:
+            return "0"  # MLflow's Default experiment
+        for _attempt in range(2):
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is not None:
+                return experiment.experiment_id
+            try:
+                return self.client.create_experiment(name)
+            except MlflowException:  # created by a job started at the same time: read it again
+                continue
+        raise RuntimeError(f"could not create the MLflow experiment {name!r}")
+
+    def _log_metrics(self, metrics: list) -> None:
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
+
+    def _step(self, key: str, step: int | None) -> int:
+        """A point's step; without one, the key's last step plus one (as Aim counts on)."""
+        step = self.last_steps.get(key, -1) + 1 if step is None else int(step)
+        self.last_steps[key] = step
+        return step
+
+    def track(self, points: list[list]) -> None:
+        metrics = []
+        for value, name, step, _epoch, context, at in points:
+            key = metric_key(name, context)
+            metrics.append(self._metric(key, value, int(at * 1000), self._step(key, step)))
+        self._log_metrics(metrics)
+
+    def track_logs(self, logs: list[list]) -> None:
+        metrics = []
+        for step, _epoch, at, entry in logs:
+            for name, value in entry.items():
+                key = valid_key(name)
+                metrics.append(self._metric(key, value, int(at * 1000), self._step(key, step)))
+        self._log_metrics(metrics)
+
+    def set_params(self, name: str, params: dict[str, Any]) -> None:
+        flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
+        new = []
+        for key, value in flat.items():
+            if name in UNPREFIXED_GROUPS and self.params.get(key, value) != value:
+                key = valid_key(f"{name}.{key}")  # the bare key holds another group's value
+            held = self.params.get(key)
+            if held is not None:
+                if held != value:
+                    print(f"mlflow tracker: param {key} already holds another value; kept it", file=sys.stderr)
+                continue
+            self.params[key] = value
+            new.append(self._param(key, value))
+        for start in range(0, len(new), MAX_PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH])
+
+    def close(self, finished: bool) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if finished else "KILLED", int(time.time() * 1000))
+
+
+def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
+    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
+    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
+        return None
+    url = urlparse(tracking_uri)
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
