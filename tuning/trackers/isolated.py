@@ -94,7 +94,8 @@ class IsolatedCallback:
 
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to
     ``export_dir/export_filename``); ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once
-    the helper has imported its library. Only global rank 0 does anything, so a job makes one run whatever its world size.
+    the helper has imported its library. Only global rank 0 does anything, so a job makes one run whatever its world
+    size.
     """
 
     def __init__(
