@@ -70,6 +70,7 @@ from tuning.benchmarking import (
     ParsedArguments,
     RunRecord,
     StallWatchdog,
+    StopAgreement,
     StopRule,
     StorageError,
     Tracker,
@@ -414,6 +415,8 @@ class BenchmarkJob:
                 self.aim.when_run_hash_known(lambda run_hash: self.record.note(run_hash=run_hash))
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
+        stop_agreement = StopAgreement()  # one collective per step decides both callbacks' stops on every rank
+        graceful_stop = GracefulStopCallback(stop_agreement)
         self.bench = BenchmarkCallback(
             self.record,
             stop_rule,
@@ -422,8 +425,8 @@ class BenchmarkJob:
             system_metrics_interval=flags.system_metrics_interval if sampling else None,
             watchdog=watchdog,
             mirror=self.aim.track_many if self.aim is not None else None,
+            stop_agreement=stop_agreement,
         )
-        graceful_stop = GracefulStopCallback()
         # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every
         # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;
