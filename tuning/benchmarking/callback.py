@@ -50,7 +50,7 @@ class BenchmarkCallback(TrainerCallback):
     context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim, ordered by step
     within each call; system samples reach it with step None. With ``system_metrics_interval`` a sampler runs from
     train begin to train end, its points labelled with the step in progress. Stop decisions go through
-    ``stop_agreement`` (give it the one of the run's ``GracefulStopCallback``).
+    ``stop_agreement``: pass the one the run's ``GracefulStopCallback`` uses.
     """
 
     def __init__(
