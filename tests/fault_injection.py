@@ -15,7 +15,9 @@ import torch
 from transformers import TrainerCallback
 
 from tuning.sft_trainer import get_parser, parse_arguments, train
-from tuning.utils.error_logging import GracefulStopCallback, run_with_error_reporting, write_json_atomic
+from tuning.utils.error_logging import run_with_error_reporting
+from tuning.utils.file_utils import write_json_atomic
+from tuning.utils.graceful_stop import GracefulStopCallback
 
 # Room for the incidental allocations between steps; one step of the e2e test's batch needs far more.
 HOST_OOM_HEADROOM_BYTES = 32 << 20

@@ -218,13 +218,15 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
         per_device_train_batch_size=2,
         tracker="none",
         stop_after_seconds=2,
-        callbacks=f"{HELPERS}:SlowSteps",
+        callbacks=f"{HELPERS}:SlowSteps,{HELPERS}:CountsStopCollectives",
     )
-    returncode, _, stderr = run_bench(args, torchrun=True)
+    returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path))
     assert returncode == 0, stderr[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "stopped" and dump["stop_reason"] == "stop_after_seconds" and dump["world_size"] == 2
     assert 2 <= dump["training_steps"] < 20
+    for rank in (0, 1):  # the stop rule and the graceful stop share one all-reduce per step
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [1] * dump["training_steps"]
     assert dump["summary"]["train_runtime"] >= 2
     assert not list(tmp_path.glob("*.error.json"))
     # Throughput counts both ranks: the global batch, and the tokens TRL itself gathers from every rank.
@@ -233,6 +235,30 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
 
 
 # ---- runs that end badly ----
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path):
+    """Rank 1 alone is signalled in step 3; with a stop rule active too, one all-reduce per step still decides."""
+    args = bench_args(
+        tiny_model,
+        tmp_path,
+        max_steps=200,
+        per_device_train_batch_size=2,
+        tracker="none",
+        stop_after_seconds=3600,
+        callbacks=f"{HELPERS}:SigtermOnLastRankInStep3,{HELPERS}:CountsStopCollectives",
+    )
+    returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path))
+    assert returncode != 0
+    for rank in (0, 1):
+        assert f"TUNING_ERROR category=interrupted rank={rank} step=3 exit_code=143" in stderr, stderr[-3000:]
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [1, 1, 1]
+    dump = read_dump(tmp_path / "bench.json")
+    assert (dump["status"], dump["stop_reason"], dump["training_steps"]) == ("interrupted", None, 3)
+    assert dump["error"]["category"] == "interrupted" and dump["error"]["message"] == "training stopped by SIGTERM"
+    report = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
+    assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 3)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 
 import pytest
 import torch
@@ -31,7 +30,6 @@ from tuning.utils.error_logging import (
     exit_code_for,
     run_with_error_reporting,
     termination_line,
-    write_json_atomic,
     write_termination_log,
 )
 
@@ -468,17 +466,6 @@ def test_error_marker_is_one_greppable_line():
     )
 
 
-def test_write_json_atomic(tmp_path):
-    path = tmp_path / "error_report.json"
-    write_json_atomic(path, {"a": 1})
-    write_json_atomic(str(path), {"a": 2})
-    assert json.loads(path.read_text()) == {"a": 2}
-    with pytest.raises(TypeError):
-        write_json_atomic(path, {"a": object()})
-    assert json.loads(path.read_text()) == {"a": 2}  # the old file survives a failed write
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["error_report.json"]
-
-
 # --- entry point ----------------------------------------------------------------------------------------------
 
 
@@ -519,7 +506,8 @@ def test_failing_hook_does_not_change_the_exit_code(caplog):
 
 ENTRY_SCRIPT = """
 import argparse, json, os, sys, torch
-from tuning.utils.error_logging import UserInputError, run_with_error_reporting, write_json_atomic
+from tuning.utils.error_logging import UserInputError, run_with_error_reporting
+from tuning.utils.file_utils import write_json_atomic
 
 def main():
     kind = sys.argv[1]
@@ -598,131 +586,3 @@ def test_module_imports_without_torch_or_transformers():
         [sys.executable, "-c", probe], env=subprocess_env(), capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
     assert result.stdout.split() == ["False", "False"], result.stderr
-
-
-# --- graceful stop on signals ---------------------------------------------------------------------------------
-
-
-class _Regression(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x, y):
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)}
-
-
-def _tiny_trainer(tmp_path, callbacks, max_steps=50):
-    from transformers import Trainer, TrainingArguments
-
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=max_steps,
-        per_device_train_batch_size=2,
-        save_strategy="steps",
-        save_steps=3,  # a checkpoint would be due at the step the signal arrives
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(64)]
-    return Trainer(model=_Regression(), args=args, train_dataset=data, callbacks=callbacks)
-
-
-def _signal_at_step(step: int, *signums: int):
-    from transformers import TrainerCallback
-
-    class SignalSender(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == step:
-                for signum in signums:
-                    # A real signal, to this (the main) thread, so that each is delivered, and handled, before the
-                    # next is sent (a signal sent while one of its kind is still pending is lost).
-                    signal.pthread_kill(threading.main_thread().ident, signum)
-
-    return SignalSender()
-
-
-def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
-    from tuning.utils.error_logging import GracefulStopCallback
-
-    before = signal.getsignal(signal.SIGTERM)
-    stop = GracefulStopCallback()
-    trainer = _tiny_trainer(tmp_path, [_signal_at_step(3, signal.SIGTERM), stop])
-    trainer.train()
-    assert trainer.state.global_step == 3
-    assert stop.received_signal == signal.SIGTERM
-    assert er.last_global_step() == 3
-    assert not (tmp_path / "out" / "checkpoint-3").exists()  # no checkpoint started inside the grace period
-    assert signal.getsignal(signal.SIGTERM) == stop._handle  # kept past train end, while the report is due
-    stop.restore_signal_handlers()
-    assert signal.getsignal(signal.SIGTERM) is before
-    report = build_error_report(TrainingInterrupted(stop.received_signal), global_step=er.last_global_step())
-    assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 3)
-
-
-def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
-    from tuning.utils.error_logging import GracefulStopCallback
-
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran in this process
-    try:
-        stop = GracefulStopCallback()
-        trainer = _tiny_trainer(tmp_path, [_signal_at_step(2, signal.SIGINT, signal.SIGINT), stop])
-        with pytest.raises(KeyboardInterrupt):
-            trainer.train()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
-SECOND_SIGTERM_SCRIPT = """
-import pathlib, signal, sys
-import tests.test_error_logging as t
-from tuning.utils.error_logging import GracefulStopCallback
-callbacks = [t._signal_at_step(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
-t._tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
-print("survived")
-"""
-
-
-SIGTERM_WHILE_REPORTING_SCRIPT = """
-import os, pathlib, signal, sys
-import tests.test_error_logging as t
-from tuning.utils.error_logging import GracefulStopCallback
-stop = GracefulStopCallback()
-trainer = t._tiny_trainer(pathlib.Path(sys.argv[1]), [t._signal_at_step(2, signal.SIGTERM), stop])
-trainer.train()
-os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends it to every worker once one has exited
-print("survived", trainer.state.global_step, flush=True)
-stop.restore_signal_handlers()
-print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
-"""
-
-
-def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
-    """Run ``script`` in its own Python process: a signal that kills it must not kill pytest."""
-    return subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
-@pytest.mark.slow
-def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
-    result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    ours = [line for line in result.stdout.splitlines() if line.startswith(("survived", "restored"))]
-    assert ours == ["survived 2", "restored True"]
-
-
-@pytest.mark.slow
-def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
-    result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
-    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
-    assert "survived" not in result.stdout

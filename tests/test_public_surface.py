@@ -26,6 +26,7 @@ def test_every_exported_name_resolves():
     [
         ("tuning.benchmarking.rebuild", ("torch", "transformers")),
         ("tuning.benchmarking.schema", ("torch", "transformers")),
+        ("tuning.benchmarking.dump", ("torch", "transformers")),
         ("tuning.utils.tiny_model", ("tuning.data", "torch")),
     ],
 )

@@ -44,12 +44,8 @@ from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
 from tuning.utils.config_utils import get_json_config
-from tuning.utils.error_logging import (
-    GracefulStopCallback,
-    TrainingInterrupted,
-    UserInputError,
-    run_with_error_reporting,
-)
+from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
+from tuning.utils.graceful_stop import GracefulStopCallback
 
 logger = logging.getLogger("tuning.sft_trainer")
 

@@ -64,6 +64,7 @@ from tuning.benchmarking import (
     ParsedArguments,
     RunRecord,
     StallWatchdog,
+    StopAgreement,
     StopRule,
     StorageError,
     Tracker,
@@ -422,6 +423,8 @@ class BenchmarkJob:
                 callback.track_many(points)
 
         watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
+        stop_agreement = StopAgreement()  # one collective per step decides both callbacks' stops on every rank
+        graceful_stop = GracefulStopCallback(stop_agreement)
         self.bench = BenchmarkCallback(
             self.record,
             stop_rule,
@@ -430,8 +433,8 @@ class BenchmarkJob:
             system_metrics_interval=flags.system_metrics_interval if sampling else None,
             watchdog=watchdog,
             mirror=mirror if mirrors else None,
+            stop_agreement=stop_agreement,
         )
-        graceful_stop = GracefulStopCallback()
         # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every
         # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;

@@ -3,11 +3,14 @@ real stall, a real exception inside the training loop, a filesystem that fills u
 through the wrapper's public extension point."""
 
 import errno
+import json
 import os
+import signal
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 STEP_SECONDS = 0.3
@@ -36,6 +39,43 @@ class OutOfMemoryOnLastRank(TrainerCallback):
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
+
+
+class SigtermOnLastRankInStep3(TrainerCallback):
+    """The highest rank alone gets a real SIGTERM as step 3 begins, as from a preemption of one node."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class CountsStopCollectives(TrainerCallback):
+    """Counts the MAX all-reduces (the stop agreement's op) of each optimizer step, through its own wrapper of
+    ``dist.all_reduce`` installed at train begin; at train end writes the counts to ``$COLLECTIVES_DIR/rank<N>.json``.
+    Loaded after the wrapper's own callbacks, its step end closes each step's count."""
+
+    def __init__(self):
+        self.per_step: list[int] = []
+        self.count = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        all_reduce = dist.all_reduce
+
+        def counting_all_reduce(tensor, op=dist.ReduceOp.SUM, *rest, **kwargs):
+            if op == dist.ReduceOp.MAX:
+                self.count += 1
+            return all_reduce(tensor, op, *rest, **kwargs)
+
+        dist.all_reduce = counting_all_reduce
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step.append(self.count)
+        self.count = 0
+
+    def on_train_end(self, args, state, control, **kwargs):
+        path = Path(os.environ["COLLECTIVES_DIR"]) / f"rank{os.environ.get('RANK', '0')}.json"
+        path.write_text(json.dumps(self.per_step))
 
 
 class AddsMetric(TrainerCallback):

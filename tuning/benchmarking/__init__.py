@@ -9,9 +9,11 @@ Training (``tuning.sft_trainer``, ``tuning.config``, ``tuning.utils.config_utils
 Trackers (``tuning.trackers``): ``Tracker``, ``get_tracker``, ``hf_callbacks``, ``validate_tracker_names``,
     ``AIMSTACK_TRACKER``, ``MLFLOW_TRACKER``, ``AimStackTracker``
 Errors (``tuning.utils.error_logging``): ``run_with_error_reporting`` (classified exit codes), ``ErrorCategory``,
-    ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``GracefulStopCallback``,
-    ``build_error_report``, ``termination_line``, ``write_termination_log``, ``print_error_marker``,
-    ``print_own_line``, ``write_json_atomic``
+    ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``build_error_report``,
+    ``termination_line``, ``write_termination_log``, ``print_error_marker``, ``print_own_line``
+Stopping (``tuning.utils.graceful_stop``): ``GracefulStopCallback`` (SIGTERM/SIGINT → stop at a step boundary),
+    ``StopAgreement`` (one stop decision per step for every rank, shared with ``BenchmarkCallback``)
+Files (``tuning.utils.file_utils``): ``write_json_atomic``
 Measuring: ``BenchmarkCallback`` (per-step series, stop decisions, sampler and watchdog lifetimes), ``StopRule``,
     ``StallWatchdog``, ``thread_stacks``, ``environment_info``, ``peak_rss_bytes``, ``cuda_peak_memory``
 Recording: ``RunRecord`` (the run's points, also a ``Tracker``), ``Journal`` and ``journal_path`` (the crash-safe
@@ -52,14 +54,14 @@ _EXPORTS = {
         "StorageError",
         "TrainingInterrupted",
         "TrainingStalled",
-        "GracefulStopCallback",
         "build_error_report",
         "termination_line",
         "write_termination_log",
         "print_error_marker",
         "print_own_line",
-        "write_json_atomic",
     ),
+    "tuning.utils.graceful_stop": ("GracefulStopCallback", "StopAgreement"),
+    "tuning.utils.file_utils": ("write_json_atomic",),
     "tuning.benchmarking.callback": ("BenchmarkCallback",),
     "tuning.benchmarking.stopping": ("StopRule",),
     "tuning.benchmarking.watchdog": ("StallWatchdog", "thread_stacks"),

@@ -14,8 +14,9 @@ together, each under its own step and time, and at train end (or ``close``) what
 not run on caches the training step just flushed.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
-the stall watchdog, and takes the stop decisions of a ``StopRule`` jointly: with several ranks the stop flag is
-all-reduced (MAX, on a CPU group) at every step end, so every rank stops after the same step.
+the stall watchdog, and votes the stop decisions of a ``StopRule`` through a ``StopAgreement``
+(``tuning.utils.graceful_stop``), so every rank stops after the same step; shared with the ``GracefulStopCallback``,
+one collective per step decides for both.
 """
 
 import math
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerControl
 
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
@@ -35,6 +36,7 @@ from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
+from tuning.utils.graceful_stop import StopAgreement, Vote
 
 Mirror = Callable[[Points], None]
 _MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
@@ -47,7 +49,8 @@ class BenchmarkCallback(TrainerCallback):
     ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
     context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim, ordered by step
     within each call; system samples reach it with step None. With ``system_metrics_interval`` a sampler runs from
-    train begin to train end, its points labelled with the step in progress.
+    train begin to train end, its points labelled with the step in progress. Stop decisions go through
+    ``stop_agreement``: pass the one the run's ``GracefulStopCallback`` uses.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class BenchmarkCallback(TrainerCallback):
         system_metrics_interval: float | None = None,
         watchdog: StallWatchdog | None = None,
         mirror: Mirror | None = None,
+        stop_agreement: StopAgreement | None = None,
     ):
         self.record = record
         self.stop_rule = stop_rule
@@ -66,6 +70,7 @@ class BenchmarkCallback(TrainerCallback):
         self.warmup_seconds = warmup_seconds
         self.watchdog = watchdog
         self.mirror = mirror
+        self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
         self.sampler = None
         if system_metrics_interval:
             self.sampler = SystemMetricsSampler(system_metrics_interval, self._system_point)
@@ -85,8 +90,6 @@ class BenchmarkCallback(TrainerCallback):
         self._measured_seconds = 0.0
         self._main = False
         self._global_batch = 0  # samples per optimizer step over all ranks
-        self._group: Any = None
-        self._joint = False
         self.log_recorder = _LogRecorder(self)
 
     # ---- recording ----
@@ -100,8 +103,6 @@ class BenchmarkCallback(TrainerCallback):
     # ---- hooks ----
 
     def on_train_begin(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
         self._main = state.is_world_process_zero
         self._global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         self.global_step = self._first_step = state.global_step
@@ -111,10 +112,8 @@ class BenchmarkCallback(TrainerCallback):
         if self._main and self.record is not None:
             self.record.note(train_start=self._train_start)
         self._end_warmup_if_over(state.global_step, 0.0)
-        self._joint = self.stop_rule.active and dist.is_available() and dist.is_initialized()
-        self._joint = self._joint and dist.get_world_size() > 1
-        if self._joint and "gloo" not in str(dist.get_backend()):
-            self._group = dist.new_group(backend="gloo")  # the flag is a CPU tensor; no device sync per step
+        if self.stop_rule.active:
+            self.stop_agreement.join(Vote.STOP_REASON, self._on_agreed)
         if self.sampler is not None:
             self.sampler.start()
         if self.watchdog is not None:
@@ -136,7 +135,10 @@ class BenchmarkCallback(TrainerCallback):
             self._measured_seconds += duration
         self._end_warmup_if_over(step, now - self._train_start)
         if self.stop_rule.active:
-            self._decide_stop(control, now - self._train_start)
+            reason = self.stop_rule.reason(
+                now - self._train_start, self._measured_steps, self._measured_seconds, self._recent
+            )
+            self.stop_agreement.vote(Vote.STOP_REASON, reason_code(reason), control)
         self._beat()
 
     def note_logs(self, step: int, logs: dict[str, Any] | None) -> None:
@@ -217,16 +219,7 @@ class BenchmarkCallback(TrainerCallback):
                 self._record_unrecorded(time.time())  # the journal stays in time order
                 self.record.note(warmup_steps=step, warmup_seconds=elapsed)
 
-    def _decide_stop(self, control, elapsed: float) -> None:
-        reason = self.stop_rule.reason(elapsed, self._measured_steps, self._measured_seconds, self._recent)
-        code = reason_code(reason)
-        if self._joint:
-            import torch
-            import torch.distributed as dist
-
-            flag = torch.tensor([code], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-            code = int(flag.item())
+    def _on_agreed(self, code: int, control: TrainerControl) -> None:
         if code:
             self.stop_reason = reason_from_code(code)
             control.should_training_stop = True

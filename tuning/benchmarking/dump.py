@@ -23,7 +23,7 @@ from tuning.benchmarking.schema import (
     STEP_TIME,
     STEP_TOKENS,
 )
-from tuning.utils.error_logging import write_json_atomic
+from tuning.utils.file_utils import write_json_atomic
 
 INCOMPLETE_RUN_MESSAGE = (
     "the run ended without finishing its journal (killed by a signal, the OOM killer or a node failure); "

@@ -58,14 +58,12 @@ traceback       str           the formatted traceback of the whole exception cha
 import enum
 import errno
 import functools
-import json
 import logging
 import os
 import re
 import signal
 import socket
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -416,7 +414,7 @@ def build_error_report(
     category: ErrorCategory | str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The structured description of a failure (keys in the module docstring), ready for ``write_json_atomic``.
+    """The structured description of a failure (keys in the module docstring), a JSON-ready dict.
 
     ``category`` overrides the classification, e.g. ``hang`` from a watchdog; ``extra`` adds caller keys, which may
     not shadow the stable ones.
@@ -484,30 +482,13 @@ def print_error_marker(report: dict[str, Any]) -> None:
     print_own_line(error_marker(report))
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON through a temporary file in the same directory and ``os.replace``: readers never see half a file."""
-    path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            # One compact dumps: the C encoder (an indent would fall back to the pure-Python one, 2x slower).
-            f.write(json.dumps(obj) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def last_global_step() -> int | None:
-    """The optimizer step a GracefulStopCallback saw last in this process (None before training)."""
+    """The optimizer step reached last in this process, as recorded by the training loop (None before training)."""
     return _last_global_step
 
 
-def _record_step(step: int) -> None:
+def record_global_step(step: int) -> None:
+    """Note the optimizer step reached, for the reports of failures after it (``GracefulStopCallback`` does)."""
     global _last_global_step
     _last_global_step = step
 
@@ -546,9 +527,10 @@ def install_early_signal_handlers() -> None:
 
     While the script still imports, a signal ends it at once as ``interrupted`` (termination-log line, marker,
     128+signal). Inside ``run_with_error_reporting`` it raises ``SignalInterrupt`` in the main thread, so that the
-    script's ``on_error`` hook runs too (bench_train's dump); during training ``GracefulStopCallback`` takes over and
-    passes a second signal back here. After the function has ended, a first signal is ignored so that the report is
-    not cut short (torchrun signals every worker once one has exited); a second one gets the default action.
+    script's ``on_error`` hook runs too (bench_train's dump); during training ``tuning.utils.graceful_stop``'s
+    ``GracefulStopCallback`` takes over and passes a second signal back here. After the function has ended, a first
+    signal is ignored so that the report is not cut short (torchrun signals every worker once one has exited); a
+    second one gets the default action.
     """
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
@@ -590,106 +572,3 @@ def run_with_error_reporting(
         return report["exit_code"]
     _phase = _Phase.REPORTING
     return result if isinstance(result, int) else 0
-
-
-def _build_graceful_stop_callback() -> type:
-    import torch
-    import torch.distributed as dist
-    from transformers import TrainerCallback
-
-    class GracefulStopCallback(TrainerCallback):
-        """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary.
-
-        The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks
-        ``received_signal`` and raises ``TrainingInterrupted``. A second signal before the stop gets the handler
-        that was installed before, so the user can still force a stop. Once the stop is agreed, a repeated SIGTERM
-        is ignored and the handlers stay installed past train end, until the caller's ``restore_signal_handlers()``
-        (our CLIs just exit): torchrun sends SIGTERM to every worker as soon as one exits, and it must not cut a
-        report short. Checkpoints and evaluations are skipped once stopping: the grace period before SIGKILL (30 s
-        by default on Kubernetes) is short and half a checkpoint is worse than none. With several ranks the
-        decision is agreed every step (an all-reduce on a CPU group, no device sync), since a rank that stops alone
-        leaves the others blocked in a collective. Also records the global step for reports.
-        """
-
-        signals = (signal.SIGTERM, signal.SIGINT)
-
-        def __init__(self) -> None:
-            self.received_signal: int | None = None  # caught here or, with several ranks, by another rank
-            self._caught: int | None = None
-            self._previous: dict[int, Any] = {}
-            self._stopping = False  # agreed by all ranks, unlike received_signal which may be local
-            self._agree = False
-            self._group: Any = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            _record_step(state.global_step)
-            if threading.current_thread() is threading.main_thread() and not self._previous:
-                self._previous = {signum: signal.signal(signum, self._handle) for signum in self.signals}
-            self._agree = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-            if self._agree and "gloo" not in str(dist.get_backend()):
-                self._group = dist.new_group(backend="gloo")
-
-        def _handle(self, signum: int, frame: Any) -> None:
-            if self._caught is None:
-                self._caught = signum
-                self.received_signal = self.received_signal or signum
-                logger.warning(
-                    "Received %s: stopping after the current step (send it again to stop now)",
-                    signal.Signals(signum).name,
-                )
-                return
-            if self._stopping and signum == signal.SIGTERM:
-                return  # already stopping as fast as it can (no logging here: it may interrupt a write to stderr)
-            previous = self._previous.get(signum)
-            self.restore_signal_handlers()
-            if callable(previous):
-                previous(signum, frame)
-            elif previous in (signal.SIG_DFL, None):
-                signal.raise_signal(signum)
-
-        def restore_signal_handlers(self) -> None:
-            """Put back the handlers found at train begin (SIG_DFL for ones installed outside Python)."""
-            for signum, previous in self._previous.items():
-                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-            self._previous = {}
-
-        def _should_stop(self) -> bool:
-            if not self._agree:
-                return self.received_signal is not None
-            flag = torch.tensor([self.received_signal or 0], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-            agreed = int(flag.item())
-            if agreed and self.received_signal is None:
-                self.received_signal = agreed
-            return agreed != 0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            _record_step(state.global_step)
-            if self._should_stop():
-                self._stopping = True
-                control.should_training_stop = True
-                control.should_save = False
-                control.should_evaluate = False
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            if self._stopping:
-                control.should_save = False
-                control.should_evaluate = False
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if not self._stopping:
-                self.restore_signal_handlers()
-
-    GracefulStopCallback.__module__ = __name__
-    GracefulStopCallback.__qualname__ = "GracefulStopCallback"
-    return GracefulStopCallback
-
-
-def __getattr__(name: str) -> Any:
-    # GracefulStopCallback subclasses transformers' TrainerCallback; building it on first use keeps this module's
-    # import free of transformers and torch (about ten seconds on a small CPU).
-    if name == "GracefulStopCallback":
-        cls = _build_graceful_stop_callback()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

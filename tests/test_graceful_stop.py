@@ -1,0 +1,237 @@
+"""tuning.utils.graceful_stop: real signals stop real training at a step boundary; the stop agreement costs one
+all-reduce per step for both stopping callbacks on two real gloo ranks (torchrun)."""
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from transformers import TrainerControl
+
+from tests.conftest import REPO_ROOT, free_port, subprocess_env
+from tuning.utils.error_logging import TrainingInterrupted, build_error_report, last_global_step
+from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement, Vote
+
+
+class _Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)}
+
+
+def _tiny_trainer(tmp_path, callbacks, max_steps=50):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=max_steps,
+        per_device_train_batch_size=2,
+        save_strategy="steps",
+        save_steps=3,  # a checkpoint would be due at the step the signal arrives
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(64)]
+    return Trainer(model=_Regression(), args=args, train_dataset=data, callbacks=callbacks)
+
+
+def _signal_at_step(step: int, *signums: int):
+    from transformers import TrainerCallback
+
+    class SignalSender(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                for signum in signums:
+                    # A real signal, to this (the main) thread, so that each is delivered, and handled, before the
+                    # next is sent (a signal sent while one of its kind is still pending is lost).
+                    signal.pthread_kill(threading.main_thread().ident, signum)
+
+    return SignalSender()
+
+
+def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    stop = GracefulStopCallback()
+    trainer = _tiny_trainer(tmp_path, [_signal_at_step(3, signal.SIGTERM), stop])
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert stop.received_signal == signal.SIGTERM
+    assert last_global_step() == 3
+    assert not (tmp_path / "out" / "checkpoint-3").exists()  # no checkpoint started inside the grace period
+    assert signal.getsignal(signal.SIGTERM) == stop._handle  # kept past train end, while the report is due
+    stop.restore_signal_handlers()
+    assert signal.getsignal(signal.SIGTERM) is before
+    report = build_error_report(TrainingInterrupted(stop.received_signal), global_step=last_global_step())
+    assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 3)
+
+
+def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran in this process
+    try:
+        stop = GracefulStopCallback()
+        trainer = _tiny_trainer(tmp_path, [_signal_at_step(2, signal.SIGINT, signal.SIGINT), stop])
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+SECOND_SIGTERM_SCRIPT = """
+import pathlib, signal, sys
+import tests.test_graceful_stop as t
+from tuning.utils.graceful_stop import GracefulStopCallback
+callbacks = [t._signal_at_step(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
+t._tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
+print("survived")
+"""
+
+
+SIGTERM_WHILE_REPORTING_SCRIPT = """
+import os, pathlib, signal, sys
+import tests.test_graceful_stop as t
+from tuning.utils.graceful_stop import GracefulStopCallback
+stop = GracefulStopCallback()
+trainer = t._tiny_trainer(pathlib.Path(sys.argv[1]), [t._signal_at_step(2, signal.SIGTERM), stop])
+trainer.train()
+os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends it to every worker once one has exited
+print("survived", trainer.state.global_step, flush=True)
+stop.restore_signal_handlers()
+print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+"""
+
+
+def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run ``script`` in its own Python process: a signal that kills it must not kill pytest."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
+    result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours = [line for line in result.stdout.splitlines() if line.startswith(("survived", "restored"))]
+    assert ours == ["survived 2", "restored True"]
+
+
+@pytest.mark.slow
+def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
+    result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
+    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+    assert "survived" not in result.stdout
+
+
+def test_agreement_decides_once_every_joined_callback_has_voted():
+    """In one process: no decision until the step's last vote, whichever kind votes first; then every handler."""
+    agreed = []
+    agreement = StopAgreement()
+    agreement.join(Vote.SIGNAL, lambda value, control: agreed.append(("signal", value)))
+    agreement.join(Vote.STOP_REASON, lambda value, control: agreed.append(("reason", value)))
+    control = TrainerControl()
+    agreement.vote(Vote.STOP_REASON, 2, control)
+    assert agreed == []
+    agreement.vote(Vote.SIGNAL, 0, control)
+    assert agreed == [("signal", 0), ("reason", 2)]
+    agreement.vote(Vote.SIGNAL, signal.SIGTERM, control)
+    agreement.vote(Vote.STOP_REASON, 0, control)
+    assert agreed[2:] == [("signal", signal.SIGTERM), ("reason", 0)]
+
+
+# Under torchrun, two gloo ranks, both stopping callbacks sharing one agreement. ``signal``: rank 1 alone gets a
+# SIGTERM at step 3 (the callbacks in bench_train's order); ``reason``: rank 1 alone has a stop rule that fires at
+# step 3 (the graceful stop voting first). The script's own wrapper of dist.all_reduce counts the MAX all-reduces
+# (the stop agreement's op) between consecutive step ends.
+TWO_RANK_SCRIPT = """
+import json, os, pathlib, signal, sys
+import torch.distributed as dist
+from transformers import TrainerCallback
+import tests.test_graceful_stop as t
+from tuning.benchmarking.callback import BenchmarkCallback
+from tuning.benchmarking.stopping import StopRule
+from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement
+
+out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
+rank = int(os.environ["RANK"])
+max_reduces = [0]
+all_reduce = dist.all_reduce
+
+def counting_all_reduce(tensor, op=dist.ReduceOp.SUM, *args, **kwargs):
+    if op == dist.ReduceOp.MAX:
+        max_reduces[0] += 1
+    return all_reduce(tensor, op, *args, **kwargs)
+
+dist.all_reduce = counting_all_reduce
+
+class CountPerStep(TrainerCallback):
+    per_step = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step.append(max_reduces[0])
+        max_reduces[0] = 0
+
+agreement = StopAgreement()
+graceful = GracefulStopCallback(agreement)
+if mode == "reason" and rank == 1:  # settled (any tolerance) once 2 steps are measured after a 1-step warmup
+    rule = StopRule(auto_stop=True, min_steps=2, min_seconds=0, tolerance=1e9)
+else:
+    rule = StopRule(stop_after_seconds=3600)
+bench = BenchmarkCallback(None, rule, warmup_steps=1, stop_agreement=agreement)
+if mode == "signal":
+    senders = [t._signal_at_step(3, signal.SIGTERM)] if rank == 1 else []
+    callbacks = [*senders, bench, graceful, CountPerStep()]
+else:
+    callbacks = [graceful, bench, CountPerStep()]
+trainer = t._tiny_trainer(out / f"rank{rank}", callbacks)
+trainer.train()
+result = {
+    "step": trainer.state.global_step,
+    "received_signal": graceful.received_signal,
+    "stop_reason": bench.stop_reason,
+    "max_reduces_per_step": CountPerStep.per_step,
+}
+(out / f"rank{rank}.json").write_text(json.dumps(result))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "received_signal", "stop_reason"),
+    [("signal", signal.SIGTERM, None), ("reason", None, "auto_stop")],
+)
+def test_two_ranks_stop_after_the_same_step_with_one_all_reduce_per_step(tmp_path, mode, received_signal, stop_reason):
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+        + [str(script), str(tmp_path), mode],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        ended = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert ended == {
+            "step": 3,
+            "received_signal": received_signal,
+            "stop_reason": stop_reason,
+            "max_reduces_per_step": [1, 1, 1],
+        }, rank

@@ -1,0 +1,147 @@
+"""Stopping training at an optimizer-step boundary on every rank at once: on a signal, or on a callback's own rule.
+
+``StopAgreement`` makes one stop decision per optimizer step, the same on every rank. ``GracefulStopCallback`` votes
+with the signal it caught; ``tuning.benchmarking.callback.BenchmarkCallback`` votes with its stop rule's reason. Given
+the same agreement, they cost one collective per step between them.
+"""
+
+import enum
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback, TrainerControl
+
+from tuning.utils.error_logging import record_global_step
+
+logger = logging.getLogger(__name__)
+
+
+class Vote(enum.IntEnum):
+    """What a callback votes at a step end (0: go on), and its place in the all-reduced tensor."""
+
+    SIGNAL = 0  # the number of the stop signal caught
+    STOP_REASON = 1  # a stop rule's reason code (tuning.benchmarking.stopping.reason_code)
+
+
+OnAgreed = Callable[[int, TrainerControl], None]
+
+
+class StopAgreement:
+    """One stop decision per optimizer step, agreed by all ranks with a single all-reduce.
+
+    Each callback that may stop training joins at train begin with its kind of vote and a handler, then votes at
+    every step end. Once every joined callback has voted at a step (whatever order the trainer calls them in), the
+    votes of all ranks are combined by one all-reduce (MAX) of ``[signal, stop reason]`` on a CPU (gloo) group, so no
+    device sync, and each handler gets the agreed value of its kind with the step's ``TrainerControl``. A rank that
+    stopped alone would leave the others blocked in their next collective. In a single process the votes stand as
+    they are.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[Vote, OnAgreed] = {}
+        self._votes: dict[Vote, int] = {}
+        self._joint = False
+        self._group: Any = None
+
+    def join(self, kind: Vote, on_agreed: OnAgreed) -> None:
+        """Vote ``kind`` from now on. Every rank joins the same kinds in the same order: the first join on a non-gloo
+        backend creates the CPU group, itself a collective."""
+        self._joint = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if self._joint and self._group is None and "gloo" not in str(dist.get_backend()):
+            self._group = dist.new_group(backend="gloo")
+        self._handlers[kind] = on_agreed
+        self._votes.clear()
+
+    def vote(self, kind: Vote, value: int, control: TrainerControl) -> None:
+        """This rank's ``value`` (0: go on) for this step; the step's last vote runs the agreement."""
+        self._votes[kind] = value
+        if not self._handlers.keys() <= self._votes.keys():
+            return
+        votes = [self._votes.get(each, 0) for each in Vote]
+        self._votes = {}
+        if self._joint:
+            tensor = torch.tensor(votes, dtype=torch.int64)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+            votes = tensor.tolist()
+        for each, on_agreed in self._handlers.items():
+            on_agreed(votes[each], control)
+
+
+class GracefulStopCallback(TrainerCallback):
+    """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary, on every rank.
+
+    The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks ``received_signal``
+    and raises ``TrainingInterrupted``. A second signal before the stop gets the handler that was installed before,
+    so the user can still force a stop. Once the stop is agreed, a repeated SIGTERM is ignored and the handlers stay
+    installed past train end, until the caller's ``restore_signal_handlers()`` (our CLIs just exit): torchrun sends
+    SIGTERM to every worker as soon as one exits, and it must not cut a report short. Checkpoints and evaluations
+    are skipped once stopping: the grace period before SIGKILL (30 s by default on Kubernetes) is short and half a
+    checkpoint is worse than none. With several ranks the decision goes through ``agreement`` every step (pass the
+    one another stopping callback uses). Also records the global step for error reports.
+    """
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, agreement: StopAgreement | None = None) -> None:
+        self.agreement = agreement if agreement is not None else StopAgreement()
+        self.received_signal: int | None = None  # caught here or, with several ranks, by another rank
+        self._caught: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._stopping = False  # agreed by all ranks, unlike received_signal which may be local
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        record_global_step(state.global_step)
+        if threading.current_thread() is threading.main_thread() and not self._previous:
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in self.signals}
+        self.agreement.join(Vote.SIGNAL, self._on_agreed)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._caught is None:
+            self._caught = signum
+            self.received_signal = self.received_signal or signum
+            logger.warning(
+                "Received %s: stopping after the current step (send it again to stop now)", signal.Signals(signum).name
+            )
+            return
+        if self._stopping and signum == signal.SIGTERM:
+            return  # already stopping as fast as it can (no logging here: it may interrupt a write to stderr)
+        previous = self._previous.get(signum)
+        self.restore_signal_handlers()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous in (signal.SIG_DFL, None):
+            signal.raise_signal(signum)
+
+    def restore_signal_handlers(self) -> None:
+        """Put back the handlers found at train begin (SIG_DFL for ones installed outside Python)."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        record_global_step(state.global_step)
+        self.agreement.vote(Vote.SIGNAL, self.received_signal or 0, control)
+
+    def _on_agreed(self, signum: int, control: TrainerControl) -> None:
+        if not signum:
+            return
+        if self.received_signal is None:
+            self.received_signal = signum
+        self._stopping = True
+        control.should_training_stop = True
+        control.should_save = False
+        control.should_evaluate = False
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self._stopping:
+            control.should_save = False
+            control.should_evaluate = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self._stopping:
+            self.restore_signal_handlers()
