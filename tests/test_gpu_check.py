@@ -263,9 +263,14 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
 
 
 def test_the_makefile_target_runs_the_check_in_the_project_venv():
-    """``make -n`` prints the recipe without running it: the nvml extra where pynvml is missing, then the module."""
+    """``make -n`` prints the recipe without running it: the nvml extra where pynvml is missing, then the module
+    (no directory lines, which a make run from another make, as under ``make test``, would add)."""
     result = subprocess.run(
-        ["make", "-n", "-W", "setup.py", "gpu-check"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", "-n", "-W", "setup.py", "gpu-check"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

@@ -17,8 +17,7 @@ import sys
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
-from tuning.trackers.isolated import IsolatedCallback
-from tuning.trackers.tracker import Tracker
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -115,7 +114,7 @@ def resolve_repo(config: AimConfig) -> str:
     )
 
 
-class AimStackTracker(Tracker):
+class AimStackTracker(IsolatedTracker):
     """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``. The run hash goes to
     ``aim_run_id_export_path``, else to the trainer's ``output_dir``, which the callback learns when the trainer
     is created."""
@@ -134,19 +133,5 @@ class AimStackTracker(Tracker):
     def run_hash(self) -> str | None:
         return self.callback.run_hash
 
-    @property
-    def degraded_reason(self) -> str | None:
-        return self.callback.degraded_reason
-
-    @property
-    def degraded(self) -> bool:
-        return self.callback.degraded
-
-    def get_hf_callback(self) -> TrainerCallback:
-        return self.callback
-
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         self.callback.track(metric, name, context={"subset": stage})
-
-    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
-        self.callback.set_params(params, name)

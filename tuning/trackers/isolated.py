@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from tuning.trackers.tracker import is_main_process
+from tuning.trackers.tracker import Tracker, is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -408,6 +408,27 @@ class IsolatedCallback:
 
 
 # ---- the child process ----
+
+
+class IsolatedTracker(Tracker):
+    """The ``Tracker`` side of a tracker whose run lives in a helper process: its ``callback``, an
+    ``IsolatedCallback`` that each backend builds from its config, does the work."""
+
+    callback: IsolatedCallback
+
+    @property
+    def degraded_reason(self) -> str | None:
+        return self.callback.degraded_reason
+
+    @property
+    def degraded(self) -> bool:
+        return self.callback.degraded
+
+    def get_hf_callback(self) -> IsolatedCallback:
+        return self.callback
+
+    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
+        self.callback.set_params(params, name)
 
 
 class ServerGone(Exception):

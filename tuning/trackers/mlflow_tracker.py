@@ -16,9 +16,8 @@ from urllib.parse import urlparse
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
-from tuning.trackers.isolated import IsolatedCallback
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
 from tuning.trackers.mlflow_writer import server_address
-from tuning.trackers.tracker import Tracker
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -90,7 +89,7 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     return f"sqlite:///{Path(os.path.expanduser(uri)).absolute() / STORE_FILENAME}"
 
 
-class MLflowTracker(Tracker):
+class MLflowTracker(IsolatedTracker):
     """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback``."""
 
     def __init__(self, tracker_config: MLflowConfig):
@@ -106,20 +105,6 @@ class MLflowTracker(Tracker):
     def run_id(self) -> str | None:
         return self.callback.run_id
 
-    @property
-    def degraded_reason(self) -> str | None:
-        return self.callback.degraded_reason
-
-    @property
-    def degraded(self) -> bool:
-        return self.callback.degraded
-
-    def get_hf_callback(self) -> TrainerCallback:
-        return self.callback
-
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         """MLflow has no contexts: the metric goes under its own name."""
         self.callback.track(metric, name)
-
-    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
-        self.callback.set_params(params, name)
