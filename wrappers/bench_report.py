@@ -48,6 +48,7 @@ import fire
 from tuning.benchmarking.dump import build_dump
 from tuning.benchmarking.journal import journal_path, read_journal
 from tuning.benchmarking.schema import SCHEMA_VERSION, validate_dump
+from tuning.utils.file_utils import read_json_lines
 
 SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
@@ -129,19 +130,7 @@ def _failure(report: dict[str, Any]) -> Failure:
 def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
     """A sweep's state file: point id → its latest line. A torn last line (the driver died writing it) is dropped;
     damage anywhere else raises ``ValueError``."""
-    points = {}
-    lines = path.read_text(encoding="utf-8").split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number >= len(lines) - 1:
-                break
-            raise ValueError(f"line {number} is not JSON ({exc.msg})") from exc
-        points[record["point"]] = record
-    return points
+    return {record["point"]: record for _, record in read_json_lines(path, "a sweep state line")}
 
 
 def run_files(metrics_path: Path) -> list[tuple[Path, bool]]:

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from tuning.utils.error_logging import print_own_line
+from tuning.utils.file_utils import read_json_lines
 
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
@@ -127,18 +128,8 @@ class Journal:
 def read_journal(path: str) -> list[dict[str, Any]]:
     """The records of a journal. A torn last line (the process died while writing it) is dropped; damage anywhere
     else means the file is not a journal and raises ``ValueError``."""
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().split("\n")
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number >= len(lines) - 1:  # the last line, with or without its newline
-                break
-            raise ValueError(f"{path}:{number}: not a journal record ({exc})") from exc
+    for number, record in read_json_lines(path, "a journal record"):
         if not isinstance(record, dict) or "type" not in record:
             raise ValueError(f"{path}:{number}: not a journal record (no 'type')")
         records.append(record)

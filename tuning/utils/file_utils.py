@@ -1,8 +1,10 @@
-"""Writing result files (dumps, error reports) so that a reader never sees half of one."""
+"""Result files: written so that a reader never sees half of one (dumps, error reports), and JSON-lines files read
+as their writer may have left them (journals, a sweep's state)."""
 
 import json
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -22,3 +24,20 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def read_json_lines(path: str | os.PathLike[str], what: str = "JSON") -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-empty line of a JSON-lines file. A torn last line (its writer died while
+    writing it, with or without the newline) is dropped; a bad line anywhere else raises ``ValueError`` saying that
+    line is not ``what``."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number >= len(lines) - 1:
+                return
+            raise ValueError(f"{os.fspath(path)}:{number}: not {what} ({exc})") from exc
