@@ -16,6 +16,8 @@ import yaml
 from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, SAMPLE_TRAIN_PATH, subprocess_env
 from tests.helpers.aim import read_runs
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
+
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
 HELPERS = "tests.helpers.bench_callbacks"
 GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2, 4]}

@@ -20,6 +20,8 @@ from tests.test_error_logging_e2e import finish, markers, termination_lines, wor
 from tuning.benchmarking.journal import read_journal
 from tuning.launch import K8S_TERMINATION_MESSAGE_MAX_BYTES, RankFailure, termination_message
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
+
 MANIFEST = REPO_ROOT / "docs" / "kubernetes" / "job.yaml"
 
 

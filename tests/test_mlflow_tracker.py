@@ -24,6 +24,8 @@ from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, M
 from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
+pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
+
 HELPERS = "tests.helpers.bench_callbacks"
 
 
