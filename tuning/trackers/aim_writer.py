@@ -42,7 +42,7 @@ class AimBackend:
 
         self._run_class = Run
         self.run: Any = None
-        # Listed now (~0.25 s of CPU), while the job is still loading, not once training may have begun.
+        # Listed now, while the job is still loading, not once training may have begun.
         self.packages = installed_packages()
 
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
