@@ -4,6 +4,7 @@ system metrics. Real files, threads and psutil; the training end to end lives in
 import contextlib
 import json
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -312,9 +313,33 @@ def test_benchmark_callback_records_batched_steps_each_under_its_own_time(tmp_pa
     assert series[STEP_SAMPLES]["values"] == [3, 3, 3]
     assert series["loss"]["values"] == [1.0, 0.5, pytest.approx(1 / 3)]
     assert series["total_flos"]["steps"] == [1, 2, 3]
-    assert [(name, step) for name, _, step, _ in mirrored] == [(STEP_TIME, 1), (STEP_TIME, 2), (STEP_TIME, 3)]
+    # Trackers get one point for the three quick steps: their mean, under the last step.
+    assert mirrored == [(STEP_TIME, pytest.approx(statistics.mean(series[STEP_TIME]["values"])), 3, None)]
     points = [record for record in read_journal(str(tmp_path / "j.jsonl")) if record["type"] == "point"]
     assert [point["time"] for point in points] == sorted(point["time"] for point in points)
+
+
+def test_benchmark_callback_mirrors_each_step_slower_than_the_mirror_interval(tmp_path):
+    """A step that takes longer than the mirror interval reaches the trackers as its own point, with its own value."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from tuning.benchmarking.callback import RECORD_INTERVAL_S, BenchmarkCallback
+
+    record = RunRecord(Journal(str(tmp_path / "j.jsonl")), HEADER)
+    mirrored = []
+    callback = BenchmarkCallback(record, StopRule(), warmup_steps=0, mirror=mirrored.extend, mirror_interval=0.05)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=3, report_to=[])
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    for step in (1, 2, 3):
+        time.sleep(RECORD_INTERVAL_S + 0.02)
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+    callback.close()
+    step_times = {item["name"]: item for item in record.finish("ok", training_steps=3)["metrics"]}[STEP_TIME]
+    assert mirrored == [
+        (STEP_TIME, value, step, None) for step, value in zip((1, 2, 3), step_times["values"], strict=True)
+    ]
 
 
 def test_the_readme_shows_the_generated_json_schema():

@@ -300,8 +300,9 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
     assert run.info.run_id == dump["mlflow_run_id"]
     assert run.data.params["benchmark.system_metrics_interval"] == "0.2"
     steps = series(dump, STEP_TIME)["steps"]
-    assert sorted(history(mlflow_server.url, run.info.run_id, STEP_TIME)) == steps
-    assert sorted(history(mlflow_server.url, run.info.run_id, "tokens_per_second")) == steps
+    for name in (STEP_TIME, "tokens_per_second"):  # at most once a second, and the last step
+        mirrored = history(mlflow_server.url, run.info.run_id, name)
+        assert set(mirrored) <= set(steps) and steps[-1] in mirrored
     assert history(mlflow_server.url, run.info.run_id, "cpu_percent")  # a system series
     assert sorted(history(mlflow_server.url, run.info.run_id, "loss")) == list(range(1, 7))
 

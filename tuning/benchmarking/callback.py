@@ -11,7 +11,9 @@ same logs dict, in order), while the step hooks go before them.
 
 A step's end only notes its time; the points are built and recorded every ``RECORD_INTERVAL_S`` (0.1 s), several steps
 together, each under its own step and time, and at train end (or ``close``) whatever is left: batched work does
-not run on caches the training step just flushed.
+not run on caches the training step just flushed. Trackers (the ``mirror``) get the step time and throughput at most
+every ``MIRROR_INTERVAL_S`` (1 s), as the mean over the steps since their previous point: each tracked point costs
+the tracker's library real work beside training, and the dump keeps every step.
 
 It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
 the stall watchdog, and votes the stop decisions of a ``StopRule`` through a ``StopAgreement``
@@ -39,17 +41,18 @@ from tuning.trackers.tracker import log_series
 from tuning.utils.graceful_stop import StopAgreement, Vote
 
 Mirror = Callable[[Points], None]
-_MIRRORED = (STEP_TIME, TOKENS_PER_SECOND)  # the per-step series worth a tracker's time; the dump has them all
 RECORD_INTERVAL_S = 0.1
+MIRROR_INTERVAL_S = 1.0
 
 
 class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
 
     ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
-    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim, ordered by step
-    within each call; system samples reach it with step None. With ``system_metrics_interval`` a sampler runs from
-    train begin to train end, its points labelled with the step in progress. Stop decisions go through
+    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim: per series at
+    most one point every ``mirror_interval`` seconds (the mean since the previous one, under its last step), and a last
+    one at train end or ``close``; system samples reach it with step None. With ``system_metrics_interval`` a sampler
+    runs from train begin to train end, its points labelled with the step in progress. Stop decisions go through
     ``stop_agreement``: pass the one the run's ``GracefulStopCallback`` uses.
     """
 
@@ -63,6 +66,7 @@ class BenchmarkCallback(TrainerCallback):
         watchdog: StallWatchdog | None = None,
         mirror: Mirror | None = None,
         stop_agreement: StopAgreement | None = None,
+        mirror_interval: float = MIRROR_INTERVAL_S,
     ):
         self.record = record
         self.stop_rule = stop_rule
@@ -70,6 +74,7 @@ class BenchmarkCallback(TrainerCallback):
         self.warmup_seconds = warmup_seconds
         self.watchdog = watchdog
         self.mirror = mirror
+        self.mirror_interval = mirror_interval
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
         self.sampler = None
         if system_metrics_interval:
@@ -83,6 +88,10 @@ class BenchmarkCallback(TrainerCallback):
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
         self._recorded_at = 0.0
+        # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
+        # mean duration (weight 1 per step), the throughput tokens over seconds (weight: the step's duration).
+        self._unmirrored: dict[str, list] = {}
+        self._mirrored_at = 0.0
         self._record_lock = threading.Lock()
         self._last_warmup_step: int | None = None
         self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup
@@ -108,7 +117,7 @@ class BenchmarkCallback(TrainerCallback):
         self.global_step = self._first_step = state.global_step
         if kwargs.get("model") is not None:
             self._tokens = StepTokenCounter(kwargs["model"], args.device)
-        self._train_start = self._last_step_end = self._recorded_at = time.time()
+        self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
         if self._main and self.record is not None:
             self.record.note(train_start=self._train_start)
         self._end_warmup_if_over(state.global_step, 0.0)
@@ -168,7 +177,7 @@ class BenchmarkCallback(TrainerCallback):
     def close(self) -> None:
         """Record what is left, stop the sampler, the watchdog and the token count; also called by the wrapper when
         training raised or stalled (then without waiting for token counts still on a device, which may hang)."""
-        self._record_unrecorded(time.time())
+        self._record_unrecorded(time.time(), final=True)
         if self._tokens is not None:
             self._tokens.detach()
             self._tokens = None
@@ -179,31 +188,45 @@ class BenchmarkCallback(TrainerCallback):
 
     # ---- helpers ----
 
-    def _record_unrecorded(self, now: float, wait: bool = False) -> None:
+    def _record_unrecorded(self, now: float, wait: bool = False, final: bool = False) -> None:
         """Record the steps and logs noted since the last call, and the token totals that have reached the host
-        (``wait``: all of them). Every rank calls it, to drain its token count; rank 0 records. The stall watchdog
-        may call it (through ``close``) while the training thread is stuck, hence the lock."""
+        (``wait``: all of them); mirror the step series when their interval is over (``final``: in any case). Every
+        rank calls it, to drain its token count; rank 0 records. The stall watchdog may call it (through ``close``)
+        while the training thread is stuck, hence the lock."""
         with self._record_lock:
             self._recorded_at = now
             counted = self._tokens.ready(wait) if self._tokens is not None else []
-            measured: Points = []  # the per-step series (not the trainer logs, which trackers see themselves)
             batches: list[tuple[float, Points]] = []  # (time, points measured then), journaled with one write
             while self._unrecorded:
                 step, at, entry = self._unrecorded.popleft()
                 if type(entry) is float:  # a step's duration
                     points: Points = [(STEP_TIME, entry, step, None), (STEP_SAMPLES, self._global_batch, step, None)]
-                    measured.extend(points)
+                    self._unmirrored_add(STEP_TIME, entry, 1, step)
                 else:  # a trainer log
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]
                 batches.append((at, points))
             if counted and self._main:
-                points = [point for counts in counted for point in _token_points(*counts)]
-                batches.append((now, points))
-                measured.extend(points)
+                batches.append((now, [point for counts in counted for point in _token_points(*counts)]))
+                for step, duration, tokens in counted:
+                    self._unmirrored_add(TOKENS_PER_SECOND, tokens, duration, step)
             if batches and self.record is not None:
                 self.record.record_batches(batches)
-            if measured and self.mirror is not None:  # step by step, so that a step's series can go together
-                self.mirror(sorted((point for point in measured if point[0] in _MIRRORED), key=itemgetter(2)))
+            if self._unmirrored and (final or now - self._mirrored_at >= self.mirror_interval):
+                self._mirrored_at = now
+                series, self._unmirrored = self._unmirrored, {}
+                means = [
+                    (name, total / weight if weight > 0 else math.nan, step, None)
+                    for name, (total, weight, step) in series.items()
+                ]
+                self.mirror(sorted(means, key=itemgetter(2)))
+
+    def _unmirrored_add(self, name: str, value: float, weight: float, step: int) -> None:
+        if self.mirror is None:
+            return
+        totals = self._unmirrored.setdefault(name, [0.0, 0.0, step])
+        totals[0] += value
+        totals[1] += weight
+        totals[2] = step
 
     def _beat(self) -> None:
         if self.watchdog is not None:
