@@ -13,6 +13,9 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tiny model's math is too small to gain from threads, which only contend with each other: in-process
+# training runs single-threaded, as the child jobs do (subprocess_env), unless the caller sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model  # noqa: E402
 
