@@ -37,7 +37,8 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
-# The inner loop: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers and servers).
+# The inner loop, under two minutes: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers
+# and servers). Its summary names any unmarked test that took seconds (tests/conftest.py): mark it slow or speed it up.
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
 

@@ -13,6 +13,9 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tiny model's math is too small to gain from threads, which only contend with each other: in-process
+# training runs single-threaded, as the child jobs do (subprocess_env), unless the caller sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model  # noqa: E402
 
@@ -97,3 +100,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# A test not marked slow that takes seconds pushes `make test-fast` past its inner-loop budget: the summary names it
+# (a note, never a failure: timings vary by machine).
+FAST_TEST_SECONDS = 3.0
+_unmarked_test_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _unmarked_test_seconds[report.nodeid] = _unmarked_test_seconds.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    over = {nodeid: seconds for nodeid, seconds in _unmarked_test_seconds.items() if seconds > FAST_TEST_SECONDS}
+    if over:
+        terminalreporter.section("tests not marked slow that took seconds: mark them slow or make them cheaper")
+        for nodeid, seconds in sorted(over.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")

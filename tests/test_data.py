@@ -378,6 +378,7 @@ print(json.dumps({"rows": len(dataset), "peak_growth": (after - before) << 10}))
 """
 
 
+@pytest.mark.slow
 def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp_path):
     megabytes = 20
     result = subprocess.run(
@@ -398,6 +399,7 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
 # --- the command line: exit code 1, one termination line naming the culprit ------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make_data", "extra", "line"),
     [
@@ -425,6 +427,7 @@ def test_cli_bad_data_exits_1_with_one_line_naming_it(make_data, extra, line, ti
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_fills_template_keys_with_spaces(tiny_model, tmp_path):
     data = _write(tmp_path / "tweets.jsonl", TWEETS)
     template = "### Text: {{Tweet text}}\n### Response: {{text_label}}"

@@ -61,6 +61,7 @@ DEVICES = [
 ]
 
 
+@pytest.mark.slow
 def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
     output = tmp_path / "gpu_check.md"
     result = subprocess.run(
@@ -197,6 +198,7 @@ def fake_gpus(monkeypatch):
     return module
 
 
+@pytest.mark.slow
 def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_path, fake_gpus):
     gpu = gpu_check.find_gpu()
     assert (gpu.uuid, gpu.name, gpu.power_limit_watts) == (DEVICES[1]["uuid"], "Fake H200", 600.0)

@@ -170,6 +170,7 @@ def test_get_tracker_builds_a_file_logger_from_its_config(tmp_path):
     ]
 
 
+@pytest.mark.slow  # starts the Aim writer's child process
 def test_get_tracker_builds_aim_from_its_config(tmp_path):
     configs = TrackerConfigFactory(aim_config=AimConfig(experiment="unit_test", aim_repo=str(tmp_path / "repo")))
     tracker = get_tracker("aim", configs)
@@ -206,6 +207,7 @@ def test_train_writes_training_logs_with_the_default_tracker_configs(tiny_model,
     assert [r["name"] for r in records].count("model_load_time") == 1
 
 
+@pytest.mark.slow
 def test_train_with_aim_keeps_the_file_logger(tiny_model, sample_train, tmp_path):
     output_dir = tmp_path / "out"
     model_args, data_args, train_args = make_args(tiny_model, str(output_dir), sample_train, trackers=["aim"])
@@ -262,6 +264,7 @@ def test_train_rejects_bad_settings_with_upstreams_messages(change, message, tin
 # ---- the command line ----
 
 
+@pytest.mark.slow
 def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path):
     output_dir = tmp_path / "out"
     result = run_sft_trainer(cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim")))
@@ -270,6 +273,7 @@ def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path):
     assert json.loads((output_dir / "aimstack_tracker.json").read_text())["run_hash"]
 
 
+@pytest.mark.slow
 def test_cli_gradient_accumulation_steps_zero_is_a_user_error(tiny_model, tmp_path):
     termination_log = tmp_path / "termination-log"
     result = run_sft_trainer(
@@ -281,6 +285,7 @@ def test_cli_gradient_accumulation_steps_zero_is_a_user_error(tiny_model, tmp_pa
     assert termination_log.read_text().startswith("user_error: ")
 
 
+@pytest.mark.slow
 def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path):
     job = {
         "model_name_or_path": tiny_model,
