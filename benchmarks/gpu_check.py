@@ -409,12 +409,8 @@ def throughput_rows(results: dict[str, Any]) -> list[Row]:
     if "error" in summary:
         return _failed("throughput: bench_train against bare TRL", summary)
     tokens, steps, loops = summary["tokens_per_second"], summary["step_s"], summary["loop_s"]
-    tokens_ratio, step_ratio, loop_ratio = (
-        summary["tokens_per_second_ratio"],
-        summary["step_time_ratio"],
-        summary["loop_ratio"],
-    )
-    peaks, loss = summary["peak_reserved_bytes"], summary["max_loss_difference"]
+    tokens_ratio, step_ratio = summary["tokens_per_second_ratio"], summary["step_time_ratio"]
+    loop_ratio, peaks, loss = summary["loop_ratio"], summary["peak_reserved_bytes"], summary["max_loss_difference"]
     our_share = 100 * (1 - 1 / loop_ratio)  # of bench_train's loop, what bare TRL's lacks
     tokens_value = f"{tokens_ratio:.3f}× ({tokens['bench_train']:,.0f} vs {tokens['trl']:,.0f})"
     step_value = f"{step_ratio:.3f}× ({steps['bench_train'] * 1e3:.1f} vs {steps['trl'] * 1e3:.1f} ms)"
