@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -142,23 +143,42 @@ def child_env(threads: int) -> dict[str, str]:
     }
 
 
+def run_dir_of(workdir: Path, arm: str, round_index: int) -> Path:
+    return workdir / (f"warmup-{arm}" if round_index < 0 else f"{round_index}-{arm}")
+
+
+def alternating_runs(
+    case: str,
+    arms: list[str],
+    pairs: int,
+    warmup: bool,
+    workdir: Path,
+    env: dict[str, str],
+    argv: Callable[[str, int, Path], list[str]],
+) -> Iterator[Run]:
+    """An untimed warm-up round (round -1) where ``warmup``, then ``pairs`` rounds of one run per arm, each round
+    starting one arm later than the last; ``argv(arm, round_index, run_dir)`` is a run's command line."""
+    schedule = [(-1, arms)] if warmup else []
+    schedule += [(index, arms[index % len(arms) :] + arms[: index % len(arms)]) for index in range(pairs)]
+    for round_index, order in schedule:
+        for arm in order:
+            run_dir = run_dir_of(workdir, arm, round_index)
+            yield run_once(case, arm, round_index, argv(arm, round_index, run_dir), run_dir, env)
+
+
 def measure(case: str, settings: Settings, arms: list[str], pairs: int, warmup: bool, workdir: Path) -> list[Run]:
     from tuning.utils.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(str(workdir / "model"), **CASES[case])
-    env = child_env(settings.threads)
-    if warmup:
-        short = Settings(**{**asdict(settings), "max_steps": 2})
-        for arm in arms:
-            run_dir = workdir / f"warmup-{arm}"
-            run_once(case, arm, -1, command(arm, short, model_dir, run_dir), run_dir, env)
+    short = Settings(**{**asdict(settings), "max_steps": 2})
+
+    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
+        return command(arm, short if round_index < 0 else settings, model_dir, run_dir)
+
     runs = []
-    for round_index in range(pairs):
-        shift = round_index % len(arms)
-        for arm in arms[shift:] + arms[:shift]:
-            run_dir = workdir / f"{round_index}-{arm}"
-            run = run_once(case, arm, round_index, command(arm, settings, model_dir, run_dir), run_dir, env)
-            print(f"{case} {round_index + 1}/{pairs} {arm}: process {run.process_s:.2f} s, loop {run.loop_s:.2f} s")
+    for run in alternating_runs(case, arms, pairs, warmup, workdir, child_env(settings.threads), argv):
+        if run.round >= 0:
+            print(f"{case} {run.round + 1}/{pairs} {run.arm}: process {run.process_s:.2f} s, loop {run.loop_s:.2f} s")
             runs.append(run)
     return runs
 

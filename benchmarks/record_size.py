@@ -33,16 +33,6 @@ BUILD_TARGET_S = 3.0
 HEADER = {"experiment": "record_size", "host": "h", "rank": 0, "world_size": 1, "environment": {}}
 
 
-def wait_for_lines(path: str, count: int) -> None:
-    """Until the journal's writer thread has written ``count`` lines and let go of its last batch."""
-    while True:
-        with open(path, "rb") as handle:
-            if sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b"")) >= count:
-                break
-        time.sleep(0.2)
-    time.sleep(0.5)
-
-
 def measure(points: int, workdir: str) -> dict[str, float]:
     journal = os.path.join(workdir, "run.journal.jsonl")
     record = RunRecord(Journal(journal), HEADER)
@@ -53,7 +43,7 @@ def measure(points: int, workdir: str) -> dict[str, float]:
     for step in range(1, steps + 1):
         count = min(len(SERIES), points - (step - 1) * len(SERIES))
         record.record_many([(name, step * 0.5, step, None) for name in SERIES[:count]])
-    wait_for_lines(journal, 2 + points)  # what the record holds, not the journal's queue
+    record.journal.close(timeout=3600)  # every point written: what stays is the record's, not the journal's queue
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     start = time.perf_counter()
