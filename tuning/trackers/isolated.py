@@ -7,8 +7,8 @@ tracker's library runs only in a child, ``python -m tuning.trackers.isolated MOD
 process only queues messages for it. A failure *degrades* tracking: one warning line, ``degraded_reason`` set, the
 child killed, every later call dropped. Failures are
 
-- a message the child has not finished ``timeout`` seconds after it could start on it (checked at every call, by
-  ``on_log`` at most every second, and while closing);
+- a message the child has not finished ``timeout`` seconds after it could start on it (checked at every call and
+  while closing);
 - a tracking server that no longer accepts TCP connections: the child probes it every few seconds from a thread of
   its own (a call stuck in the client does not delay it), and before closing;
 - any exception raised by the backend, or the child exiting early.
@@ -57,7 +57,6 @@ PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 30.0
 SEND_INTERVAL_S = 1.0  # tracked points and logs are sent together this often
-_RECHECK_S = 1.0
 _CLOSE_EXIT_S = 5.0  # how long a child that acknowledged the close may take to exit before it is killed
 _CLOSING = "closing the run"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,7 +125,6 @@ class IsolatedCallback:
         self._points: list[list] = []  # tracked, not yet queued for the child
         # Trainer logs not yet queued (appended by the training thread without the lock).
         self._logs: collections.deque[tuple[int, float | None, float, dict[str, Any]]] = collections.deque()
-        self._open_until = 0.0  # until then (monotonic), on_log skips checking that the run can take messages
         self._child_done = threading.Event()  # the child answered the close, failed or exited
         self._connected = threading.Event()  # the child connected back
         self.ready = threading.Event()
@@ -178,7 +176,6 @@ class IsolatedCallback:
             if not self._enabled or self._closed:
                 return
             self._closed = True
-            self._open_until = 0.0
             if self._process is None or self.degraded:
                 return
             self._flush_points()
@@ -288,16 +285,9 @@ class IsolatedCallback:
             self.set_params(config.to_dict(), "model")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        # Only noted here (a copy: callbacks edit logs); the sender thread sends them. Whether the run still takes
-        # messages (and the child is not stuck) is checked at most every second.
-        if not state.is_world_process_zero or not logs:
-            return
-        if time.monotonic() >= self._open_until:
-            with self._state_lock:
-                if not self._open():
-                    return
-                self._open_until = time.monotonic() + _RECHECK_S
-        self._logs.append((state.global_step, state.epoch, time.time(), dict(logs)))
+        # Only noted here (a copy: callbacks edit logs); the sender thread sends them.
+        if state.is_world_process_zero and logs and self._open():
+            self._logs.append((state.global_step, state.epoch, time.time(), dict(logs)))
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -399,7 +389,6 @@ class IsolatedCallback:
             if self.degraded_reason is not None:
                 return
             self.degraded_reason = reason
-            self._open_until = 0.0
             process = self._process
         if process is not None:
             process.kill()  # stuck or broken: nothing it still holds is worth waiting for
