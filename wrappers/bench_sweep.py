@@ -1,11 +1,9 @@
 """bench_sweep.py: benchmark a whole grid of bench_train.py runs, on this machine or across a Ray cluster.
 
-    python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] [--concurrency N] \\
-        [--retries N] [--rerun_failed] [--point_timeout S] [--dry_run] [--report_only] [--ray_address ADDR]
+    python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] ...   # --help: every flag
 
-A point (one combination of axis values) runs as its own process tree; its outcome is appended to
-``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. The README's Sweeps section
-describes the sweep file, the outcomes, OOM skips, retries and the sweep directory.
+Each point (one combination of axis values) runs as its own process tree; its outcome is appended to
+``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. README: "Sweeps".
 """
 
 import contextlib
@@ -14,6 +12,7 @@ import fcntl
 import functools
 import glob
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -231,7 +230,11 @@ class PointProcess:
             self.timed_out = True
             self.stop()
         if self.stopping_since is not None and now - self.stopping_since > STOP_GRACE_SECONDS:
-            self.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):  # every process of its tree, the root last
+                root = psutil.Process(self.process.pid)
+                for process in [*root.children(recursive=True), root]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.kill()
         return None
 
     def stop(self) -> None:
@@ -239,16 +242,6 @@ class PointProcess:
             self.stopping_since = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        try:
-            root = psutil.Process(self.process.pid)
-            tree = [*root.children(recursive=True), root]
-        except psutil.NoSuchProcess:
-            return
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
 
     def wait(self) -> int:
         while (code := self.poll()) is None:
@@ -302,8 +295,6 @@ class LocalExecutor:
         self.free_devices = list(self.devices)
         self.concurrency = concurrency or len(self.devices) or 1
         self.running: dict[str, tuple[Point, PointProcess, list[str]]] = {}
-        if self.concurrency > 1:
-            create_aim_repos(sweep.points)
         check_gpus(sweep.points, len(self.devices), f"this machine has {len(self.devices)} ({','.join(self.devices)})")
 
     def can_start(self, point: Point) -> bool:
@@ -343,25 +334,6 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
-
-
-def create_aim_repos(points: list[Point]) -> None:
-    """Create the local Aim repos the points track to before any point starts: Aim fails a run whose process
-    creates a repo while another process creates the same one. aim is imported only when a repo is missing."""
-    repos = set()
-    for flags in (point.flags for point in points):
-        trackers = flags.get("trackers", flags.get("tracker", []))
-        repo = str(flags.get("aim_repo") or "")
-        remote = any(flags.get(key) for key in ("aim_url", "aim_remote_server_ip")) or repo.startswith("aim://")
-        if "aim" in (trackers if isinstance(trackers, list) else [trackers]) and repo and not remote:
-            repos.add(os.path.abspath(repo))
-    missing = sorted(repo for repo in repos if not os.path.isdir(os.path.join(repo, ".aim")))
-    if missing:
-        with contextlib.suppress(ImportError):  # without aim every point reports the missing extra itself
-            from aim import Repo
-
-            for repo in missing:
-                Repo.from_path(repo, init=True)
 
 
 def visible_gpus() -> list[str]:
@@ -529,7 +501,7 @@ class Sweep:
             status, reason = "error", f"exited {ended.exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": ended.exit_code, "reason": reason}
 
-    def run(self, executor: Any, rerun_failed: bool) -> dict[str, dict[str, Any]]:
+    def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> dict[str, dict[str, Any]]:
         """Every point not finished yet, each once the smaller batch sizes of its group have finished; returns the
         state lines. Progress: a bar on stderr of points done / failed / skipped, labelled with the latest start."""
         finished = self.finished(rerun_failed)
@@ -600,8 +572,6 @@ class Sweep:
 def write_report(output_dir: Path, points: list[Point]) -> None:
     """bench_report over the sweep directory into DIR/report, the axes as columns; plots against the batch size
     (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
-    import importlib.util
-
     numeric = [axis for axis in points[0].axes if all(bench_report.is_number(p.axes[axis]) for p in points)]
     x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
     if importlib.util.find_spec("matplotlib") is None:
@@ -668,7 +638,9 @@ def main(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, sweep.on_signal)
     if executor == "ray":
-        runner: Any = RayExecutor(sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env)
+        runner: LocalExecutor | RayExecutor = RayExecutor(
+            sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env
+        )
     else:
         runner = LocalExecutor(sweep, concurrency)
     try:
@@ -676,11 +648,9 @@ def main(
     finally:
         runner.close()
         os.close(sweep.lock_fd)
-    if sweep.interrupted_by is not None:
-        print(
-            f"bench_sweep: stopped by signal {sweep.interrupted_by}; rerun the same command to finish", file=sys.stderr
-        )
-        return 128 + sweep.interrupted_by
+    if (signum := sweep.interrupted_by) is not None:
+        print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
+        return 128 + signum
     statuses = [line["status"] for line in finished.values()]
     summary = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
     print(f"bench_sweep: {len(points)} points: {summary}", file=sys.stderr)
