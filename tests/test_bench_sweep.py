@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,19 @@ def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model,
     assert line["exit_code"] != 0
     (row,) = report_rows(out)
     assert (row["status"], row["error_message"]) == ("timeout", line["reason"])
+
+
+def test_concurrent_points_never_share_a_gpu(tiny_model, tmp_path):
+    """One visible device and --concurrency 2: the second point waits for the device instead of starting with the
+    first one's (this CPU machine's points ignore the device; what they show is when they ran)."""
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_seq_length": [64, 128]})
+    result = sweep(spec, out, "--concurrency", "2", CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    dumps = [json.loads((out / line["metrics_path"]).read_text()) for line in state_lines(out)]
+    first, second = sorted(dumps, key=lambda dump: datetime.fromisoformat(dump["start_time"]))
+    assert first["status"] == second["status"] == "ok"
+    assert datetime.fromisoformat(second["start_time"]) >= datetime.fromisoformat(first["stop_time"])
 
 
 @pytest.mark.parametrize(

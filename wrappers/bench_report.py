@@ -2,34 +2,13 @@
 
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
-Inputs are paths, globs, or directories (searched recursively for ``*.json`` and ``*.journal.jsonl``) of the files
-``wrappers/bench_train.py`` writes for a run with ``--metrics_path NAME.json``; files of one run share ``NAME``:
-
-  NAME.json                     the dump (rank 0): status, summary, metrics (schema: tuning.benchmarking.schema)
-  NAME.json.rank<N>.error.json  the error report of failing rank N (any other error report counts as its own run)
-  NAME.journal.jsonl            rank 0's journal: without a dump, the only trace of the run
-  NAME.rebuilt.json             a dump rebuilt from the journal (``python -m tuning.benchmarking.rebuild``)
-  sweep_state.jsonl             a sweep's state file (``wrappers/bench_sweep.py``): each point's axis values and
-                                outcome; its skipped points get rows of their own, and its axes are the default labels
-
-One row per run: the chosen metadata labels (dotted keys reach into nested metadata; ``experiment``, ``host``,
-``world_size`` and ``run_hash`` work too), ``status`` (ok, stopped, interrupted, error, or killed: a journal left
-without a dump or any error report, as after SIGKILL or the OOM killer; a sweep's points take the sweep's status,
-which adds skipped and timeout), the root cause, throughput and step-time percentiles (warmup excluded), peak memory
-(process RSS; GPU: the most any device reserved), model load time and training steps.
-A run without a dump is summarised from its journal, up to where it ends.
-
-Root cause: the earliest failure by timestamp across all the run's reports (rank 0's is inside the dump), named with
-its category, rank and step, so an OOM on one rank is not drowned by the communication errors and interruptions it
-then causes on the others.
-
-Unreadable, cut-short and old-schema files are skipped with one line each on stderr; JSON files found in directories
-that are not benchmark files at all (model configs, tokenizers) are ignored silently.
-
-Outputs in ``--output_dir``: report.md, report.csv (raw numbers) and, with ``--x``, throughput.png and
-peak_memory.png (runs that ended ok or stopped, one line per ``--group`` value). Their paths are printed last.
+The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``): the dump ``NAME.json``, rank
+reports ``NAME.json.rank<N>.error.json``, the journal ``NAME.journal.jsonl`` (without a dump, the only trace of the
+run) and a rebuilt dump ``NAME.rebuilt.json``; a sweep's ``sweep_state.jsonl`` adds its points' outcomes. ``main``'s
+docstring (the ``--help``) and the README describe the columns.
 """
 
+import contextlib
 import csv
 import glob
 import json
@@ -37,7 +16,7 @@ import os
 import re
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,10 +33,15 @@ SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
 JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
+DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 PLOTTED_STATUSES = ("ok", "stopped")
 GB = 1e9
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass
@@ -82,49 +66,43 @@ class Run:
     sweep_point: dict[str, Any] | None = None  # the run's line in a sweep's state file
 
     @property
+    def any_dump(self) -> dict[str, Any] | None:
+        return self.dump or self.journal_dump
+
+    @property
     def status(self) -> str:
         if self.sweep_point is not None:  # judged by the sweep from these files, the exit code and the log
             return self.sweep_point["status"]
-        dump = self.dump or self.journal_dump
+        dump = self.any_dump
         # A journal cut short rebuilds into status error with no category: the run died without a word.
         died = dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None)
-        if not died:
-            if dump["status"] in ("error", "interrupted") and self.failures:
-                # The dump holds rank 0's own ending, "interrupted" too when torchrun stopped it for another rank's
-                # failure: the run's status follows its root cause.
-                return "interrupted" if self.root_cause.category == "interrupted" else "error"
-            return dump["status"]
-        return "error" if self.failures else "killed"
+        if died:
+            return "error" if self.failures else "killed"
+        if dump["status"] in ("error", "interrupted") and self.failures:
+            # The dump holds rank 0's own ending, "interrupted" too when torchrun stopped it for another rank's
+            # failure: the run's status follows its root cause.
+            return "interrupted" if self.root_cause.category == "interrupted" else "error"
+        return dump["status"]
 
     @property
     def root_cause(self) -> Failure | None:
-        """The earliest failure; reports without a readable timestamp count after all timed ones."""
-        timed = sorted((f for f in self.failures if f.time is not None), key=lambda failure: failure.time)
-        untimed = [failure for failure in self.failures if failure.time is None]
-        return (timed + untimed)[0] if self.failures else None
+        """The earliest failure across ranks, so that an OOM on one rank is named rather than the communication
+        errors and interruptions it causes on the others; reports without a readable timestamp count last."""
+        return min(self.failures, key=lambda f: (f.time is None, f.time.timestamp() if f.time else 0), default=None)
 
 
 class Skipped(Exception):
     """A file that cannot be used; the message says why, in one line."""
 
 
-def _parse_time(value: Any) -> datetime | None:
-    """Reports carry UTC ISO-8601 timestamps; one without a zone is taken as UTC too."""
-    try:
-        parsed = datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def _failure(report: dict[str, Any]) -> Failure:
-    return Failure(
-        rank=report.get("rank", 0),
-        category=report["category"],
-        step=report.get("global_step"),
-        time=_parse_time(report.get("timestamp")),
-        message=str(report.get("message", "")).splitlines()[0] if report.get("message") else "",
-    )
+    try:  # reports carry UTC ISO-8601 timestamps; one without a zone is taken as UTC too
+        time = datetime.fromisoformat(report.get("timestamp"))
+        time = time if time.tzinfo else time.replace(tzinfo=UTC)
+    except (TypeError, ValueError):
+        time = None
+    message = str(report.get("message") or "").splitlines() or [""]
+    return Failure(report.get("rank", 0), report["category"], report.get("global_step"), time, message[0])
 
 
 def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
@@ -151,98 +129,66 @@ def find_files(inputs: list[str]) -> list[tuple[Path, bool]]:
         if not matches:
             print(f"skipped {item}: no such file, directory or glob match", file=sys.stderr)
         for match in map(Path, matches):
-            if match.is_dir():
-                patterns = ("*.json", "*.journal.jsonl", SWEEP_STATE)
-                for path in sorted(path for pattern in patterns for path in match.rglob(pattern)):
-                    if path.is_file():
-                        found.setdefault(path, False)
-            else:
+            if not match.is_dir():
                 found[match] = True
+                continue
+            for path in sorted(path for pattern in DIRECTORY_PATTERNS for path in match.rglob(pattern)):
+                if path.is_file():
+                    found.setdefault(path, False)
     return list(found.items())
 
 
-def _load_json(path: Path) -> Any:
+@contextlib.contextmanager
+def _skipping(path: Path, what: str) -> Iterator[None]:
+    """An unusable file is named on stderr with the reason, in one line, and left out."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        yield
+        return
+    except Skipped as exc:
+        reason = str(exc)
     except OSError as exc:
-        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
+        reason = f"cannot read it ({exc.strerror or exc})"
     except UnicodeDecodeError as exc:
-        raise Skipped(f"not a text file ({exc.reason})") from exc
+        reason = f"not a text file ({exc.reason})"
     except json.JSONDecodeError as exc:
-        raise Skipped(f"not valid JSON, cut short or damaged ({exc.msg} at line {exc.lineno})") from exc
-
-
-def _check_report(report: dict[str, Any]) -> dict[str, Any]:
-    missing = [key for key in REPORT_KEYS if key not in report]
-    if missing:
-        raise Skipped(f"incomplete error report: missing {', '.join(missing)}")
-    return report
-
-
-def _check_dump(dump: dict[str, Any]) -> dict[str, Any]:
-    if dump["schema_version"] != SCHEMA_VERSION:
-        raise Skipped(f"dump schema_version {dump['schema_version']!r}; this report reads {SCHEMA_VERSION}")
-    problems = validate_dump(dump)
-    if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise Skipped(f"incomplete dump: {problems[0]}{more}")
-    return dump
-
-
-def _old_schema(data: dict[str, Any]) -> str | None:
-    """What an older benchmarking format looks like, so users learn why their file is not read."""
-    if {"error", "exception"} <= data.keys():
-        return "old-schema error file ({error, exception, ...}, no category): not read"
-    if "run_hash" in data and ({"train_time_start", "hostname"} & data.keys()):
-        return "old-schema dump (Aim-callback format without schema_version): not read"
-    return None
+        reason = f"not valid JSON, cut short or damaged ({exc.msg} at line {exc.lineno})"
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = f"not a usable {what} ({exc})"
+    print(f"skipped {path}: {reason}", file=sys.stderr)
 
 
 def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> None:
     """A dump or an error report, filed under its run; anything else is skipped (silently when found in a
     directory and not benchmark-like at all)."""
-    data = _load_json(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rank_report = RANK_REPORT.match(path.name)
     if not isinstance(data, dict):
         if named:
             raise Skipped(f"not a benchmark dump or error report (a JSON {type(data).__name__})")
-        return
-    rank_report = RANK_REPORT.match(path.name)
-    if rank_report or "category" in data:
+    elif rank_report or "category" in data:
+        if missing := [key for key in REPORT_KEYS if key not in data]:
+            raise Skipped(f"incomplete error report: missing {', '.join(missing)}")
         metrics_name = rank_report["metrics_path"] if rank_report else path.name
-        run_for(str(path.parent / os.path.splitext(metrics_name)[0])).failures.append(_failure(_check_report(data)))
+        run_for(str(path.parent / os.path.splitext(metrics_name)[0])).failures.append(_failure(data))
     elif "schema_version" in data:
-        dump = _check_dump(data)
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise Skipped(f"dump schema_version {data['schema_version']!r}; this report reads {SCHEMA_VERSION}")
+        if problems := validate_dump(data):
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise Skipped(f"incomplete dump: {problems[0]}{more}")
         name = path.with_suffix("")
-        if dump["rebuilt_from_journal"] and name.suffix == ".rebuilt":  # the rebuild command's NAME.rebuilt.json
+        if data["rebuilt_from_journal"] and name.suffix == ".rebuilt":  # the rebuild command's NAME.rebuilt.json
             name = name.with_suffix("")
         run = run_for(str(name))
         if run.dump is None or run.dump["rebuilt_from_journal"]:  # the run's own dump beats a rebuilt one
-            run.dump = dump
-    elif old := _old_schema(data):
-        raise Skipped(old)
+            run.dump = data
+    # What older benchmarking formats look like, so users learn why their file is not read.
+    elif {"error", "exception"} <= data.keys():
+        raise Skipped("old-schema error file ({error, exception, ...}, no category): not read")
+    elif "run_hash" in data and ({"train_time_start", "hostname"} & data.keys()):
+        raise Skipped("old-schema dump (Aim-callback format without schema_version): not read")
     elif named:
         raise Skipped("not a benchmark dump or error report (no schema_version or category)")
-
-
-def _read_journal(path: Path, run: Run) -> None:
-    try:
-        run.journal_dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
-    except OSError as exc:
-        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Skipped(f"not a usable journal ({exc})") from exc
-
-
-def _read_sweep_state(path: Path, run_for: Callable[[str], Run]) -> None:
-    """Each point of a sweep's state file filed under its run (``metrics_path`` is relative to the file)."""
-    try:
-        points = read_sweep_state(path)
-    except OSError as exc:
-        raise Skipped(f"cannot read it ({exc.strerror or exc})") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Skipped(f"not a usable sweep state file ({exc})") from exc
-    for point in points.values():
-        run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
 
 
 def load(files: list[tuple[Path, bool]]) -> list[Run]:
@@ -258,38 +204,30 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     journals = []
     for path, named in files:
         journal = JOURNAL.match(path.name)
-        try:
-            if path.name == SWEEP_STATE:
-                _read_sweep_state(path, run_for)
-            elif journal is None:
+        if path.name == SWEEP_STATE:
+            with _skipping(path, "sweep state file"):
+                for point in read_sweep_state(path).values():  # metrics_path is relative to the state file
+                    run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
+        elif journal is None:
+            with _skipping(path, "benchmark file"):
                 _read_json_file(path, named, run_for)
-            elif journal["rank"] is None:  # other ranks' journals hold another node's system metrics only
-                journals.append((path, str(path.parent / journal["stem"])))
-        except Skipped as exc:
-            print(f"skipped {path}: {exc}", file=sys.stderr)
+        elif journal["rank"] is None:  # other ranks' journals hold another node's system metrics only
+            journals.append((path, str(path.parent / journal["stem"])))
     for path, name in journals:
-        run = run_for(name)
-        if run.dump is None:
-            try:
-                _read_journal(path, run)
-            except Skipped as exc:
-                print(f"skipped {path}: {exc}", file=sys.stderr)
+        if (run := run_for(name)).dump is None:
+            with _skipping(path, "journal"):
+                run.journal_dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
     for run in runs.values():
-        dump = run.dump or run.journal_dump
+        dump = run.any_dump
         if dump is not None and dump["error"] and dump["error"].get("category"):
             run.failures.append(_failure({"rank": dump["rank"], **dump["error"]}))
-    return [run for run in runs.values() if run.dump or run.journal_dump or run.failures or run.sweep_point]
-
-
-def sweep_axes(runs: list[Run]) -> list[str]:
-    """The axes of the sweeps among the runs, in the order their state files name them."""
-    return list(dict.fromkeys(axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]))
+    return [run for run in runs.values() if run.any_dump or run.failures or run.sweep_point]
 
 
 def label_value(run: Run, key: str) -> Any:
     """A metadata value by dotted key (``model.name``), else one of the dump's top-level identity keys; a sweep
     point's axis values stand in for a run with no dump (a skipped point)."""
-    dump = run.dump or run.journal_dump
+    dump = run.any_dump
     if dump is None:
         return (run.sweep_point or {}).get("axes", {}).get(key)
     value: Any = dump["metadata"]
@@ -302,9 +240,8 @@ def label_value(run: Run, key: str) -> Any:
 
 def row(run: Run, labels: list[str]) -> dict[str, Any]:
     """The table row of a run: raw values, formatted only when rendered."""
-    dump = run.dump or run.journal_dump
+    dump = run.any_dump
     summary = dump["summary"] if dump else {}
-    cuda = summary.get("cuda") or []
     cause = run.root_cause
     sweep_point = run.sweep_point or {}  # the sweep's judgement of its point: also skipped and timeout
     return {
@@ -319,7 +256,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "step_time_p50_s": summary.get("step_time_p50"),
         "step_time_p90_s": summary.get("step_time_p90"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
-        "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in cuda), default=None),
+        "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
@@ -349,8 +286,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
-    """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when nothing to
-    draw."""
+    """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when there is
+    nothing to draw."""
     points = [r for r in rows if r["status"] in PLOTTED_STATUSES and r[metric] is not None and r[x] is not None]
     if not points:
         print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
@@ -360,27 +297,22 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    numeric = all(isinstance(r[x], int | float) and not isinstance(r[x], bool) for r in points)
+    numeric = all(is_number(r[x]) for r in points)
     categories = sorted({str(r[x]) for r in points})
-
-    def position(value: Any) -> float:
-        return value if numeric else categories.index(str(value))
-
     scale = GB if metric.endswith("_bytes") else 1
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[tuple[float, float]]] = {}
     for r in points:
-        groups.setdefault(str(r[group]) if group else "", []).append(r)
+        at = r[x] if numeric else categories.index(str(r[x]))
+        groups.setdefault(str(r[group]) if group else "", []).append((at, r[metric] / scale))
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, members in sorted(groups.items()):
-        xs = sorted({position(r[x]) for r in members})
-        medians = [statistics.median(r[metric] / scale for r in members if position(r[x]) == at) for at in xs]
+        xs = sorted({at for at, _ in members})
+        medians = [statistics.median(y for at, y in members if at == position) for position in xs]
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
-        axes.scatter([position(r[x]) for r in members], [r[metric] / scale for r in members], color=line.get_color())
+        axes.scatter(*zip(*members, strict=True), color=line.get_color())
     if not numeric:
         axes.set_xticks(range(len(categories)), categories)
-    axes.set_xlabel(x)
-    axes.set_ylabel(ylabel)
-    axes.set_title(f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
+    axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
@@ -392,18 +324,16 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
     """Numbers in numeric order, then text, then missing values."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         return (0, value, "")
     return (1, 0.0, str(value)) if value is not None else (2, 0.0, "")
 
 
 def _names(value: Any) -> list[str]:
     """fire hands ``a,b`` over as a tuple and ``a`` as a string."""
-    if value is None or value == ():
-        return []
     if isinstance(value, list | tuple):
         return [str(item) for item in value]
-    return [part for part in str(value).split(",") if part]
+    return [part for part in str(value).split(",") if part] if value is not None else []
 
 
 def main(
@@ -436,7 +366,8 @@ def main(
     runs = load(find_files([str(item) for item in inputs]))
     if not runs:
         raise SystemExit("no readable runs in the inputs")
-    columns = list(dict.fromkeys([*(_names(labels) or sweep_axes(runs)), *_names(x), *_names(group)]))
+    sweep_axes = [axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]]
+    columns = list(dict.fromkeys([*(_names(labels) or sweep_axes), *_names(x), *_names(group)]))
     rows = sorted(
         (row(run, columns) for run in runs), key=lambda r: [*map(_sort_key, (r[c] for c in columns)), r["run"]]
     )
@@ -455,12 +386,11 @@ def main(
         writer.writeheader()
         writer.writerows(rows)
     if x:
-        group_key = str(group) if group else None
         memory = ("peak_rss_bytes", "peak process RSS (GB)")
         if any(r["peak_gpu_memory_bytes"] is not None for r in rows):
             memory = ("peak_gpu_memory_bytes", "peak GPU memory reserved (GB)")
         for metric, ylabel, name in (("tokens_per_second", "tokens/s", "throughput.png"), (*memory, "peak_memory.png")):
-            if plot(rows, str(x), group_key, metric, ylabel, out / name):
+            if plot(rows, str(x), str(group) if group else None, metric, ylabel, out / name):
                 outputs.append(out / name)
     for path in outputs:
         print(path)

@@ -1,20 +1,9 @@
 """bench_sweep.py: benchmark a whole grid of bench_train.py runs, on this machine or across a Ray cluster.
 
-    python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] [--concurrency N] \\
-        [--retries N] [--rerun_failed] [--point_timeout S] [--dry_run] [--report_only] [--ray_address ADDR]
+    python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] ...   # --help: every flag
 
-SWEEP.yaml has three keys: ``base`` (bench_train.py / sft_trainer flags as a mapping), ``axes`` (flag → list of
-values; ``nproc_per_node`` sets the processes of a point) and ``metadata`` (what every point carries). A point is
-one combination of axis values; its axis values join its metadata, so every dump and tracker run is found by them.
-
-Each point runs as its own process tree with its own files under ``DIR/points/``: ``<id>.json`` (the dump),
-``<id>.journal.jsonl``, ``<id>.json.rank<N>.error.json``, ``<id>.log`` (its output) and ``<id>/`` (its output_dir).
-Its outcome (ok, stopped, error with the root cause's category, killed, timeout) comes from those files, then from
-the ``TUNING_ERROR`` line of its log, then from its exit code, and is appended to ``DIR/sweep_state.jsonl`` the
-moment the point ends: rerunning the same command runs only the points without a line (``--rerun_failed``: also
-those that failed). A ``gpu_oom`` or ``host_oom`` at batch size b skips the larger batch sizes of the otherwise
-equal points (each point waits for its smaller batch sizes), and ``communication`` or ``device_error`` failures are
-retried up to ``--retries`` times. At the end ``bench_report`` writes ``DIR/report/``.
+Each point (one combination of axis values) runs as its own process tree; its outcome is appended to
+``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. README: "Sweeps".
 """
 
 import contextlib
@@ -23,6 +12,7 @@ import fcntl
 import functools
 import glob
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -35,8 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +33,10 @@ import bench_report  # beside this script, whose directory Python puts first on 
 import fire
 import psutil
 import yaml
+from tqdm import tqdm
 
 BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
-STATE_FILE = bench_report.SWEEP_STATE
 SPEC_KEYS = ("base", "axes", "metadata")
-LAUNCHER_FLAGS = ("nproc_per_node",)
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
 OOM_CATEGORIES = ("gpu_oom", "host_oom")
@@ -58,11 +46,11 @@ STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this
 POLL_SECONDS = 0.5
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
+PR_SET_PDEATHSIG = 1
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The grid: points, their identities and their command lines.
-# ---------------------------------------------------------------------------------------------------------------------
+def is_count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 @dataclass(frozen=True)
@@ -71,7 +59,7 @@ class Point:
 
     id: str
     axes: dict[str, Any]
-    flags: dict[str, Any]  # base + axes, launcher flags removed
+    flags: dict[str, Any]  # base + axes, without nproc_per_node
     nproc: int
     metadata: dict[str, Any]
     config: str  # hash of everything the point runs with: a state line of another config does not count
@@ -88,7 +76,7 @@ class Point:
     @property
     def batch_size(self) -> float | None:
         value = self.axes.get(BATCH_SIZE_AXIS)
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        return value if bench_report.is_number(value) else None
 
     @property
     def metrics_name(self) -> str:
@@ -98,9 +86,7 @@ class Point:
 def _short(value: Any) -> str:
     """A value as a label: paths by their last part."""
     text = json.dumps(value) if isinstance(value, dict | list) else str(value)
-    if "/" not in text:
-        return text
-    return os.path.basename(text.rstrip("/")) or text
+    return (os.path.basename(text.rstrip("/")) or text) if "/" in text else text
 
 
 def _hash(value: Any) -> str:
@@ -122,38 +108,54 @@ def load_spec(path: str) -> dict[str, Any]:
         raise SystemExit(f"cannot read sweep file {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise SystemExit(f"sweep file {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
-    if not isinstance(spec, dict):
-        raise SystemExit(f"sweep file {path} must hold a mapping with keys {', '.join(SPEC_KEYS)}")
-    unknown = sorted(set(spec) - set(SPEC_KEYS))
-    if unknown:
-        raise SystemExit(f"sweep file {path}: unknown key {unknown[0]!r} (allowed: {', '.join(SPEC_KEYS)})")
-    spec = {key: spec.get(key) or {} for key in SPEC_KEYS}
-    for key in SPEC_KEYS:
-        if not isinstance(spec[key], dict):
-            raise SystemExit(f"sweep file {path}: {key} must be a mapping, got {type(spec[key]).__name__}")
-    if not spec["axes"]:
-        raise SystemExit(f"sweep file {path}: axes is empty; give at least one flag with a list of values")
-    for axis, values in spec["axes"].items():
-        if not isinstance(values, list) or not values:
-            raise SystemExit(f"sweep file {path}: axis {axis} must be a non-empty list of values")
-        if len({json.dumps(value, sort_keys=True, default=str) for value in values}) != len(values):
-            raise SystemExit(f"sweep file {path}: axis {axis} repeats a value")
-    for key in SWEEP_OWNED_FLAGS:
-        if key in spec["base"] or key in spec["axes"]:
-            raise SystemExit(f"sweep file {path}: {key} is set by the sweep for each point; remove it")
-    for nproc in [spec["base"].get("nproc_per_node", 1), *spec["axes"].get("nproc_per_node", [])]:
-        if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
-            raise SystemExit(f"sweep file {path}: nproc_per_node must be a positive integer, got {nproc!r}")
+    if problem := next(spec_problems(spec), None):
+        raise SystemExit(f"sweep file {path}: {problem}")
     # YAML dates and the like become strings: metadata and flags travel as JSON.
-    return json.loads(json.dumps(spec, default=str))
+    return json.loads(json.dumps({key: spec.get(key) or {} for key in SPEC_KEYS}, default=str))
+
+
+def spec_problems(spec: Any) -> Iterator[str]:
+    """What is wrong with a sweep file's content, first problem first. The caller takes the first only, so each check
+    runs once the ones before it passed and may rely on what they checked."""
+    if not isinstance(spec, dict):
+        yield f"must hold a mapping with keys {', '.join(SPEC_KEYS)}"
+    if unknown := sorted(set(spec) - set(SPEC_KEYS)):
+        yield f"unknown key {unknown[0]!r} (allowed: {', '.join(SPEC_KEYS)})"
+    for key in SPEC_KEYS:
+        if not isinstance(spec.get(key) or {}, dict):
+            yield f"{key} must be a mapping, got {type(spec[key]).__name__}"
+    base, axes = spec.get("base") or {}, spec.get("axes") or {}
+    if not axes:
+        yield "axes is empty; give at least one flag with a list of values"
+    for axis, values in axes.items():
+        if not isinstance(values, list) or not values:
+            yield f"axis {axis} must be a non-empty list of values"
+        if len({json.dumps(value, sort_keys=True, default=str) for value in values}) != len(values):
+            yield f"axis {axis} repeats a value"
+    for key in SWEEP_OWNED_FLAGS:
+        if key in base or key in axes:
+            yield f"{key} is set by the sweep for each point; remove it"
+    for nproc in [base.get("nproc_per_node", 1), *axes.get("nproc_per_node", [])]:
+        if not is_count(nproc, 1):
+            yield f"nproc_per_node must be a positive integer, got {nproc!r}"
+
+
+def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
+    """The points of ``point``'s group with a smaller batch size: they run first, and an OOM in one skips it."""
+    if point.batch_size is None:
+        return []
+    return [
+        other
+        for other in points
+        if other.group == point.group and other.batch_size is not None and other.batch_size < point.batch_size
+    ]
 
 
 def grid(spec: dict[str, Any]) -> list[Point]:
     """Every combination of the axes, in the order the file lists them (the last axis varies fastest)."""
-    names = list(spec["axes"])
     points = []
-    for values in itertools.product(*(spec["axes"][name] for name in names)):
-        axes = dict(zip(names, values, strict=True))
+    for values in itertools.product(*spec["axes"].values()):
+        axes = dict(zip(spec["axes"], values, strict=True))
         flags = {**spec["base"], **axes}
         nproc = flags.pop("nproc_per_node", 1)
         metadata = {**spec["metadata"], **axes}
@@ -176,30 +178,17 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     return tokens
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 def point_command(
-    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], output_dir: str, metrics_path: str, bench_train: str
+    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], stem: str, bench_train: str
 ) -> list[str]:
-    """The command of one point: bench_train.py, under ``tuning.launch`` (torchrun with the root cause's exit code)
-    when it has several processes (the port is picked on the machine that runs it)."""
+    """The command of one point, its output_dir ``stem`` and its dump ``stem.json``: bench_train.py, under
+    ``tuning.launch`` (torchrun with the root cause's exit code; ``--standalone`` picks a free port on the machine
+    that runs it) when it has several processes."""
     launcher = [sys.executable]
     if nproc > 1:
-        launcher += ["-m", "tuning.launch", "--nproc_per_node", str(nproc), "--master_port", str(free_port())]
-    point_flags = {**flags, "output_dir": output_dir, "metrics_path": metrics_path, "metadata": json.dumps(metadata)}
+        launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
+    point_flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json", "metadata": json.dumps(metadata)}
     return [*launcher, bench_train, *flag_tokens(point_flags)]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# A point's process tree, shared by both executors.
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> Callable[[], Any] | None:
@@ -215,26 +204,17 @@ class PointProcess:
     """A point's command in a session of its own, its output in a log file; stopped with SIGTERM to its root (which
     bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
 
-    def __init__(
-        self,
-        command: list[str],
-        log_path: str,
-        env: dict[str, str],
-        cwd: str,
-        timeout: float | None,
-        pass_fds: tuple[int, ...] = (),
-    ):
+    def __init__(self, command: list[str], log_path: str, timeout: float | None, **popen: Any):
+        """``popen``: the root process's ``env``, ``cwd`` and ``pass_fds``."""
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
-                cwd=cwd,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
-                pass_fds=pass_fds,
+                **popen,
             )
         self.deadline = time.monotonic() + timeout if timeout else None
         self.stopping_since: float | None = None
@@ -250,7 +230,11 @@ class PointProcess:
             self.timed_out = True
             self.stop()
         if self.stopping_since is not None and now - self.stopping_since > STOP_GRACE_SECONDS:
-            self.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):  # every process of its tree, the root last
+                root = psutil.Process(self.process.pid)
+                for process in [*root.children(recursive=True), root]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.kill()
         return None
 
     def stop(self) -> None:
@@ -259,15 +243,6 @@ class PointProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
 
-    def kill(self) -> None:
-        try:
-            tree = [*psutil.Process(self.process.pid).children(recursive=True), psutil.Process(self.process.pid)]
-        except psutil.NoSuchProcess:
-            return
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-
     def wait(self) -> int:
         while (code := self.poll()) is None:
             time.sleep(POLL_SECONDS)
@@ -275,43 +250,25 @@ class PointProcess:
 
 
 def run_point_on_node(
-    flags: dict[str, Any],
-    nproc: int,
-    metadata: dict[str, Any],
-    bench_train: str,
-    cwd: str,
-    timeout: float | None,
+    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], bench_train: str, cwd: str, timeout: float | None
 ) -> dict[str, Any]:
     """A Ray task's body: the point in a scratch directory of the node that runs it; returns its exit status and the
     files the driver keeps (dump, rank reports, the journal when there is no dump, the log) as bytes by name."""
-    scratch = tempfile.mkdtemp(prefix="bench-sweep-")
-    metrics_path = os.path.join(scratch, "point.json")
-    log_path = os.path.join(scratch, "point.log")
-    command = point_command(flags, nproc, metadata, os.path.join(scratch, "output"), metrics_path, bench_train)
-    process = PointProcess(command, log_path, dict(os.environ), cwd if os.path.isdir(cwd) else scratch, timeout)
-    try:
-        exit_code = process.wait()
-    except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
-        process.stop()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.process.wait(STOP_GRACE_SECONDS)
-        process.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    names = [metrics_path, *glob.glob(glob.escape(metrics_path) + ".rank*.error.json"), log_path]
-    if not os.path.exists(metrics_path):
-        names.append(os.path.join(scratch, "point.journal.jsonl"))
-    files = {}
-    for name in filter(os.path.isfile, names):
-        with open(name, "rb") as handle:
-            files[os.path.basename(name)] = handle.read()
-    shutil.rmtree(scratch, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
+        stem = os.path.join(scratch, "point")
+        command = point_command(flags, nproc, metadata, stem, bench_train)
+        process = PointProcess(command, f"{stem}.log", timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
+        try:
+            exit_code = process.wait()
+        except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
+            process.stop()
+            process.wait()
+            raise
+        names = [f"{stem}.json", *glob.glob(glob.escape(stem) + ".json.rank*.error.json"), f"{stem}.log"]
+        if not os.path.exists(f"{stem}.json"):
+            names.append(f"{stem}.journal.jsonl")
+        files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
     return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Executors: start points, report the ones that ended. The driver reads outcomes from the files they leave.
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -322,62 +279,56 @@ class Ended:
     host: str
 
 
+def check_gpus(points: list[Point], gpus: int, where: str) -> None:
+    """With GPUs, a point that needs more than ``gpus`` (the most one machine has) is an error before anything runs."""
+    if too_big := next((point for point in points if gpus and point.nproc > gpus), None):
+        raise SystemExit(f"point {too_big.label} needs {too_big.nproc} GPUs; {where}")
+
+
 class LocalExecutor:
     """Points as process trees of this machine. With GPUs (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi``) each point
     gets ``nproc_per_node`` devices of its own; on CPU one point runs at a time unless ``concurrency`` says more."""
 
     def __init__(self, sweep: "Sweep", concurrency: int | None):
         self.sweep = sweep
-        self.free_devices = visible_gpus()
-        self.concurrency = concurrency or (len(self.free_devices) if self.free_devices else 1)
-        self.running: dict[str, tuple[PointProcess, list[str]]] = {}
-
-    def check(self, points: list[Point]) -> None:
-        if self.concurrency > 1:
-            create_aim_repos(points)
-        if self.free_devices:
-            too_big = [point for point in points if point.nproc > len(self.free_devices)]
-            if too_big:
-                raise SystemExit(
-                    f"point {too_big[0].label} needs {too_big[0].nproc} GPUs; this machine has "
-                    f"{len(self.free_devices)} ({','.join(self.free_devices)})"
-                )
+        self.devices = visible_gpus()
+        self.free_devices = list(self.devices)
+        self.concurrency = concurrency or len(self.devices) or 1
+        self.running: dict[str, tuple[Point, PointProcess, list[str]]] = {}
+        check_gpus(sweep.points, len(self.devices), f"this machine has {len(self.devices)} ({','.join(self.devices)})")
 
     def can_start(self, point: Point) -> bool:
-        return len(self.running) < self.concurrency and (not self.free_devices or point.nproc <= len(self.free_devices))
+        return len(self.running) < self.concurrency and (not self.devices or point.nproc <= len(self.free_devices))
 
     def start(self, point: Point) -> None:
         env = dict(os.environ)
-        devices: list[str] = []
-        if self.free_devices:
-            devices, self.free_devices = self.free_devices[: point.nproc], self.free_devices[point.nproc :]
+        devices = self.free_devices[: point.nproc] if self.devices else []
+        if devices:
+            self.free_devices = self.free_devices[point.nproc :]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        paths = self.sweep.paths(point)
-        command = point_command(
-            point.flags, point.nproc, point.metadata, str(paths.output_dir), str(paths.metrics), str(BENCH_TRAIN)
-        )
+        stem = str(self.sweep.path(point, ""))
+        command = point_command(point.flags, point.nproc, point.metadata, stem, str(BENCH_TRAIN))
         process = PointProcess(
-            command, str(paths.log), env, os.getcwd(), self.sweep.point_timeout, pass_fds=(self.sweep.lock_fd,)
+            command, f"{stem}.log", self.sweep.point_timeout, env=env, pass_fds=(self.sweep.lock_fd,)
         )
-        self.running[point.id] = (process, devices)
+        self.running[point.id] = (point, process, devices)
 
     def wait(self) -> list[Ended]:
         ended = []
-        for point_id_, (process, devices) in list(self.running.items()):
-            code = process.poll()
-            if code is not None:
-                del self.running[point_id_]
+        for key, (point, process, devices) in list(self.running.items()):
+            if (code := process.poll()) is not None:
+                del self.running[key]
                 self.free_devices += devices
-                ended.append(Ended(self.sweep.by_id[point_id_], code, process.timed_out, socket.gethostname()))
+                ended.append(Ended(point, code, process.timed_out, socket.gethostname()))
         if not ended:
             time.sleep(POLL_SECONDS)
         return ended
 
     def stop(self) -> None:
         """Every running point stopped and waited for (each writes its dump); none is recorded as finished."""
-        for process, _ in self.running.values():
+        for _, process, _ in self.running.values():
             process.stop()
-        for process, _ in self.running.values():
+        for _, process, _ in self.running.values():
             process.wait()
         self.running.clear()
 
@@ -385,42 +336,15 @@ class LocalExecutor:
         pass
 
 
-def create_aim_repos(points: list[Point]) -> None:
-    """Create the local Aim repos the points track to before any point starts: Aim fails a run whose process
-    creates a repo while another process creates the same one. aim is imported only when a repo is missing."""
-    repos = set()
-    for point in points:
-        flags = point.flags
-        trackers = flags.get("trackers", flags.get("tracker", []))
-        repo = str(flags.get("aim_repo") or "")
-        remote = any(flags.get(key) for key in ("aim_url", "aim_remote_server_ip")) or repo.startswith("aim://")
-        if "aim" in (trackers if isinstance(trackers, list) else [trackers]) and repo and not remote:
-            repos.add(os.path.abspath(repo))
-    missing = sorted(repo for repo in repos if not os.path.isdir(os.path.join(repo, ".aim")))
-    if missing:
-        with contextlib.suppress(ImportError):  # without aim every point reports the missing extra itself
-            from aim import Repo
-
-            for repo in missing:
-                Repo.from_path(repo, init=True)
-
-
 def visible_gpus() -> list[str]:
     """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` entries (no torch import: the driver stays light)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [device for device in visible.split(",") if device.strip() and device.strip() != "-1"]
-    if shutil.which("nvidia-smi") is None:
-        return []
     try:
-        listing = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
+        query = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
+        listing = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or no driver behind it
         return []
     return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
 
@@ -455,23 +379,18 @@ class RayExecutor:
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
         shipped = "working_dir" in init.get("runtime_env", {})
         self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
-        self.node_gpus = [node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]]
+        self.gpus = max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
         self.remote = ray.remote(max_retries=0)(run_point_on_node)
         self.running: dict[Any, Point] = {}
-
-    def check(self, points: list[Point]) -> None:
-        most = max(self.node_gpus, default=0)
-        if most:
-            too_big = [point for point in points if point.nproc > most]
-            if too_big:
-                raise SystemExit(f"point {too_big[0].label} needs {too_big[0].nproc} GPUs; the largest node has {most}")
+        check_gpus(sweep.points, self.gpus, f"the largest node has {self.gpus}")
 
     def can_start(self, point: Point) -> bool:
         return self.concurrency is None or len(self.running) < self.concurrency
 
     def start(self, point: Point) -> None:
-        gpus = point.nproc if max(self.node_gpus, default=0) else 0
-        task = self.remote.options(num_cpus=point.nproc, num_gpus=gpus, name=f"bench_sweep {point.id}")
+        task = self.remote.options(
+            num_cpus=point.nproc, num_gpus=point.nproc if self.gpus else 0, name=f"bench_sweep {point.id}"
+        )
         ref = task.remote(
             point.flags, point.nproc, point.metadata, self.bench_train, os.getcwd(), self.sweep.point_timeout
         )
@@ -505,60 +424,16 @@ class RayExecutor:
         self.ray.shutdown()
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The sweep: state file, scheduling, outcomes, progress, report.
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PointPaths:
-    metrics: Path
-    log: Path
-    output_dir: Path
-
-
-@dataclass
-class Progress:
-    """A bar of points done / failed / skipped with the label of the point started last (on stderr)."""
-
-    total: int
-    counts: dict[str, int] = field(default_factory=lambda: {"done": 0, "failed": 0, "skipped": 0})
-    bar: Any = None
-
-    def __post_init__(self):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.total, unit="point", dynamic_ncols=True, file=sys.stderr)
-
-    def count(self, status: str) -> None:
-        kind = "done" if status in DONE_STATUSES else "skipped" if status == "skipped" else "failed"
-        self.counts[kind] += 1
-        self.bar.set_postfix(self.counts, refresh=False)
-        self.bar.update(1)
-
-    def current(self, label: str) -> None:
-        self.bar.set_description_str(label[:60])
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
-
-
 class Sweep:
     def __init__(self, points: list[Point], output_dir: Path, retries: int, point_timeout: float | None):
         self.points, self.dir, self.retries, self.point_timeout = points, output_dir, retries, point_timeout
-        self.by_id = {point.id: point for point in points}
-        self.state_path = output_dir / STATE_FILE
+        self.state_path = output_dir / bench_report.SWEEP_STATE
         self.lock_fd = -1
         self.interrupted_by: int | None = None
 
-    def paths(self, point: Point) -> PointPaths:
-        metrics = self.dir / point.metrics_name
-        return PointPaths(metrics, metrics.with_suffix(".log"), metrics.with_suffix(""))
+    def path(self, point: Point, suffix: str = ".json") -> Path:
+        """A file of the point: its dump, ``.log`` its output, ``""`` its output_dir."""
+        return self.dir / "points" / f"{point.id}{suffix}"
 
     def finished(self, rerun_failed: bool) -> dict[str, dict[str, Any]]:
         """The state lines that count for the current grid: same config; with ``rerun_failed`` only successes."""
@@ -579,7 +454,7 @@ class Sweep:
             "metrics_path": point.metrics_name,
             "config": point.config,
             **outcome,
-            "time": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with self.state_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
@@ -589,148 +464,115 @@ class Sweep:
 
     def clear(self, point: Point) -> None:
         """An earlier attempt's files gone (the log stays, appended to), so that what is read next is this one's."""
-        paths = self.paths(point)
-        for name in glob.glob(glob.escape(str(paths.metrics.with_suffix(""))) + ".*"):
+        for name in glob.glob(glob.escape(str(self.path(point, ""))) + ".*"):
             if not name.endswith(".log"):
                 os.remove(name)
-        shutil.rmtree(paths.output_dir, ignore_errors=True)
+        shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
-    def append_log(self, point: Point, data: bytes) -> None:
-        with self.paths(point).log.open("ab") as handle:
+    def append_log(self, point: Point, data: bytes) -> int:
+        """The log's size after ``data``."""
+        with self.path(point, ".log").open("ab") as handle:
             handle.write(data)
+            return handle.tell()
 
     def store_files(self, point: Point, files: dict[str, bytes]) -> None:
         """A Ray task's files under this point's names (``point.json`` → ``<id>.json``; the log appended)."""
-        paths = self.paths(point)
         for name, data in files.items():
             if name == "point.log":
                 self.append_log(point, data)
-            else:
-                target = paths.metrics.with_name(point.id + name[len("point") :])
-                tmp = target.with_name(target.name + ".tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, target)
+                continue
+            self.path(point, name.removeprefix("point")).write_bytes(data)  # a torn one is cleared before a rerun
 
     def outcome(self, ended: Ended, log_start: int) -> dict[str, Any]:
-        """Status and category from the point's files (root cause across ranks), else from its log's TUNING_ERROR
-        line, else from its exit code (the files first: they name the category and rank)."""
-        paths = self.paths(ended.point)
-        runs = bench_report.load(bench_report.run_files(paths.metrics))
-        run = runs[0] if runs else None
-        status = run.status if run else "killed" if ended.exit_code < 0 else "error"
-        cause = run.root_cause if run else None
+        """Status and category from the point's files (the root cause across ranks: they name the category and
+        rank), else from the TUNING_ERROR line its log got since ``log_start``, else from its exit code."""
+        runs = bench_report.load(bench_report.run_files(self.path(ended.point)))
+        status = runs[0].status if runs else "killed" if ended.exit_code < 0 else "error"
+        cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
         if category is None and ended.exit_code != 0:
-            with paths.log.open("rb") as handle:
-                handle.seek(log_start)
-                marker = ERROR_MARKER.findall(handle.read().decode("utf-8", "replace"))
-            if marker:
-                status, category = "error", marker[-1]
+            with self.path(ended.point, ".log").open("rb") as log:
+                log.seek(log_start)
+                if marker := ERROR_MARKER.findall(log.read().decode("utf-8", "replace")):
+                    status, category = "error", marker[-1]
         if ended.timed_out:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
         elif status in DONE_STATUSES and ended.exit_code != 0:
             status, reason = "error", f"exited {ended.exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": ended.exit_code, "reason": reason}
 
-    def run(self, executor: Any, rerun_failed: bool) -> dict[str, dict[str, Any]]:
-        """Every point not finished yet, smaller batch sizes of a group first; returns the state lines."""
+    def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> dict[str, dict[str, Any]]:
+        """Every point not finished yet, each once the smaller batch sizes of its group have finished; returns the
+        state lines. Progress: a bar on stderr of points done / failed / skipped, labelled with the latest start."""
         finished = self.finished(rerun_failed)
         pending = [point for point in self.points if point.id not in finished]
-        attempts: dict[str, int] = {}
+        smaller = {point.id: smaller_batch_sizes(point, self.points) for point in pending}
+        attempts = dict.fromkeys(smaller, 0)
         log_starts: dict[str, int] = {}
-        progress = Progress(len(self.points))
-        for line in finished.values():
-            progress.count(line["status"])
+        counts = dict.fromkeys(("done", "failed", "skipped"), 0)
 
-        def blocked(point: Point) -> Point | None:
-            """The first smaller batch size of the point's group not finished yet."""
-            return next((o for o in smaller(point) if o.id not in finished), None)
+        def finish(line: dict[str, Any]) -> None:
+            finished[line["point"]] = line
+            status = line["status"]
+            counts["done" if status in DONE_STATUSES else "skipped" if status == "skipped" else "failed"] += 1
+            bar.set_postfix(counts, refresh=False)
+            bar.update(1)
 
-        def smaller(point: Point) -> Iterator[Point]:
-            if point.batch_size is None:
-                return
-            for other in self.points:
-                if other.group == point.group and other.batch_size is not None and other.batch_size < point.batch_size:
-                    yield other
-
-        def oom_below(point: Point) -> dict[str, Any] | None:
-            ooms = [finished[o.id] for o in smaller(point) if finished[o.id].get("category") in OOM_CATEGORIES]
-            return min(ooms, key=lambda line: line["axes"][BATCH_SIZE_AXIS], default=None)
-
-        def finish(point: Point, line: dict[str, Any]) -> None:
-            finished[point.id] = line
-            progress.count(line["status"])
-
-        try:
+        with tqdm(total=len(self.points), unit="point", dynamic_ncols=True, file=sys.stderr) as bar:
+            for line in list(finished.values()):
+                finish(line)
             while pending or executor.running:
                 if self.interrupted_by is not None:
-                    raise Interrupted(self.interrupted_by)
+                    bar.set_description_str("stopping: waiting for the running points")
+                    executor.stop()
+                    break
                 for point in list(pending):
-                    if blocked(point) is not None:
+                    if any(other.id not in finished for other in smaller[point.id]):
                         continue
-                    if oom := oom_below(point):
-                        pending.remove(point)
-                        self.clear(point)
+                    below = [finished[other.id] for other in smaller[point.id]]
+                    ooms = [line for line in below if line.get("category") in OOM_CATEGORIES]
+                    if not ooms and not executor.can_start(point):
+                        continue
+                    pending.remove(point)
+                    self.clear(point)
+                    if ooms:
+                        oom = min(ooms, key=lambda line: line["axes"][BATCH_SIZE_AXIS])
                         reason = f"oom at {BATCH_SIZE_AXIS}={oom['axes'][BATCH_SIZE_AXIS]} ({oom['category']})"
-                        finish(point, self.record(point, status="skipped", category=None, reason=reason, attempts=0))
-                    elif executor.can_start(point):
-                        pending.remove(point)
-                        self.clear(point)
-                        attempts[point.id] = attempts.get(point.id, 0) + 1
-                        header = f"\n=== bench_sweep: {point.label}, attempt {attempts[point.id]} ===\n"
-                        self.append_log(point, header.encode())
-                        log_starts[point.id] = self.paths(point).log.stat().st_size
-                        executor.start(point)
-                        progress.current(point.label)
+                        finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
+                        continue
+                    attempts[point.id] += 1
+                    header = f"\n=== bench_sweep: {point.label}, attempt {attempts[point.id]} ===\n"
+                    log_starts[point.id] = self.append_log(point, header.encode())
+                    executor.start(point)
+                    bar.set_description_str(point.label[:60])
                 for ended in executor.wait():
-                    point = ended.point
-                    outcome = self.outcome(ended, log_starts[point.id])
+                    point, outcome = ended.point, self.outcome(ended, log_starts[ended.point.id])
                     transient = outcome["status"] == "error" and outcome["category"] in TRANSIENT_CATEGORIES
                     if transient and attempts[point.id] <= self.retries:
                         pending.insert(0, point)
-                        continue
-                    finish(point, self.record(point, **outcome, attempts=attempts[point.id], host=ended.host))
-        except Interrupted:
-            progress.current("stopping: waiting for the running points")
-            executor.stop()
-            raise
-        finally:
-            progress.close()
+                    else:
+                        finish(self.record(point, **outcome, attempts=attempts[point.id], host=ended.host))
         return finished
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.interrupted_by = signum
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def lock(self) -> None:
         """One driver per sweep directory. The points inherit the lock, so a rerun after a SIGKILLed driver waits
         until the points it left (stopping since their parent died) are gone before it touches their files."""
         self.lock_fd = os.open(self.dir / "sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(
-                    f"waiting for {self.dir / 'sweep.lock'}: another driver of this sweep, or points of one that was "
-                    "killed, still running",
-                    file=sys.stderr,
-                )
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(self.lock_fd)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waiting = "another driver of this sweep, or points of one that was killed, still running"
+            print(f"waiting for {self.dir / 'sweep.lock'}: {waiting}", file=sys.stderr)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
 
 
 def write_report(output_dir: Path, points: list[Point]) -> None:
     """bench_report over the sweep directory into DIR/report, the axes as columns; plots against the batch size
     (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
-    import importlib.util
-
-    numeric = [
-        axis
-        for axis in points[0].axes
-        if all(isinstance(p.axes[axis], int | float) and not isinstance(p.axes[axis], bool) for p in points)
-    ]
+    numeric = [axis for axis in points[0].axes if all(bench_report.is_number(p.axes[axis]) for p in points)]
     x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
     if importlib.util.find_spec("matplotlib") is None:
         x = None
@@ -772,9 +614,9 @@ def main(
     if executor not in ("local", "ray"):
         raise SystemExit(f"--executor {executor!r}: choose local or ray")
     for name, value, low in (("concurrency", concurrency, 1), ("retries", retries, 0)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+        if value is not None and not is_count(value, low):
             raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
-    if point_timeout is not None and (not isinstance(point_timeout, int | float) or point_timeout <= 0):
+    if point_timeout is not None and (not bench_report.is_number(point_timeout) or point_timeout <= 0):
         raise SystemExit(f"--point_timeout must be a positive number of seconds, got {point_timeout!r}")
     points = grid(load_spec(str(spec)))
     sweep_dir = Path(str(output_dir)).absolute()
@@ -784,7 +626,7 @@ def main(
         for point in points:
             state = finished[point.id]["status"] if point.id in finished else "to run"
             processes = "" if "nproc_per_node" in point.axes else f"  nproc_per_node={point.nproc}"
-            print(f"{point.label}{processes}  {sweep.paths(point).metrics}  [{state}]")
+            print(f"{point.label}{processes}  {sweep.path(point)}  [{state}]")
         print(f"{len(points)} points, {len(points) - len(finished)} to run")
         return 0
     if report_only:
@@ -792,21 +634,23 @@ def main(
         return 0
     (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec, sweep_dir / "sweep.yaml")
-    with sweep.locked():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, sweep.on_signal)
-        if executor == "ray":
-            runner: Any = RayExecutor(sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env)
-        else:
-            runner = LocalExecutor(sweep, concurrency)
-        try:
-            runner.check(points)
-            finished = sweep.run(runner, rerun_failed)
-        except Interrupted as stop:
-            print(f"bench_sweep: stopped by signal {stop.signum}; rerun the same command to finish", file=sys.stderr)
-            return 128 + stop.signum
-        finally:
-            runner.close()
+    sweep.lock()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, sweep.on_signal)
+    if executor == "ray":
+        runner: LocalExecutor | RayExecutor = RayExecutor(
+            sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env
+        )
+    else:
+        runner = LocalExecutor(sweep, concurrency)
+    try:
+        finished = sweep.run(runner, rerun_failed)
+    finally:
+        runner.close()
+        os.close(sweep.lock_fd)
+    if (signum := sweep.interrupted_by) is not None:
+        print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
+        return 128 + signum
     statuses = [line["status"] for line in finished.values()]
     summary = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
     print(f"bench_sweep: {len(points)} points: {summary}", file=sys.stderr)
