@@ -123,51 +123,40 @@ _TYPE_CATEGORIES = {
     },
 }
 
-_MESSAGE_PATTERNS = (
-    (
-        _C.GPU_OOM,
-        re.compile(
+# Matched (case-insensitively) against the message of every exception of the chain.
+_MESSAGE_PATTERNS = [
+    (category, re.compile(pattern, re.I))
+    for category, pattern in (
+        (
+            _C.GPU_OOM,
             r"(CUDA|HIP|XPU) out of memory|MPS backend out of memory|(CUDA|HIP) error: out of memory"
             r"|Cuda failure '?out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
             r"|CUDNN_STATUS_ALLOC_FAILED",
-            re.I,
         ),
-    ),
-    (_C.HOST_OOM, re.compile(r"DefaultCPUAllocator|Cannot allocate memory|std::bad_alloc", re.I)),
-    (
-        _C.DEVICE_ERROR,
-        re.compile(
+        (_C.HOST_OOM, r"DefaultCPUAllocator|Cannot allocate memory|std::bad_alloc"),
+        (
+            _C.DEVICE_ERROR,
             r"illegal memory access|illegal instruction was encountered|ECC error|unspecified launch failure"
             r"|launch timed out|fallen off the bus|uncorrectable NVLink|CUDA error: unknown error"
             r"|CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR|CUDNN_STATUS_EXECUTION_FAILED",
-            re.I,
         ),
-    ),
-    (
-        _C.COMMUNICATION,
-        re.compile(
+        (
+            _C.COMMUNICATION,
             r"nccl[\s_-]*(error|timeout|warn|communicator|operation)|nccl\w*Error|collective operation timeout"
             r"|watchdog\b.{0,80}\b(timeout|timed out|stuck)|rendezvous|TCPStore"
             r"|(client|server) socket has (timed out|failed)",
-            re.I,
         ),
-    ),
-    # Peer and socket failures only count as communication when gloo or c10d raised them: the same words come
-    # from a failed download too.
-    (
-        _C.COMMUNICATION,
-        re.compile(r"\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))", re.I | re.S),
-    ),
-    (_C.STORAGE, re.compile(r"No space left on device|Disk quota exceeded", re.I)),
-    (
-        _C.USER_ERROR,
-        re.compile(
+        # Peer and socket failures only count as communication when gloo or c10d raised them: the same words come
+        # from a failed download too.
+        (_C.COMMUNICATION, r"(?s)\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))"),
+        (_C.STORAGE, r"No space left on device|Disk quota exceeded"),
+        (
+            _C.USER_ERROR,
             r"is not a valid model identifier|is not a local folder|does not appear to have a file named"
             r"|Can't load (the )?(tokenizer|config|configuration|model)|Incorrect path_or_model_id",
-            re.I,
         ),
-    ),
-)
+    )
+]
 # A "device-side assert triggered" is a deterministic kernel check (usually an index out of range from a data,
 # tokenizer or model mismatch) that fails the same way on healthy hardware: internal, not device_error.
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
