@@ -70,11 +70,8 @@ class _UpstreamValues(NamedTuple):
 
 
 class ParsedArguments(_UpstreamValues):
-    """fms-hf-tuning's ten values of ``parse_arguments``, in its order, by position or by name; ``None`` at the
-    positions of the features this package does not have. ``exp_metadata`` is the JSON string as given.
-
-    Besides the ten: ``tracker_configs``, the configs of every registered tracker (those beyond the file logger
-    and Aim included), and ``experiment_metadata``, ``exp_metadata`` as a dict.
+    """fms-hf-tuning's ten values of ``parse_arguments`` in its order (``None`` for the features this package does
+    not have), plus ``tracker_configs`` (every registered tracker's) and ``experiment_metadata`` (a dict), by name.
     """
 
     def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
@@ -349,16 +346,9 @@ def train(
     callbacks: list[transformers.TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
-    """Fine-tune and save the model (or adapter) into ``output_dir``; fms-hf-tuning's signature.
-
-    Trackers: one per name in ``train_args.trackers``, the file logger always among them (none at all for
-    ``["none"]``), configured from ``tracker_configs``; their callbacks go first, then ``additional_callbacks``
-    (``callbacks`` is the same argument). A caller that builds its own trackers hands them in with ``trackers``
-    and places their callbacks itself, among ``additional_callbacks``. The trackers receive ``exp_metadata`` (as
-    the params ``experiment_metadata``) and the metrics that are not trainer logs (``model_load_time``).
-    ``trainer_controller_args``, ``quantized_lora_config`` and ``fusedops_kernels_config`` name features this
-    package does not have and must stay None. Bad input raises a ``ValueError`` (``UserInputError``) before the
-    model loads. Returns the train output and the additional metrics.
+    """Fine-tune and save the model (or adapter) into ``output_dir``, with fms-hf-tuning's signature; returns the
+    train output and the additional metrics. The trackers, ``trackers=`` and the rejected inputs (``UserInputError``,
+    before the model loads) are described in the README's "Python API".
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer

@@ -303,11 +303,9 @@ def termination_log_path(log_file: str | None = None) -> str | None:
 
 
 def write_termination_log(text: str, log_file: str | None = None) -> str | None:
-    """Append ``text`` to the termination log (see ``termination_log_path``) as one line of at most 1 KiB; return
-    the path, or None if not written. Without ``TERMINATION_LOG_FILE``, ``log_file`` or ``/dev/termination-log``
-    nothing is written (fms-hf-tuning defaults ``log_file`` to ``error.log``: pass it to get that file).
-
-    Never raises: the log is a best-effort summary and must not mask the error being reported.
+    """Append ``text`` to the termination log (``termination_log_path``) as one line of at most 1 KiB; return the
+    path, or None if none was written. Never raises: the log is a best-effort summary and must not mask the error
+    being reported.
     """
     path = termination_log_path(log_file)
     if path is None:
