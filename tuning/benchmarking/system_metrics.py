@@ -209,15 +209,12 @@ def cuda_peak_memory() -> list[dict[str, int]] | None:
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    peaks = []
-    for index in range(torch.cuda.device_count()):
-        reserved = torch.cuda.max_memory_reserved(index)
-        if reserved:
-            peaks.append(
-                {
-                    "device": index,
-                    "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(index),
-                    "max_memory_reserved_bytes": reserved,
-                }
-            )
-    return peaks
+    return [
+        {
+            "device": index,
+            "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(index),
+            "max_memory_reserved_bytes": reserved,
+        }
+        for index in range(torch.cuda.device_count())
+        if (reserved := torch.cuda.max_memory_reserved(index))
+    ]
