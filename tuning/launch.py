@@ -1,27 +1,13 @@
 """tuning.launch: torchrun for Kubernetes pods, ending with the root cause's exit code and termination message.
 
     python -m tuning.launch [torchrun flags] tuning/sft_trainer.py [trainer flags]
-    tuning-launch --nproc_per_node 8 wrappers/bench_train.py [bench_train flags]
     python -m tuning.launch [torchrun flags]    # container entrypoint: the job config from SFT_TRAINER_CONFIG_JSON_*
 
-torchrun's own parser and elastic agent run the workers: flags and their ``PET_*`` variables, rendezvous, restarts,
-and on SIGTERM/SIGINT, forwarding the signal to every worker and waiting ``--shutdown_timeout`` seconds (30) before a
-SIGKILL. What this adds is how the job ends:
-
-- exit code: the root cause's, the rank that failed first. torch's agent records each failed worker (rank, pid, exit
-  code, the second it saw it end); workers built on ``tuning.utils.error_logging`` also write a termination line that
-  names the category. A rank killed by a signal without a line of its own exits 128+signal.
-- termination log (``TERMINATION_LOG_FILE``, else ``/dev/termination-log``): the root cause's line first, then one
-  shorter line per other failed rank, within Kubernetes' 4 KiB; nothing after a clean run. The workers write their
-  lines to a temporary file, which this composes the pod's from.
-- a SIGTERM/SIGINT to the launcher (preemption, ``kubectl delete``): once torch's agent has stopped the workers (at a
-  step boundary they agree on, each writing its report), exit 143/130 with one ``interrupted`` line.
-- container entrypoint: given no script while ``SFT_TRAINER_CONFIG_JSON_PATH`` or ``SFT_TRAINER_CONFIG_JSON_ENV_VAR``
-  is set, it runs ``tuning/sft_trainer.py`` on that job config with ``accelerate_launch_args.num_processes``
-  processes, else one per visible GPU, else one.
-
-This module imports torch only once its signal handlers are installed; it also holds the ``sft_trainer`` console
-script, which needs the same order.
+torchrun's own parser and elastic agent run the workers (flags, ``PET_*`` variables, rendezvous, restarts, signal
+forwarding); this adds how the job ends: the exit code of the rank that failed first, a termination log composed
+from the lines the workers write to a temporary file, and the container entrypoint. The README's "Running on
+Kubernetes" section describes each. Torch is imported only once the signal handlers are installed, which is why the
+``sft_trainer`` console script lives here too.
 """
 
 import argparse

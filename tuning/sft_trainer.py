@@ -1,11 +1,6 @@
-"""Supervised fine-tuning of causal LMs: the fms-hf-tuning ``sft_trainer`` CLI and Python API, on transformers +
-TRL + PEFT.
-
-Arguments → ``train()`` → ``main()``, with fms-hf-tuning's names and shapes: ``get_parser()``,
-``parse_arguments(parser, json_config)`` (its ten values), ``get_json_config()`` and ``train()``, which builds the
-requested trackers (the file logger always among them) from ``train_args.trackers`` and ``tracker_configs``.
-``main()`` parses argv (or a JSON job config), builds the trackers itself and hands them in with ``trackers=``, as
-wrappers that bring their own trackers do.
+"""Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
+Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API").
+``main()`` builds the trackers itself and hands them to ``train(trackers=...)``, as wrappers with their own do.
 """
 
 import dataclasses
@@ -75,11 +70,8 @@ class _UpstreamValues(NamedTuple):
 
 
 class ParsedArguments(_UpstreamValues):
-    """fms-hf-tuning's ten values of ``parse_arguments``, in its order, by position or by name; ``None`` at the
-    positions of the features this package does not have. ``exp_metadata`` is the JSON string as given.
-
-    Besides the ten: ``tracker_configs``, the configs of every registered tracker (those beyond the file logger
-    and Aim included), and ``experiment_metadata``, ``exp_metadata`` as a dict.
+    """fms-hf-tuning's ten values of ``parse_arguments`` in its order (``None`` for the features this package does
+    not have), plus ``tracker_configs`` (every registered tracker's) and ``experiment_metadata`` (a dict), by name.
     """
 
     def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
@@ -289,9 +281,7 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
     if not _is_number(accumulation, int) or accumulation <= 0:
         raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
-    if train_args.max_seq_length <= 0:
-        raise UserInputError(f"--max_seq_length must be positive, got {train_args.max_seq_length}")
-    for flag in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+    for flag in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(train_args, flag) <= 0:
             raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
@@ -341,25 +331,6 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
     return SFTConfig(**values, max_length=max_length, packing=train_args.packing)
 
 
-def _check_train_inputs(
-    tracker_configs: Any, callbacks: list[Any], exp_metadata: Any, unsupported: dict[str, Any]
-) -> None:
-    for argument, value in unsupported.items():
-        if value is not None:
-            raise UserInputError(f"{argument}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
-    if not isinstance(tracker_configs, TrackerConfigFactory):
-        raise UserInputError(
-            f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
-        )
-    for callback in callbacks:
-        if not isinstance(callback, transformers.TrainerCallback):
-            raise UserInputError(
-                f"additional callbacks should be of type TrainerCallback, got {type(callback).__name__}"
-            )
-    if exp_metadata is not None and not isinstance(exp_metadata, dict):
-        raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-
-
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -375,16 +346,9 @@ def train(
     callbacks: list[transformers.TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
-    """Fine-tune and save the model (or adapter) into ``output_dir``; fms-hf-tuning's signature.
-
-    Trackers: one per name in ``train_args.trackers``, the file logger always among them (none at all for
-    ``["none"]``), configured from ``tracker_configs``; their callbacks go first, then ``additional_callbacks``
-    (``callbacks`` is the same argument). A caller that builds its own trackers hands them in with ``trackers``
-    and places their callbacks itself, among ``additional_callbacks``. The trackers receive ``exp_metadata`` (as
-    the params ``experiment_metadata``) and the metrics that are not trainer logs (``model_load_time``).
-    ``trainer_controller_args``, ``quantized_lora_config`` and ``fusedops_kernels_config`` name features this
-    package does not have and must stay None. Bad input raises a ``ValueError`` (``UserInputError``) before the
-    model loads. Returns the train output and the additional metrics.
+    """Fine-tune and save the model (or adapter) into ``output_dir``, with fms-hf-tuning's signature; returns the
+    train output and the additional metrics. The trackers, ``trackers=`` and the rejected inputs (``UserInputError``,
+    before the model loads) are described in the README's "Python API".
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
@@ -395,16 +359,21 @@ def train(
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
     tracker_configs = DEFAULT_TRACKER_CONFIGS if tracker_configs is None else tracker_configs
-    _check_train_inputs(
-        tracker_configs,
-        additional_callbacks,
-        exp_metadata,
-        {
-            "trainer_controller_args": trainer_controller_args,
-            "quantized_lora_config": quantized_lora_config,
-            "fusedops_kernels_config": fusedops_kernels_config,
-        },
-    )
+    unsupported = (trainer_controller_args, quantized_lora_config, fusedops_kernels_config)
+    for argument, value in zip(UNSUPPORTED_FEATURES, unsupported, strict=True):
+        if value is not None:
+            raise UserInputError(f"{argument}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
+    if not isinstance(tracker_configs, TrackerConfigFactory):
+        raise UserInputError(
+            f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
+        )
+    for callback in additional_callbacks:
+        if not isinstance(callback, transformers.TrainerCallback):
+            raise UserInputError(
+                f"additional callbacks should be of type TrainerCallback, got {type(callback).__name__}"
+            )
+    if exp_metadata is not None and not isinstance(exp_metadata, dict):
+        raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
     trainer_callbacks = additional_callbacks
     if trackers is None:

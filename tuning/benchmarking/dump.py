@@ -129,19 +129,12 @@ class RunData:
         return max(self.latest, self._times[-1] if self._times else 0.0)
 
 
-def _measured(series: dict[str, Any], warmup_steps: int) -> list[float]:
-    return [
-        value
-        for step, value in zip(series["steps"], series["values"], strict=True)
-        if value is not None and (step is None or step > warmup_steps)
-    ]
-
-
 def aggregate(series: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
     """min/avg/max/count of every series, warmup excluded (all null with count 0 when nothing is left)."""
     result = []
     for one in series:
-        values = _measured(one, warmup_steps)
+        pairs = zip(one["steps"], one["values"], strict=True)
+        values = [value for step, value in pairs if value is not None and (step is None or step > warmup_steps)]
         result.append(
             {
                 "name": one["name"],
@@ -163,9 +156,9 @@ def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
     return {step: value for step, value in pairs if step is not None and value is not None}
 
 
-def _last_value(series: list[dict[str, Any]], name: str) -> float | None:
-    values = [value for one in series if one["name"] == name for value in one["values"] if value is not None]
-    return values[-1] if values else None
+def _values(series: list[dict[str, Any]], name: str) -> list[float]:
+    """The non-null values of every series called ``name``, whatever its context."""
+    return [value for one in series if one["name"] == name for value in one["values"] if value is not None]
 
 
 def _summary(
@@ -184,11 +177,11 @@ def _summary(
 
     train_start = notes.get("train_start")
     train_end = notes.get("train_end", last_time)
-    rss = [value for one in series if one["name"] == PROCESS_RSS for value in one["values"] if value is not None]
+    load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
     end = end or {}
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
-        "model_load_time": _last_value(series, MODEL_LOAD_TIME),
+        "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": throughput(STEP_TOKENS),
         "samples_per_second": throughput(STEP_SAMPLES),
         "step_time_p50": percentile([step_times[step] for step in steps], 50),

@@ -3,8 +3,8 @@
     python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl            # → out/benchmark.rebuilt.json
     python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl -o x.json
 
-A journal without an ``end`` record gives a dump with ``status: error``, ``error.category: null`` and a message
-saying the run died; everything it logged before dying is there. Needs neither torch nor Aim.
+A journal without an ``end`` record gives a dump with ``status: error`` and everything logged before the run died
+(README, "Journal and rebuilding a dump"). Needs neither torch nor Aim.
 """
 
 import argparse
@@ -22,12 +22,6 @@ def default_output(journal: str) -> str:
     return f"{stem}.rebuilt.json"
 
 
-def rebuild(journal: str, output: str) -> dict:
-    dump = build_dump(read_journal(journal), rebuilt_from_journal=True)
-    write_dump(output, dump)
-    return dump
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuning.benchmarking.rebuild", description=__doc__.split("\n")[0])
     parser.add_argument("journal", help="the *.journal.jsonl file written beside the dump")
@@ -35,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     output = args.output or default_output(args.journal)
     try:
-        dump = rebuild(args.journal, output)
+        dump = build_dump(read_journal(args.journal), rebuilt_from_journal=True)
+        write_dump(output, dump)
     except (OSError, ValueError) as exc:
         print(f"cannot rebuild from {args.journal}: {exc}", file=sys.stderr)
         return 1

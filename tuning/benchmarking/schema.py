@@ -11,6 +11,7 @@ Keys may be added in later versions (every object allows more keys than it decla
 
 import argparse
 import json
+import pathlib
 import re
 import sys
 from typing import Any, Literal, get_args
@@ -22,7 +23,6 @@ from pydantic_core import PydanticCustomError
 SCHEMA_VERSION = 1
 Status = Literal["ok", "error", "stopped", "interrupted"]  # interrupted: ended by SIGTERM/SIGINT, with its report
 StopReason = Literal["stop_after_seconds", "auto_stop"]
-STATUSES = get_args(Status)
 STOP_REASONS = get_args(StopReason)
 
 # Series the summary is computed from; every writer uses these names.
@@ -233,10 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme is None:
         print(schema_text())
         return 0
-    with open(args.readme, encoding="utf-8") as handle:
-        text = handle.read()
-    with open(args.readme, "w", encoding="utf-8") as handle:
-        handle.write(readme_with_schema(text))
+    readme = pathlib.Path(args.readme)
+    readme.write_text(readme_with_schema(readme.read_text(encoding="utf-8")), encoding="utf-8")
     return 0
 
 

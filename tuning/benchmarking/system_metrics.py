@@ -1,14 +1,9 @@
 """System metrics sampled by the benchmark itself, in a background thread, independent of any tracker.
 
-Series (context ``{}`` unless said): ``cpu_percent`` (whole machine), ``memory_percent`` (whole machine),
-``process_rss_bytes`` (this process); with NVIDIA GPUs, per visible device (context ``{"gpu": i}``, ``i`` as torch
-numbers ``cuda:i``): ``gpu_utilization_percent``, ``gpu_memory_used_bytes``, ``gpu_power_watts``,
-``gpu_power_percent`` (of the enforced power limit) and ``gpu_temperature_celsius``.
-
-``CUDA_VISIBLE_DEVICES`` maps CUDA's numbers to NVML's devices, also when it names GPUs by UUID (see
-``visible_gpu_handles``). NVML comes from ``nvidia-ml-py`` (``pip install 'tuning-bench[nvml]'``), imported only
-through ``init_nvml`` and only when it is needed; without it, or without a driver, the GPU series are simply absent.
-A sample that fails is logged once and skipped: measuring must never stop training.
+The series and their contexts are listed in the README's "Dump schema" section ("Series: ..."). NVML comes from
+``nvidia-ml-py`` (``pip install 'tuning-bench[nvml]'``), imported only through ``init_nvml`` and only when needed;
+without it, or without a driver, the GPU series are simply absent. A sample that fails is logged once and skipped:
+measuring must never stop training.
 """
 
 import contextlib
@@ -190,8 +185,7 @@ def environment_info() -> dict[str, Any]:
         info["gpus"] = [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
         nvml = init_nvml()
         if nvml is not None:
-            driver = nvml.nvmlSystemGetDriverVersion()
-            info["cuda_driver"] = driver.decode() if isinstance(driver, bytes) else driver
+            info["cuda_driver"] = nvml_text(nvml.nvmlSystemGetDriverVersion())
             nvml.nvmlShutdown()
     return info
 
@@ -215,15 +209,12 @@ def cuda_peak_memory() -> list[dict[str, int]] | None:
 
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    peaks = []
-    for index in range(torch.cuda.device_count()):
-        reserved = torch.cuda.max_memory_reserved(index)
-        if reserved:
-            peaks.append(
-                {
-                    "device": index,
-                    "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(index),
-                    "max_memory_reserved_bytes": reserved,
-                }
-            )
-    return peaks
+    return [
+        {
+            "device": index,
+            "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(index),
+            "max_memory_reserved_bytes": reserved,
+        }
+        for index in range(torch.cuda.device_count())
+        if (reserved := torch.cuda.max_memory_reserved(index))
+    ]

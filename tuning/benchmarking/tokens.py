@@ -1,13 +1,10 @@
 """Non-padding tokens per optimizer step, counted without a device sync or a collective per micro-batch.
 
-The trainer's own count (``include_num_input_tokens_seen``) gathers a number across ranks and reads it back to the host
-after every micro-batch: a collective and a device sync each time, on top of the same pair TRL's SFTTrainer already
-spends on its ``num_tokens`` log, plus three more values in every log line. A benchmark must not add that. Here a
-forward pre-hook sums the attention mask of each training micro-batch on the device where it lies; at the step's end
-the sums are all-reduced over ranks once, and the total is copied to the host without blocking; it is read once the
-copy is done, when the caller next asks (``ready``) or at the latest when training ends. In a single CPU process the
-masks themselves are kept until the caller asks and summed then, several steps together, rather than right after
-the forward pass, on caches the step just flushed.
+The trainer's own count (``include_num_input_tokens_seen``) gathers a number across ranks and reads it back to the
+host after every micro-batch: a collective and a device sync each time, which a benchmark must not add. Here a
+forward pre-hook sums the attention mask of each training micro-batch where it lies; at the step's end the sums are
+all-reduced over ranks once and the total is copied to the host without blocking, to be read once the copy is done
+(``ready``) or at the latest when training ends.
 """
 
 from collections import deque
@@ -25,11 +22,10 @@ class StepTokenCounter:
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self._device = device  # where a step's count goes for the all-reduce when it has none on a device
         self._world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        self._host_tokens = 0  # rows without a mask: every token counts
-        self._host_masks: list[torch.Tensor] = []  # masks on the CPU, summed when read
+        self._host_tokens = 0  # counted on the host: CPU masks, and rows without a mask
         self._device_counts: list[torch.Tensor] = []  # sums still on an accelerator
-        # (step, duration, tokens counted so far, CPU masks still to sum, device total, event of its copy to the host)
-        self._pending: deque[tuple[int, float, int, list[torch.Tensor], torch.Tensor | None, Any]] = deque()
+        # (step, duration, tokens known on the host, the host copy of a device total, the event of that copy)
+        self._pending: deque[tuple[int, float, int, torch.Tensor | None, Any]] = deque()
         self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -41,18 +37,16 @@ class StepTokenCounter:
             if isinstance(input_ids, torch.Tensor):  # no mask, no padding (e.g. packed rows): every token counts
                 self._host_tokens += input_ids.numel()
         elif mask.is_cpu:
-            self._host_masks.append(mask)
+            self._host_tokens += int(mask.sum())
         else:
             self._device_counts.append(mask.sum(dtype=torch.int64))
 
     def end_step(self, step: int, duration: float) -> None:
         """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
         host_tokens, self._host_tokens = self._host_tokens, 0
-        host_masks, self._host_masks = self._host_masks, []
         if self._world_size == 1 and not self._device_counts:
-            self._pending.append((step, duration, host_tokens, host_masks, None, None))
+            self._pending.append((step, duration, host_tokens, None, None))
             return
-        host_tokens += _mask_sum(host_masks)
         if self._device_counts:
             total = torch.stack(self._device_counts).sum() + host_tokens
             self._device_counts = []
@@ -65,27 +59,22 @@ class StepTokenCounter:
             host.copy_(total, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            self._pending.append((step, duration, 0, [], host, copied))
+            self._pending.append((step, duration, 0, host, copied))
         else:
-            self._pending.append((step, duration, int(total), [], None, None))
+            self._pending.append((step, duration, int(total), None, None))
 
     def ready(self, wait: bool = False) -> list[StepTokens]:
         """The steps whose totals have reached the host, oldest first; ``wait`` waits for all of them."""
         done: list[StepTokens] = []
         while self._pending:
-            step, duration, tokens, host_masks, host, copied = self._pending[0]
+            step, duration, tokens, host, copied = self._pending[0]
             if copied is not None and not copied.query():
                 if not wait:
                     break
                 copied.synchronize()
             self._pending.popleft()
-            tokens += _mask_sum(host_masks)
-            done.append((step, duration, tokens if host is None else tokens + int(host)))
+            done.append((step, duration, tokens if host is None else int(host)))
         return done
 
     def detach(self) -> None:
         self._handle.remove()
-
-
-def _mask_sum(masks: list[torch.Tensor]) -> int:
-    return sum(int(mask.sum()) for mask in masks)

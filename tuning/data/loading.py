@@ -38,15 +38,11 @@ def check_data_file(path: str) -> None:
 
 def _first_significant_byte(handle) -> bytes:
     """The first byte after a UTF-8 byte order mark and whitespace, b"" for a blank file; rewinds the handle."""
-    head = handle.read(len(codecs.BOM_UTF8))
-    if not head.startswith(codecs.BOM_UTF8):
+    if handle.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
         handle.seek(0)
     first = b""
-    while chunk := handle.read(_READ_SIZE):
-        stripped = chunk.lstrip(_WHITESPACE)
-        if stripped:
-            first = stripped[:1]
-            break
+    while not first and (chunk := handle.read(_READ_SIZE)):
+        first = chunk.lstrip(_WHITESPACE)[:1]
     handle.seek(0)
     return first
 

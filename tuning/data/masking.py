@@ -1,13 +1,10 @@
 """Tokenisation with loss masking: only the response (what follows the response template) is trained on.
 
-TRL 1.16 dropped ``DataCollatorForCompletionOnlyLM``. We mask once, while tokenising, using character offsets:
-a token is part of the response when it starts at or after the end of the template in the text. Unlike matching
-template token ids, this cannot miss a template that tokenises differently in context. The result is a
-pre-tokenised dataset with ``input_ids`` and ``labels`` columns that TRL pads (labels with -100) and packs as it is.
-
-Texts are consumed in batches and the rows written to an Arrow file (``Dataset.from_generator``) that the dataset
-memory-maps, so memory is bounded by a batch, not by the data. The file lives in a directory of its own under the
-``datasets`` cache (``HF_DATASETS_CACHE``), removed when the process exits.
+TRL 1.16 has no ``DataCollatorForCompletionOnlyLM``; we mask once, while tokenising, by character offsets: a token
+is part of the response when it starts at or after the end of the template in the text, which cannot miss a
+template that tokenises differently in context. The ``input_ids``/``labels`` rows are written, a batch at a time,
+to an Arrow file (``Dataset.from_generator``) in a directory of its own under ``HF_DATASETS_CACHE``, removed at exit:
+memory is bounded by a batch, not by the data; TRL pads (labels with -100) and packs the dataset as it is.
 """
 
 import atexit

@@ -1,58 +1,11 @@
-"""Error reporting shared by sft_trainer and every wrapper.
+"""Error reporting shared by sft_trainer and every wrapper: classification, exit codes, termination log, report.
 
-A failed run must be diagnosable by a machine without grepping logs: every failure is classified into a stable
-category with its own exit code, summarised in one line of the Kubernetes termination log, announced by one greppable
-stderr line and, for wrappers, described by a JSON report. This module imports neither torch nor transformers, so a
-supervisor process can use it cheaply; torch exceptions are recognised by class name.
-
-Categories and default exit codes. User faults use 1-127, system faults 128-254. Override a code with
-``TUNING_EXIT_CODE_<CATEGORY>`` (e.g. ``TUNING_EXIT_CODE_GPU_OOM=250``); a value that is not an integer in the
-category's range is ignored with a warning.
-
-=============  ======  ======================================================================================
-category       code    meaning
-=============  ======  ======================================================================================
-user_error     1       bad arguments, files, data or model path: fix the input, retrying will not help
-gpu_oom        204     accelerator memory exhausted
-host_oom       205     host (CPU) memory exhausted
-communication  206     NCCL / gloo / c10d failure, collective or watchdog timeout, rendezvous or store failure
-device_error   207     transient accelerator fault: illegal memory access, ECC error, launch failure
-hang           208     a stall watchdog saw no progress (``TrainingStalled`` or an explicit category)
-storage        209     no room to store a result: device full or quota exceeded (``StorageError``)
-interrupted    128+N   stopped by signal N: 143 for SIGTERM, 130 for SIGINT
-internal       203     anything else (the code fms-hf-tuning uses)
-=============  ======  ======================================================================================
-
-Termination log: one line ``<category>: [rank N: ]<Type>: <message>`` of at most 1 KiB, no traceback, appended to
-``$TERMINATION_LOG_FILE``, else to ``/dev/termination-log`` when it exists and is writable. stderr marker, printed after
-the traceback: ``TUNING_ERROR category=gpu_oom rank=0 step=3 exit_code=204 type=OutOfMemoryError: <message>``
-(``step=-`` before training). Scripts get all of it from ``sys.exit(run_with_error_reporting(main))``, and with
-``install_early_signal_handlers()`` before their heavy imports, a SIGTERM or Ctrl-C at any moment ends them the same
-way (``interrupted``).
-
-A "CUDA error: device-side assert triggered" is ``internal``, not ``device_error``: it is a deterministic kernel check
-(usually an out-of-range index from a data, tokenizer or model mismatch) that fails the same way on healthy hardware.
-
-Report written by wrappers (``build_error_report``); a stable on-disk interface: keys may be added, never renamed
-or dropped.
-
-==============  ============  ====================================================================================
-key             type          value
-==============  ============  ====================================================================================
-category        str           one of the categories above
-exit_code       int           the exit status the process ends with
-exception_type  str           qualified class name (``torch.OutOfMemoryError``; builtins bare: ``ValueError``) of
-                              the exception in the chain that decided the category
-message         str           that exception's message (for argparse errors, the message argparse printed)
-rank            int           ``RANK`` (0 when unset)
-local_rank      int           ``LOCAL_RANK`` (0 when unset)
-world_size      int           ``WORLD_SIZE`` (1 when unset)
-host            str           ``socket.gethostname()``
-pid             int           process id
-global_step     int | null    optimizer steps completed when the error happened; null before training started
-timestamp       str           UTC ISO-8601 with milliseconds and ``Z``
-traceback       str           the formatted traceback of the whole exception chain
-==============  ============  ====================================================================================
+A failed run must be diagnosable by a machine without grepping logs: every failure gets a stable category with its
+own exit code, one line in the Kubernetes termination log, one greppable ``TUNING_ERROR`` stderr line and, for
+wrappers, a JSON report. The categories, exit codes (and their ``TUNING_EXIT_CODE_<CATEGORY>`` overrides), the line
+formats and the report's keys are documented in the README's "Errors, exit codes and reports" section; the report
+is an on-disk interface (keys may be added, never renamed or dropped). This module imports neither torch nor
+transformers, so a supervisor process can use it cheaply; torch exceptions are recognised by class name.
 """
 
 import enum
@@ -117,16 +70,20 @@ class StorageError(OSError):
 
 
 class ErrorCategory(enum.StrEnum):
-    """Why a run failed; the values are stable strings that reports and termination logs carry."""
+    """Why a run failed; the values are stable strings that reports and termination logs carry.
 
-    USER_ERROR = "user_error"
+    Declared in order of priority: when several exceptions of a chain match, the most specific root cause wins, and
+    any system fault beats a user error (an OOM wrapped in a ValueError is still an OOM).
+    """
+
     GPU_OOM = "gpu_oom"
     HOST_OOM = "host_oom"
-    COMMUNICATION = "communication"
     DEVICE_ERROR = "device_error"
+    COMMUNICATION = "communication"
     HANG = "hang"
     STORAGE = "storage"
     INTERRUPTED = "interrupted"
+    USER_ERROR = "user_error"
     INTERNAL = "internal"
 
 
@@ -137,90 +94,71 @@ def _qualified_name(cls: type) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-# When several exceptions of a chain match, the most specific root cause wins, and any system fault beats a user
-# error (an OOM wrapped in a ValueError is still an OOM).
-_PRIORITY = (
-    _C.GPU_OOM,
-    _C.HOST_OOM,
-    _C.DEVICE_ERROR,
-    _C.COMMUNICATION,
-    _C.HANG,
-    _C.STORAGE,
-    _C.INTERRUPTED,
-    _C.USER_ERROR,
-    _C.INTERNAL,
-)
+_PRIORITY = list(ErrorCategory)
 
 # Matched against the qualified names of an exception's classes (its MRO), so torch need not be imported.
 _TYPE_CATEGORIES = {
-    "torch.OutOfMemoryError": _C.GPU_OOM,
-    "torch.cuda.OutOfMemoryError": _C.GPU_OOM,
-    "MemoryError": _C.HOST_OOM,
-    "torch.AcceleratorError": _C.DEVICE_ERROR,
-    "torch.distributed.DistError": _C.COMMUNICATION,
-    "torch.distributed.elastic.rendezvous.api.RendezvousError": _C.COMMUNICATION,
-    _qualified_name(TrainingStalled): _C.HANG,
-    _qualified_name(StorageError): _C.STORAGE,
-    "KeyboardInterrupt": _C.INTERRUPTED,
-    _qualified_name(TrainingInterrupted): _C.INTERRUPTED,
-    _qualified_name(SignalInterrupt): _C.INTERRUPTED,
-    "torch.distributed.elastic.multiprocessing.api.SignalException": _C.INTERRUPTED,
-    "argparse.ArgumentError": _C.USER_ERROR,
-    "argparse.ArgumentTypeError": _C.USER_ERROR,
-    "FileNotFoundError": _C.USER_ERROR,
-    "IsADirectoryError": _C.USER_ERROR,
-    "NotADirectoryError": _C.USER_ERROR,
-    "PermissionError": _C.USER_ERROR,
-    # Also covers json.JSONDecodeError, HF argument validation and huggingface_hub's HFValidationError.
-    "ValueError": _C.USER_ERROR,
-    "TypeError": _C.USER_ERROR,
+    _C.GPU_OOM: {"torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"},
+    _C.HOST_OOM: {"MemoryError"},
+    _C.DEVICE_ERROR: {"torch.AcceleratorError"},
+    _C.COMMUNICATION: {"torch.distributed.DistError", "torch.distributed.elastic.rendezvous.api.RendezvousError"},
+    _C.HANG: {_qualified_name(TrainingStalled)},
+    _C.STORAGE: {_qualified_name(StorageError)},
+    _C.INTERRUPTED: {
+        "KeyboardInterrupt",
+        _qualified_name(TrainingInterrupted),
+        _qualified_name(SignalInterrupt),
+        "torch.distributed.elastic.multiprocessing.api.SignalException",
+    },
+    # ValueError also covers json.JSONDecodeError, HF argument validation and huggingface_hub's HFValidationError.
+    _C.USER_ERROR: {
+        "argparse.ArgumentError",
+        "argparse.ArgumentTypeError",
+        "FileNotFoundError",
+        "IsADirectoryError",
+        "NotADirectoryError",
+        "PermissionError",
+        "ValueError",
+        "TypeError",
+    },
 }
 
-_MESSAGE_PATTERNS = (
-    (
-        _C.GPU_OOM,
-        re.compile(
+# Matched (case-insensitively) against the message of every exception of the chain.
+_MESSAGE_PATTERNS = [
+    (category, re.compile(pattern, re.I))
+    for category, pattern in (
+        (
+            _C.GPU_OOM,
             r"(CUDA|HIP|XPU) out of memory|MPS backend out of memory|(CUDA|HIP) error: out of memory"
             r"|Cuda failure '?out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
             r"|CUDNN_STATUS_ALLOC_FAILED",
-            re.I,
         ),
-    ),
-    (_C.HOST_OOM, re.compile(r"DefaultCPUAllocator|Cannot allocate memory|std::bad_alloc", re.I)),
-    (
-        _C.DEVICE_ERROR,
-        re.compile(
+        (_C.HOST_OOM, r"DefaultCPUAllocator|Cannot allocate memory|std::bad_alloc"),
+        (
+            _C.DEVICE_ERROR,
             r"illegal memory access|illegal instruction was encountered|ECC error|unspecified launch failure"
             r"|launch timed out|fallen off the bus|uncorrectable NVLink|CUDA error: unknown error"
             r"|CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR|CUDNN_STATUS_EXECUTION_FAILED",
-            re.I,
         ),
-    ),
-    (
-        _C.COMMUNICATION,
-        re.compile(
+        (
+            _C.COMMUNICATION,
             r"nccl[\s_-]*(error|timeout|warn|communicator|operation)|nccl\w*Error|collective operation timeout"
             r"|watchdog\b.{0,80}\b(timeout|timed out|stuck)|rendezvous|TCPStore"
             r"|(client|server) socket has (timed out|failed)",
-            re.I,
         ),
-    ),
-    # Peer and socket failures only count as communication when gloo or c10d raised them: the same words come
-    # from a failed download too.
-    (
-        _C.COMMUNICATION,
-        re.compile(r"\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))", re.I | re.S),
-    ),
-    (_C.STORAGE, re.compile(r"No space left on device|Disk quota exceeded", re.I)),
-    (
-        _C.USER_ERROR,
-        re.compile(
+        # Peer and socket failures only count as communication when gloo or c10d raised them: the same words come
+        # from a failed download too.
+        (_C.COMMUNICATION, r"(?s)\A(?=.*(gloo|c10d))(?=.*(closed by peer|reset by peer|broken pipe|timed out))"),
+        (_C.STORAGE, r"No space left on device|Disk quota exceeded"),
+        (
+            _C.USER_ERROR,
             r"is not a valid model identifier|is not a local folder|does not appear to have a file named"
             r"|Can't load (the )?(tokenizer|config|configuration|model)|Incorrect path_or_model_id",
-            re.I,
         ),
-    ),
-)
+    )
+]
+# A "device-side assert triggered" is a deterministic kernel check (usually an index out of range from a data,
+# tokenizer or model mismatch) that fails the same way on healthy hardware: internal, not device_error.
 _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
 # An OSError of these is the storage's fault whatever its message says.
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -288,7 +226,7 @@ def _categories(exc: BaseException) -> set[ErrorCategory]:
         # argparse exits with 2 after printing its usage error; other exits carry no diagnosis.
         return {_C.USER_ERROR} if exc.code == 2 else set()
     names = {_qualified_name(cls) for cls in type(exc).__mro__}
-    found = {category for name, category in _TYPE_CATEGORIES.items() if name in names}
+    found = {category for category, types in _TYPE_CATEGORIES.items() if names & types}
     if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
         found.add(_C.STORAGE)
     text = _safe_str(exc)
@@ -365,11 +303,9 @@ def termination_log_path(log_file: str | None = None) -> str | None:
 
 
 def write_termination_log(text: str, log_file: str | None = None) -> str | None:
-    """Append ``text`` to the termination log (see ``termination_log_path``) as one line of at most 1 KiB; return
-    the path, or None if not written. Without ``TERMINATION_LOG_FILE``, ``log_file`` or ``/dev/termination-log``
-    nothing is written (fms-hf-tuning defaults ``log_file`` to ``error.log``: pass it to get that file).
-
-    Never raises: the log is a best-effort summary and must not mask the error being reported.
+    """Append ``text`` to the termination log (``termination_log_path``) as one line of at most 1 KiB; return the
+    path, or None if none was written. Never raises: the log is a best-effort summary and must not mask the error
+    being reported.
     """
     path = termination_log_path(log_file)
     if path is None:
@@ -414,7 +350,7 @@ def build_error_report(
     category: ErrorCategory | str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The structured description of a failure (keys in the module docstring), a JSON-ready dict.
+    """The structured description of a failure (keys in the README's report table), a JSON-ready dict.
 
     ``category`` overrides the classification, e.g. ``hang`` from a watchdog; ``extra`` adds caller keys, which may
     not shadow the stable ones.
