@@ -36,6 +36,11 @@ def test_ratios_are_medians_of_per_round_ratios_to_the_baseline():
     assert rows["bench_train"]["process"]["ratio"] == pytest.approx(1.1)
     assert rows["bench_train"]["process"]["median_s"] == 22 and rows["trl"]["loop"]["ratio"] == 1
     assert not rows["bench_train"]["same_work"] and rows["trl"]["same_work"]
+    # The middle half of the three rounds' ratios (1.1, 1.1, 1.01): a 1.08 target inside it is unresolved.
+    process = rows["bench_train"]["process"]
+    assert (process["ratio_q1"], process["ratio_q3"]) == (pytest.approx(1.055), pytest.approx(1.1))
+    assert overhead.verdict(process, 1.08) == "≈"
+    assert overhead.verdict(process, 1.2) == "✓" and overhead.verdict(process, 1.0) == "✗"
 
 
 def test_record_size_measures_bytes_per_point_and_the_dump(capsys):
