@@ -466,32 +466,29 @@ class _Child:
                     os._exit(0)
 
     def handle(self, message: dict[str, Any]) -> None:
-        op = message["op"]
-        if op == "open":
-            options = dict(message)
-            del options["op"]
-            server, self.timeout = options.pop("server"), options.pop("timeout")
-            self.server = tuple(server) if server else None
-            self.probe()
-            if self.backend_error is not None:
-                raise self.backend_error
-            if self.server is not None:
-                threading.Thread(target=self.watch_server, name="server-watch", daemon=True).start()
-            self.info = self.backend.open(options)
-            self.opened = True
-        elif op == "track":
-            if message["points"]:
-                self.backend.track(message["points"])
-            if message["logs"]:
-                self.backend.track_logs(message["logs"])
-        elif op == "set":
-            self.backend.set_params(message["name"], message["params"])
-        elif op == "close":
-            if self.opened:
-                self.probe()  # closing against a dead server would never return
-                self.backend.close(finished=True)
-        else:
-            raise ValueError(f"unknown message {op!r}")
+        match message:
+            case {"op": "open", "server": server, "timeout": timeout, **options}:
+                self.server, self.timeout = (tuple(server) if server else None), timeout
+                self.probe()
+                if self.backend_error is not None:
+                    raise self.backend_error
+                if self.server is not None:
+                    threading.Thread(target=self.watch_server, name="server-watch", daemon=True).start()
+                self.info = self.backend.open(options)
+                self.opened = True
+            case {"op": "track", "points": points, "logs": logs}:
+                if points:
+                    self.backend.track(points)
+                if logs:
+                    self.backend.track_logs(logs)
+            case {"op": "set", "name": name, "params": params}:
+                self.backend.set_params(name, params)
+            case {"op": "close"}:
+                if self.opened:
+                    self.probe()  # closing against a dead server would never return
+                    self.backend.close(finished=True)
+            case _:
+                raise ValueError(f"unknown message {message.get('op')!r}")
         self.done += 1
 
     def handle_batch(self, messages: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:

@@ -9,6 +9,7 @@ other groups as ``group.key``; nested mappings flattened with dots, lists as JSO
 continued in ``key.part2``, ``key.part3``, ...; a key that already holds another value gets its group's prefix.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -85,9 +86,7 @@ class MlflowBackend:
         database = sqlite_path(tracking_uri)
         if database:  # jobs started together must not create (and migrate) a new database at the same time
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
-            with FileLock(f"{database}.lock"):
-                experiment_id = self._experiment_id(options["experiment"])
-        else:
+        with FileLock(f"{database}.lock") if database else contextlib.nullcontext():
             experiment_id = self._experiment_id(options["experiment"])
         tags = {"mlflow.source.name": options["source"], "mlflow.source.type": "LOCAL"}
         run = self.client.create_run(experiment_id, tags=tags, run_name=options["run_name"])

@@ -1,5 +1,6 @@
 """The tracker interface every backend implements."""
 
+import functools
 import numbers
 import os
 from collections.abc import Iterator
@@ -16,15 +17,13 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+@functools.cache  # trainers log the same few keys at every step, so each is named once
 def _series_name(key: str) -> tuple[str, dict[str, str]]:
+    """Log key → (series name, context)."""
     for prefix in _LOG_PREFIXES:
         if key.startswith(prefix):
             return key[len(prefix) :], {"subset": prefix[:-1]}
     return key, {}
-
-
-# Log key → (series name, context). Trainers log the same few keys at every step, so each is named once.
-_SERIES_NAMES: dict[str, tuple[str, dict[str, str]]] = {}
 
 
 def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
@@ -35,10 +34,8 @@ def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], floa
         kind = type(value)
         if kind is not float and kind is not int and (kind is bool or not isinstance(value, numbers.Real)):
             continue
-        named = _SERIES_NAMES.get(key)
-        if named is None:
-            named = _SERIES_NAMES[key] = _series_name(key)
-        yield named[0], named[1], value
+        name, context = _series_name(key)
+        yield name, context, value
 
 
 class Tracker:
