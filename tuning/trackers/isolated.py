@@ -126,7 +126,8 @@ class IsolatedCallback:
         # Trainer logs not yet queued (appended by the training thread without the lock).
         self._logs: collections.deque[tuple[int, float | None, float, dict[str, Any]]] = collections.deque()
         self._child_done = threading.Event()  # the child answered the close, failed or exited
-        self._connected = threading.Event()  # the child connected back
+        self._connection: Connection | None = None
+        self._connected = threading.Event()  # the child connected back: _connection is set
         self.ready = threading.Event()
         self._closed = False
         self._run_requested = False
@@ -312,22 +313,19 @@ class IsolatedCallback:
             self._degrade(f"starting the {self.label} helper process failed: {exc!r}")
             return
         threading.Thread(target=self._talk, args=(listener,), name=f"{self.label}-sender", daemon=True).start()
-        threading.Thread(target=self._watch_exit, name=f"{self.label}-exit-watch", daemon=True).start()
+        threading.Thread(target=self._read_answers, name=f"{self.label}-reader", daemon=True).start()
         # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
         atexit.register(self.close)
 
     def _talk(self, listener: Listener) -> None:
-        """The sender thread: accepts the child's connection, starts the reader, then sends everything queued at
-        once, blocking (on a full socket) instead of the training thread."""
+        """The sender thread: accepts the child's connection, then sends everything queued at once, blocking (on a
+        full socket) instead of the training thread."""
         try:
             with listener:
-                connection = listener.accept()
+                self._connection = listener.accept()
         except OSError:
-            return  # the child is gone; the exit watch reports it
+            return  # the child is gone; the reader reports it
         self._connected.set()
-        reader = threading.Thread(target=self._read_answers, args=(connection,), name=f"{self.label}-reader")
-        reader.daemon = True
-        reader.start()
         closing = False
         while not closing:
             try:
@@ -341,16 +339,20 @@ class IsolatedCallback:
                 messages.append(self._outbox.get())
             closing = any(message["op"] == "close" for message in messages)
             try:
-                connection.send(messages)
+                self._connection.send(messages)
             except (OSError, ValueError):
                 return  # the child is gone; the reader reports it
 
-    def _read_answers(self, connection: Connection) -> None:
-        """The reader thread: acknowledgements advance progress; a failure degrades tracking."""
+    def _read_answers(self) -> None:
+        """The reader thread: acknowledgements advance progress; a failure, or the child's exit (also before it
+        connected back), degrades tracking."""
+        while not self._connected.wait(0.1):
+            if self._process.poll() is not None and not self._connected.is_set():
+                break  # it exited before connecting back
         acked = 0
-        while True:
+        while self._connected.is_set():
             try:
-                answer = connection.recv()
+                answer = self._connection.recv()
             except (EOFError, OSError):
                 break
             self.ready.set()
@@ -375,14 +377,6 @@ class IsolatedCallback:
         if unexpected:
             self._degrade(f"the {self.label} helper process exited unexpectedly (exit status {code})")
         self._child_done.set()
-
-    def _watch_exit(self) -> None:
-        """A thread: a child that exits before connecting back degrades tracking (once connected, the reader
-        judges its exit)."""
-        code = self._process.wait()
-        if not self._connected.is_set():
-            self._degrade(f"the {self.label} helper process exited unexpectedly (exit status {code})")
-            self._child_done.set()
 
     def _degrade(self, reason: str) -> None:
         with self._state_lock:
