@@ -142,11 +142,6 @@ class IsolatedCallback:
     def degraded(self) -> bool:
         return self.degraded_reason is not None
 
-    @property
-    def warning(self) -> str:
-        """The one line logged when tracking stops."""
-        return f"{self.label} tracking stopped, training continues without it"
-
     # ---- API for hooks and subclasses: never blocks, never raises ----
 
     def track(
@@ -387,10 +382,7 @@ class IsolatedCallback:
         if process is not None:
             process.kill()  # stuck or broken: nothing it still holds is worth waiting for
         self._child_done.set()
-        logger.warning("%s: %s", self.warning, reason)
-
-
-# ---- the child process ----
+        logger.warning("%s tracking stopped, training continues without it: %s", self.label, reason)
 
 
 class IsolatedTracker(Tracker):
@@ -412,6 +404,9 @@ class IsolatedTracker(Tracker):
 
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
         self.callback.set_params(params, name)
+
+
+# ---- the child process ----
 
 
 class ServerGone(Exception):

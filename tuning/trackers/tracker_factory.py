@@ -1,9 +1,7 @@
 """Tracker registry: name → config dataclass + lazily imported implementation.
 
 Backends register a dotted ``module:Class`` path rather than a class so that optional packages (aim) are imported
-only when their tracker is requested. A new tracker registers itself with its config dataclass (and, in this package,
-adds a ``<name>_config`` field to ``TrackerConfigFactory``): the parser (its flags) and ``train()`` (its
-construction) then find it by its name.
+only when their tracker is requested.
 """
 
 import importlib
@@ -119,5 +117,4 @@ def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactor
 
 
 def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
-    """The trainer callbacks of ``trackers``, in their order."""
     return [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
