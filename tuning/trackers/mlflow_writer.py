@@ -62,13 +62,6 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def sqlite_path(tracking_uri: str | None) -> str | None:
-    """The database file of a ``sqlite:///`` tracking URI."""
-    if tracking_uri and tracking_uri.startswith("sqlite:///"):
-        return tracking_uri[len("sqlite:///") :] or None
-    return None
-
-
 class MlflowBackend:
     def __init__(self):
         import mlflow
@@ -83,7 +76,7 @@ class MlflowBackend:
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
         tracking_uri = options["tracking_uri"] or self._mlflow.get_tracking_uri()
         self.client = self._mlflow.MlflowClient(tracking_uri=tracking_uri)
-        database = sqlite_path(tracking_uri)
+        database = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else ""
         if database:  # jobs started together must not create (and migrate) a new database at the same time
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
         with FileLock(f"{database}.lock") if database else contextlib.nullcontext():
@@ -113,10 +106,6 @@ class MlflowBackend:
                 continue
         raise RuntimeError(f"could not create the MLflow experiment {name!r}")
 
-    def _log_metrics(self, metrics: list) -> None:
-        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
-
     def _step(self, key: str, step: int | None) -> int:
         """A point's step; without one, the key's last step plus one (as Aim counts on)."""
         step = self.last_steps.get(key, -1) + 1 if step is None else int(step)
@@ -128,15 +117,14 @@ class MlflowBackend:
         for value, name, step, _epoch, context, at in points:
             key = metric_key(name, context)
             metrics.append(self._metric(key, value, int(at * 1000), self._step(key, step)))
-        self._log_metrics(metrics)
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 
     def track_logs(self, logs: list[list]) -> None:
-        metrics = []
-        for step, _epoch, at, entry in logs:
-            for name, value in entry.items():
-                key = valid_key(name)
-                metrics.append(self._metric(key, value, int(at * 1000), self._step(key, step)))
-        self._log_metrics(metrics)
+        """Trainer logs under their own keys (no context)."""
+        self.track(
+            [[value, name, step, epoch, {}, at] for step, epoch, at, entry in logs for name, value in entry.items()]
+        )
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
         flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
