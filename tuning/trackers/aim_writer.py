@@ -17,12 +17,7 @@ CREATE_LOCK_NAME = ".aim-create.lock"
 def installed_packages() -> dict[str, str]:
     """Installed distributions and versions, as Aim's UI shows them, without Aim's ``pkg_resources`` listing (which
     crashes on setuptools >= 81)."""
-    packages = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            packages[name] = dist.version
-    return packages
+    return {dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
 
 
 def ensure_repo(path: str) -> None:
