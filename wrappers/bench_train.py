@@ -472,11 +472,6 @@ class BenchmarkJob:
         for tracker in self.mirrored:
             tracker.get_hf_callback().close()
 
-    def release_metrics_path(self) -> None:
-        if self.metrics_path_lock is not None:
-            os.close(self.metrics_path_lock)
-            self.metrics_path_lock = None
-
     def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
         """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
         if self.record is None:
@@ -557,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
     finally:
-        job.release_metrics_path()
+        if job.metrics_path_lock is not None:
+            os.close(job.metrics_path_lock)
 
 
 if __name__ == "__main__":
