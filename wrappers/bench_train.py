@@ -500,12 +500,8 @@ class BenchmarkJob:
         except OSError as exc:
             problem = f"cannot write the dump to --metrics_path {self.metrics_path}: {exc.strerror or exc}"
         name = os.path.basename(self.metrics_path)
-        for fallback in (
-            os.path.join(self.output_dir, name),
-            os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}"),
-        ):
-            if fallback == self.metrics_path:
-                continue
+        fallbacks = [os.path.join(self.output_dir, name), os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}")]
+        for fallback in (path for path in fallbacks if path != self.metrics_path):
             try:
                 os.makedirs(os.path.dirname(fallback), exist_ok=True)
                 write_dump(fallback, dump)
