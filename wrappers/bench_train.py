@@ -246,8 +246,7 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 3. Aim and MLflow: the trackers' failure-isolated callbacks, plus the benchmark's series; the metadata arrives
-#    through train().
+# 3. Aim and MLflow: failure-isolated trackers that also receive the benchmark's series.
 # ---------------------------------------------------------------------------------------------------------------------
 
 # Trackers that also receive the benchmark's series, and what the dump notes about their runs.
