@@ -99,14 +99,6 @@ class BenchmarkCallback(TrainerCallback):
         self._global_batch = 0  # samples per optimizer step over all ranks
         self.log_recorder = _LogRecorder(self)
 
-    # ---- recording ----
-
-    def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
-        if self.record is not None:
-            self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
-        if self.mirror is not None and self._main:
-            self.mirror([(name, value, None, context)])
-
     # ---- hooks ----
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -179,6 +171,12 @@ class BenchmarkCallback(TrainerCallback):
             self.sampler.stop()
 
     # ---- helpers ----
+
+    def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
+        if self.record is not None:
+            self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
+        if self.mirror is not None and self._main:
+            self.mirror([(name, value, None, context)])
 
     def _record_unrecorded(self, now: float, wait: bool = False, final: bool = False) -> None:
         """Record the steps and logs noted since the last call, and the token totals that have reached the host
