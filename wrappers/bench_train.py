@@ -291,10 +291,8 @@ def check_writable(path: str) -> None:
         if os.path.isdir(path):
             raise IsADirectoryError(21, "Is a directory")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        probe = f"{path}.{os.getpid()}.probe"
-        with open(probe, "w", encoding="utf-8"):
+        with tempfile.TemporaryFile(dir=os.path.dirname(path)):
             pass
-        os.remove(probe)
         room = os.statvfs(os.path.dirname(path))
     except OSError as exc:
         raise UserInputError(f"cannot write --metrics_path {path}: {exc.strerror or exc}") from exc
