@@ -246,8 +246,7 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# 3. Aim and MLflow: the trackers' failure-isolated callbacks, plus the benchmark's series; the metadata arrives
-#    through train().
+# 3. Aim and MLflow: failure-isolated trackers that also receive the benchmark's series.
 # ---------------------------------------------------------------------------------------------------------------------
 
 # Trackers that also receive the benchmark's series, and what the dump notes about their runs.
@@ -292,10 +291,8 @@ def check_writable(path: str) -> None:
         if os.path.isdir(path):
             raise IsADirectoryError(21, "Is a directory")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        probe = f"{path}.{os.getpid()}.probe"
-        with open(probe, "w", encoding="utf-8"):
+        with tempfile.TemporaryFile(dir=os.path.dirname(path)):
             pass
-        os.remove(probe)
         room = os.statvfs(os.path.dirname(path))
     except OSError as exc:
         raise UserInputError(f"cannot write --metrics_path {path}: {exc.strerror or exc}") from exc
@@ -472,11 +469,6 @@ class BenchmarkJob:
         for tracker in self.mirrored:
             tracker.get_hf_callback().close()
 
-    def release_metrics_path(self) -> None:
-        if self.metrics_path_lock is not None:
-            os.close(self.metrics_path_lock)
-            self.metrics_path_lock = None
-
     def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
         """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
         if self.record is None:
@@ -505,12 +497,8 @@ class BenchmarkJob:
         except OSError as exc:
             problem = f"cannot write the dump to --metrics_path {self.metrics_path}: {exc.strerror or exc}"
         name = os.path.basename(self.metrics_path)
-        for fallback in (
-            os.path.join(self.output_dir, name),
-            os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}"),
-        ):
-            if fallback == self.metrics_path:
-                continue
+        fallbacks = [os.path.join(self.output_dir, name), os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}")]
+        for fallback in (path for path in fallbacks if path != self.metrics_path):
             try:
                 os.makedirs(os.path.dirname(fallback), exist_ok=True)
                 write_dump(fallback, dump)
@@ -557,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
     finally:
-        job.release_metrics_path()
+        if job.metrics_path_lock is not None:
+            os.close(job.metrics_path_lock)
 
 
 if __name__ == "__main__":

@@ -49,11 +49,9 @@ class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
 
     ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
-    context)`` points (not the trainer logs, which trackers see themselves), e.g. to send them to Aim: per series at
-    most one point every ``mirror_interval`` seconds (the mean since the previous one, under its last step), and a last
-    one at train end or ``close``; system samples reach it with step None. With ``system_metrics_interval`` a sampler
-    runs from train begin to train end, its points labelled with the step in progress. Stop decisions go through
-    ``stop_agreement``: pass the one the run's ``GracefulStopCallback`` uses.
+    context)`` points (not the trainer logs, which trackers see themselves): per series the mean since its previous
+    point every ``mirror_interval`` seconds, and a last one at train end or ``close``; system samples with step None.
+    Pass as ``stop_agreement`` the one the run's ``GracefulStopCallback`` uses.
     """
 
     def __init__(
@@ -100,14 +98,6 @@ class BenchmarkCallback(TrainerCallback):
         self._main = False
         self._global_batch = 0  # samples per optimizer step over all ranks
         self.log_recorder = _LogRecorder(self)
-
-    # ---- recording ----
-
-    def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
-        if self.record is not None:
-            self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
-        if self.mirror is not None and self._main:
-            self.mirror([(name, value, None, context)])
 
     # ---- hooks ----
 
@@ -156,17 +146,11 @@ class BenchmarkCallback(TrainerCallback):
         if self._main and self.record is not None and logs:
             self._unrecorded.append((step, time.time(), dict(logs)))  # a copy: later callbacks may edit logs
 
-    def on_substep_end(self, args, state, control, **kwargs):
+    def _on_progress(self, args, state, control, **kwargs):
+        """Progress between step ends (gradient accumulation, evaluation, checkpoints): the watchdog's beat."""
         self._beat()
 
-    def on_prediction_step(self, args, state, control, **kwargs):
-        self._beat()
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        self._beat()
-
-    def on_save(self, args, state, control, **kwargs):
-        self._beat()
+    on_substep_end = on_prediction_step = on_evaluate = on_save = _on_progress
 
     def on_train_end(self, args, state, control, **kwargs):
         self._record_unrecorded(time.time(), wait=True)
@@ -187,6 +171,12 @@ class BenchmarkCallback(TrainerCallback):
             self.sampler.stop()
 
     # ---- helpers ----
+
+    def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
+        if self.record is not None:
+            self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
+        if self.mirror is not None and self._main:
+            self.mirror([(name, value, None, context)])
 
     def _record_unrecorded(self, now: float, wait: bool = False, final: bool = False) -> None:
         """Record the steps and logs noted since the last call, and the token totals that have reached the host

@@ -30,8 +30,6 @@ from tuning.utils.file_utils import read_json_lines
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
-CLOSE_TIMEOUT_S = 30.0
-
 # A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf; encoded
 # without building its dict.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
@@ -81,7 +79,7 @@ class Journal:
             if not self._closing.is_set():
                 self._queued.extend(records)
 
-    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+    def close(self, timeout: float = 30.0) -> None:
         """Write everything queued, fsync and close; later writes are dropped. A writer not done within ``timeout``
         seconds (stuck on a hung filesystem) is abandoned, so that the end of a job never waits on it: the journal
         keeps what was written, the dump gets every point anyway."""

@@ -10,7 +10,6 @@ from typing import Any
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write JSON through a temporary file in the same directory and ``os.replace``: readers never see half a file."""
-    path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:

@@ -130,8 +130,7 @@ class GracefulStopCallback(TrainerCallback):
     def _on_agreed(self, signum: int, control: TrainerControl) -> None:
         if not signum:
             return
-        if self.received_signal is None:
-            self.received_signal = signum
+        self.received_signal = self.received_signal or signum
         self._stopping = True
         control.should_training_stop = True
         control.should_save = False
