@@ -1,0 +1,50 @@
+"""A real tracking server for tests: on 127.0.0.1, in its own process group (servers fork
+workers, which own the socket), ready once it accepts connections."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class ServerProcess:
+    """``command`` run until it accepts TCP connections on ``port``; its stderr goes to ``log_path`` if given."""
+
+    name = "server"
+
+    def __init__(self, command: list[str], port: int, startup_timeout: float, log_path: Path | None = None):
+        self.port = port
+        with open(log_path, "w") if log_path else contextlib.nullcontext(subprocess.DEVNULL) as stderr:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        deadline = time.monotonic() + startup_timeout
+        while not self.accepts():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                log = f": {log_path.read_text()}" if log_path else ""
+                raise RuntimeError(f"{self.name} on port {self.port} did not start{log}")
+            time.sleep(0.2)
+
+    def accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole server, as a crashed or evicted server dies: nothing gets flushed or closed."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        self.process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while self.accepts() and time.monotonic() < deadline:
+            time.sleep(0.1)
