@@ -34,6 +34,7 @@ setup(
             "mlflow>=3.17,<4",
             "matplotlib>=3.7",
             "ray==2.60.0",
+            "py-spy>=0.4",  # benchmarks/overhead.py's profiled runs
         ],
     },
     entry_points={

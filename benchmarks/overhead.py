@@ -14,8 +14,16 @@ smallest model: every per-step cost looks its largest). Per run: **process** = s
 trainer's ``train_runtime``, **step** = median time between consecutive steps' log lines. Each ``× trl`` is the
 median over rounds of the ratio to that round's trl run, with the middle half of the rounds' ratios beside it
 (targets: process ≤ 1.03, loop and step ≤ 1.01; ``≈``: the target lies inside that spread, unresolved).
-**same work** = identical per-step losses in every arm. To find where time goes, profile one run
-(``torch.profiler`` or ``py-spy record -- python wrappers/bench_train.py ...``).
+**same work** = identical per-step losses in every arm.
+
+A machine whose speed drifts by more than 1 % from run to run cannot resolve 1 % between runs, so after the rounds
+each arm runs once more under ``py-spy`` (when installed: the ``dev`` extra), which samples the Python stacks
+``--profile_rate`` times a second: a share within one run, whatever the machine's speed. **ours** = the share of the
+training loop's samples (below transformers' ``_inner_training_loop``) with a frame of ``tuning/`` or ``wrappers/``,
+with its 95 % interval, plus the CPU time of the process's other threads from the first step to the last over that
+time (journal writer, sampler, tracker threads; at worst they hold the GIL the loop waits for), against the 1 %
+target for everything we add to the loop. Bare TRL's loop runs none of our code (its dataset is built before it), so
+its share is 0: a check of the counting.
 
     python benchmarks/overhead.py                                  # the full measurement, on a quiet machine
     python benchmarks/overhead.py --pairs 1 --max_steps 20         # a quick check that every arm runs
@@ -24,9 +32,11 @@ median over rounds of the ratio to that round's trl run, with the middle half of
 import argparse
 import ast
 import json
+import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,12 +46,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRAIN_PATH = REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"
 BASELINE = "trl"
 DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
 CASES = {"realistic": {"hidden_size": 256, "num_layers": 4}, "stress": {"hidden_size": 64, "num_layers": 2}}
 TARGETS = {"process": 1.03, "loop": 1.01, "step": 1.01}
+LOOP_FRAME = "._inner_training_loop ("  # transformers' Trainer loop, as py-spy names a frame: "function (file:line)"
+OWN_CODE = tuple(f" ({REPO_ROOT / folder}{os.sep}" for folder in ("tuning", "wrappers"))
 RESPONSE_TEMPLATE = "\n### Response:"
 
 
@@ -66,6 +80,7 @@ class Run:
     step_s: float
     losses: list = field(repr=False)
     step_ends: list = field(default_factory=list, repr=False)  # seconds from spawn to each step's loss line
+    threads_cpu_s: float = 0.0  # CPU time of the process's threads other than its main one, first to last step
 
 
 def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[str]:
@@ -104,14 +119,19 @@ def command(arm: str, settings: Settings, model_dir: str, run_dir: Path) -> list
     return [sys.executable, "wrappers/bench_train.py", *ours, "--trackers", *trackers, *bench]
 
 
-def run_once(case: str, arm: str, round_index: int, argv: list[str], run_dir: Path, env: dict[str, str]) -> Run:
-    """One process, its stdout lines timestamped as they arrive; stderr goes to a file beside it."""
+def run_once(
+    case: str, arm: str, round_index: int, argv: list[str], run_dir: Path, env: dict[str, str], wrapper: list[str] = ()
+) -> Run:
+    """One process (started by ``wrapper``, e.g. py-spy, where given), its stdout lines timestamped as they arrive;
+    stderr goes to a file beside it."""
     run_dir.mkdir(parents=True)
     stderr_path = run_dir / "stderr.log"
-    losses, log_times, runtime = [], [], None
+    losses, log_times, runtime, trainer, threads_cpu = [], [], None, None, [0.0]
     with stderr_path.open("w") as stderr:
         start = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen(
+            [*wrapper, *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=REPO_ROOT
+        )
         for line in process.stdout:
             if not line.startswith("{'"):
                 continue
@@ -119,6 +139,9 @@ def run_once(case: str, arm: str, round_index: int, argv: list[str], run_dir: Pa
             if "loss" in logs:
                 log_times.append(time.perf_counter())
                 losses.append(logs["loss"])
+                if trainer is None:
+                    trainer = psutil.Process(process.pid).children()[0] if wrapper else psutil.Process(process.pid)
+                threads_cpu.append(other_threads_cpu_s(trainer))
             if "train_runtime" in logs:
                 runtime = float(logs["train_runtime"])
         returncode = process.wait()
@@ -128,7 +151,57 @@ def run_once(case: str, arm: str, round_index: int, argv: list[str], run_dir: Pa
         raise RuntimeError(f"{case}/{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
     step_ends = [moment - start for moment in log_times]
     step_s = statistics.median(later - earlier for earlier, later in zip(step_ends, step_ends[1:], strict=False))
-    return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends)
+    threads_cpu_s = threads_cpu[-1] - threads_cpu[1]
+    return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends, threads_cpu_s)
+
+
+def other_threads_cpu_s(process: psutil.Process) -> float:
+    """CPU seconds so far of the process's threads other than its main one (its pid); 0 once it has ended."""
+    try:
+        return sum(thread.user_time + thread.system_time for thread in process.threads() if thread.id != process.pid)
+    except psutil.Error:
+        return 0.0
+
+
+@dataclass
+class Profile:
+    """One run under py-spy (see the module docstring): its samples and the CPU time of its other threads."""
+
+    case: str
+    arm: str
+    loop_samples: int
+    own_loop_samples: int
+    threads_cpu_share: float  # the other threads' CPU time from the first to the last step, over that time
+
+
+def count_samples(raw: str) -> tuple[int, int]:
+    """(samples in the training loop, those with our code below the loop) from py-spy's raw output: one line per
+    distinct stack, ``thread (id): name;frame;frame... count``, the loop's thread the one that runs ``LOOP_FRAME``."""
+    loop = own_loop = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        start = next((index for index, frame in enumerate(frames) if LOOP_FRAME in frame), None)
+        if start is not None:
+            loop += int(count)
+            own_loop += int(count) if any(folder in frame for frame in frames[start:] for folder in OWN_CODE) else 0
+    return loop, own_loop
+
+
+def profile_once(case: str, arm: str, py_spy: str, rate: int, argv: list[str], run_dir: Path, env: dict) -> Profile:
+    raw = run_dir / "py-spy.txt"
+    spy = [py_spy, "record", "--rate", str(rate), "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
+    run = run_once(case, arm, -1, argv, run_dir, env, [*spy, "--output", str(raw), "--"])
+    loop, own_loop = count_samples(raw.read_text())
+    return Profile(case, arm, loop, own_loop, run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[1]))
+
+
+def share_interval(own: int, total: int, z: float = 1.96) -> tuple[float, float, float]:
+    """The share ``own / total`` and its Wilson score interval (95 % with the default ``z``)."""
+    share = own / total
+    centre = share + z * z / (2 * total)
+    margin = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total))
+    return share, max(0.0, (centre - margin) / (1 + z * z / total)), (centre + margin) / (1 + z * z / total)
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -167,7 +240,17 @@ def alternating_runs(
             yield run_once(case, arm, round_index, argv(arm, round_index, run_dir), run_dir, env)
 
 
-def measure(case: str, settings: Settings, arms: list[str], pairs: int, warmup: bool, workdir: Path) -> list[Run]:
+def measure(
+    case: str,
+    settings: Settings,
+    arms: list[str],
+    pairs: int,
+    warmup: bool,
+    workdir: Path,
+    py_spy: str | None,
+    rate: int,
+) -> tuple[list[Run], list[Profile]]:
+    """The alternating rounds of every arm, then one run of each under py-spy where ``py_spy`` is its path."""
     from tuning.utils.tiny_model import build_tiny_model
 
     model_dir = build_tiny_model(str(workdir / "model"), **CASES[case])
@@ -176,12 +259,18 @@ def measure(case: str, settings: Settings, arms: list[str], pairs: int, warmup: 
     def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
         return command(arm, short if round_index < 0 else settings, model_dir, run_dir)
 
+    env = child_env(settings.threads)
     runs = []
-    for run in alternating_runs(case, arms, pairs, warmup, workdir, child_env(settings.threads), argv):
+    for run in alternating_runs(case, arms, pairs, warmup, workdir, env, argv):
         if run.round >= 0:
             print(f"{case} {run.round + 1}/{pairs} {run.arm}: process {run.process_s:.2f} s, loop {run.loop_s:.2f} s")
             runs.append(run)
-    return runs
+    profiles = []
+    for arm in arms if py_spy else ():
+        run_dir = workdir / f"profile-{arm}"
+        profiles.append(profile_once(case, arm, py_spy, rate, argv(arm, pairs, run_dir), run_dir, env))
+        print(f"{case} py-spy {arm}: {profiles[-1]}")
+    return runs, profiles
 
 
 def summarise(runs: list[Run]) -> list[dict]:
@@ -241,6 +330,33 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def profile_rows(profiles: list[Profile]) -> list[dict]:
+    """Per profiled run: the loop thread's share in our code with its 95 % interval, plus the other threads' share."""
+    rows = []
+    for profile in profiles:
+        if profile.loop_samples:
+            share, low, high = share_interval(profile.own_loop_samples, profile.loop_samples)
+        else:
+            share, low, high = 0.0, 0.0, 1.0
+        threads = profile.threads_cpu_share
+        rows.append(
+            {**asdict(profile), "share": share + threads, "share_low": low + threads, "share_high": high + threads}
+        )
+    return rows
+
+
+def profile_table(rows: list[dict]) -> str:
+    target = TARGETS["loop"]
+    header = ["case", "arm", "loop samples", "ours in the loop", "other threads' CPU", f"ours (≤ {target - 1:.0%})"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        judged = verdict({"ratio_q1": 1 + row["share_low"], "ratio_q3": 1 + row["share_high"]}, target)
+        share = f"{row['share']:.2%} ({row['share_low']:.2%}-{row['share_high']:.2%}) {judged}"
+        cells = [row["case"], row["arm"], str(row["loop_samples"]), str(row["own_loop_samples"])]
+        lines.append("| " + " | ".join([*cells, f"{row['threads_cpu_share']:.2%}", share]) + " |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     summary, details = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(
@@ -252,6 +368,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms; trl always runs (%(default)s)"
     )
     parser.add_argument("--no_warmup", action="store_true", help="skip the untimed 2-step round that warms caches")
+    parser.add_argument(
+        "--profile_rate", type=int, default=500, help="py-spy samples per second; 0: no py-spy runs (%(default)s)"
+    )
     parser.add_argument("--output", default="bench_output/overhead.json", help="JSON results file (%(default)s)")
     parser.add_argument("--workdir", default=None, help="keep models, run outputs and stderr logs in this new folder")
     for name, value in asdict(Settings()).items():
@@ -267,20 +386,30 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = set(arms) - {*DEFAULT_ARMS, "bench_train_no_aim"} | set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown arm(s) or case(s): {sorted(unknown)}")
-    runs = []
+    py_spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    if args.profile_rate and not py_spy:
+        print("py-spy is not installed (pip install py-spy, or the dev extra): no py-spy runs")
+    runs, profiles = [], []
     with tempfile.TemporaryDirectory(prefix="overhead-") as scratch:
         for case in cases:
             workdir = Path(args.workdir or scratch) / case
-            runs += measure(case, settings, arms, args.pairs, not args.no_warmup, workdir)
+            spy = py_spy if args.profile_rate else None
+            case_runs, case_profiles = measure(
+                case, settings, arms, args.pairs, not args.no_warmup, workdir, spy, args.profile_rate
+            )
+            runs, profiles = runs + case_runs, profiles + case_profiles
     rows = summarise(runs)
     results = {
         "command": shlex.join(["python", "benchmarks/overhead.py", *(sys.argv[1:] if argv is None else argv)]),
         "settings": asdict(settings),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "summary": rows,
+        "profile": profile_rows(profiles),
         "runs": [asdict(run) for run in runs],
     }
     print(markdown_table(rows))
+    if profiles:
+        print(profile_table(results["profile"]))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2))

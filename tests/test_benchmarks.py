@@ -10,17 +10,45 @@ from benchmarks import overhead, record_size
 
 @pytest.mark.slow
 def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, capsys):
+    """One round of every arm, then each under py-spy (the dev extra installs it)."""
     output = tmp_path / "overhead.json"
-    argv = ["--cases", "stress", "--pairs", "1", "--max_steps", "2", "--no_warmup", "--output", str(output)]
-    overhead.main([*argv, "--arms", "trl,sft_trainer,bench_train,bench_train_no_aim"])
+    argv = ["--cases", "stress", "--pairs", "1", "--max_steps", "5", "--no_warmup", "--output", str(output)]
+    arms = ["trl", "sft_trainer", "bench_train", "bench_train_no_aim"]
+    overhead.main([*argv, "--arms", ",".join(arms)])
     results = json.loads(output.read_text())
-    assert [run["arm"] for run in results["runs"]] == ["trl", "sft_trainer", "bench_train", "bench_train_no_aim"]
+    assert [run["arm"] for run in results["runs"]] == arms
     for run in results["runs"]:
-        assert len(run["losses"]) == 2
+        assert len(run["losses"]) == 5
         assert 0 < run["step_s"] < run["loop_s"] < run["process_s"]
     for row in results["summary"]:
         assert row["same_work"] and row["runs"] == 1 and row["process"]["ratio"] > 0, row
-    assert "| stress | bench_train | 1 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| stress | bench_train | 1 |" in out
+    assert [row["arm"] for row in results["profile"]] == arms
+    for row in results["profile"]:
+        assert row["loop_samples"] > 0 and 0 <= row["share_low"] <= row["share"] <= row["share_high"], row
+    # Bare TRL runs no code of ours inside its loop: nothing the arms share is counted as ours.
+    assert results["profile"][0]["own_loop_samples"] == 0
+    assert "| stress | bench_train_no_aim |" in out.split("ours in the loop")[1]
+
+
+def test_py_spy_samples_count_our_code_only_inside_the_training_loop(tmp_path):
+    root = overhead.REPO_ROOT
+    loop = "Trainer._inner_training_loop (/venv/transformers/trainer.py:1660)"
+    above = f"thread (7): MainThread;<module> ({root}/wrappers/bench_train.py:9);train ({root}/tuning/sft_trainer.py:4)"
+    raw = "\n".join(
+        [
+            f"{above};Trainer.train (/venv/transformers/trainer.py:1576);{loop};backward (/venv/torch/a.py:1) 90",
+            f"{above};{loop};CallbackHandler.call_event (/venv/t.py:5);BenchmarkCallback.on_step_end ({root}/tuning/"
+            "benchmarking/callback.py:130);RunRecord._append (x.py:44) 7",
+            f"thread (7);{loop};FileLoggingCallback.on_log ({root}/tuning/trackers/filelogging_tracker.py:74) 3",
+            f"thread (9): journal-writer;Journal._write_queued ({root}/tuning/benchmarking/journal.py:80) 40",
+            f"{above};load_model (/venv/transformers/modeling.py:3) 500",
+        ]
+    )
+    assert overhead.count_samples(raw) == (100, 10)
+    share, low, high = overhead.share_interval(10, 100)
+    assert low < share == 0.1 < high and overhead.share_interval(0, 100)[1] == 0
 
 
 def test_ratios_are_medians_of_per_round_ratios_to_the_baseline():
