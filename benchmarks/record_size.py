@@ -15,18 +15,11 @@ import tracemalloc
 from tuning.benchmarking.dump import write_dump
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 
-SERIES = (
-    "step_time_seconds",
-    "step_tokens",
-    "step_samples",
-    "tokens_per_second",
-    "loss",
-    "grad_norm",
-    "learning_rate",
-    "entropy",
-    "mean_token_accuracy",
-    "epoch",
+SERIES = (  # bench_train's own per-step series, then the trainer's logs
+    *(STEP_TIME, STEP_TOKENS, STEP_SAMPLES, TOKENS_PER_SECOND),
+    *("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "epoch"),
 )
 BYTES_PER_POINT_TARGET = 16
 BUILD_TARGET_S = 3.0
