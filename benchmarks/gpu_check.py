@@ -26,6 +26,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
+from transformers.utils import is_flash_attn_2_available
+
 from benchmarks import overhead
 from benchmarks.bare_trl import CUDA_PEAK_FILE
 from tuning.benchmarking import system_metrics
@@ -107,8 +111,7 @@ class Gpu:
 def find_gpu() -> Gpu:
     """The first GPU this process's CUDA sees; NVML stays open for the OOM step's memory readings."""
     nvml = system_metrics.init_nvml()
-    handles = system_metrics.visible_gpu_handles(nvml) if nvml is not None else []
-    if not handles:
+    if nvml is None or not (handles := system_metrics.visible_gpu_handles(nvml)):
         return Gpu()
     handle, text = handles[0], system_metrics.nvml_text
     uuid, name = text(nvml.nvmlDeviceGetUUID(handle)), text(nvml.nvmlDeviceGetName(handle))
@@ -117,8 +120,6 @@ def find_gpu() -> Gpu:
 
 def build_model(model_dir: Path, workload: Workload) -> dict[str, Any]:
     """The Llama and its tokenizer in ``model_dir``; its parameter count and dtypes (from the safetensors headers)."""
-    from safetensors import safe_open
-
     started = time.perf_counter()
     build_llama(str(model_dir), **workload.model_shape(), dtype=workload.torch_dtype, seed=workload.seed)
     parameters, dtypes = 0, set()
@@ -169,17 +170,11 @@ def read_json(path: Path, missing: Any = None) -> Any:
 
 
 def device0(peaks: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Device 0's entry in ``tuning.benchmarking.cuda_peak_memory``'s list ({} without CUDA)."""
-    return next((device for device in peaks or [] if device["device"] == 0), {})
+    """cuda:0's entry in ``tuning.benchmarking.cuda_peak_memory``'s list, the only one of a job ({} without CUDA)."""
+    return (peaks or [{}])[0]
 
 
-@dataclass
-class Job:
-    """One timed job: overhead.py's record of its run, and torch's peak GPU memory (reserved) in it (None without
-    CUDA): bench_train's from its dump's summary, bare TRL's from the file beside its model."""
-
-    run: overhead.Run
-    peak_reserved_bytes: int | None
+Job = tuple[overhead.Run, int | None]  # a timed run and torch's peak GPU memory (reserved) in it, None without CUDA
 
 
 def throughput_summary(jobs: list[Job], workload: Workload) -> dict[str, Any]:
@@ -187,17 +182,17 @@ def throughput_summary(jobs: list[Job], workload: Workload) -> dict[str, Any]:
     loss line arrives), the loop (``train_runtime``) and the peak memory. Per arm the medians of its jobs' figures
     (the largest peak); bench_train against bare TRL as medians of per-round ratios."""
     figures, losses = {}, {}
-    for job in jobs:
-        ends = job.run.step_ends[max(workload.warmup_steps, 1) - 1 :]
+    for run, peak in jobs:
+        ends = run.step_ends[max(workload.warmup_steps, 1) - 1 :]
         steps = [later - earlier for earlier, later in itertools.pairwise(ends)]
-        figures[job.run.arm, job.run.round] = {
+        figures[run.arm, run.round] = {
             "step_s": statistics.median(steps),
             "tokens_per_second": workload.tokens_per_step / statistics.mean(steps),
-            "loop_s": job.run.loop_s,
-            "peak_reserved_bytes": job.peak_reserved_bytes,
+            "loop_s": run.loop_s,
+            "peak_reserved_bytes": peak,
         }
-        losses[job.run.arm, job.run.round] = job.run.losses  # as the trainer logged them (formatted numbers)
-    rounds = sorted({job.run.round for job in jobs})  # complete: a failed job fails the whole step
+        losses[run.arm, run.round] = run.losses  # as the trainer logged them (formatted numbers)
+    rounds = sorted({run.round for run, _ in jobs})  # complete: a failed job fails the whole step
     summary: dict[str, Any] = {"rounds": len(rounds)}
     by_round = [(figures["bench_train", index], figures["trl", index]) for index in rounds]
     for key, ratio in RATIOS.items():
@@ -258,17 +253,10 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_check(
-    workload: Workload,
-    workdir: Path,
-    gpu: Gpu,
-    attention: str,
-    warmup_round: bool = True,
-    oom_flags: tuple[str, ...] = (),
+    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool, oom_flags: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Every step of the check; a step that fails is recorded as its error and the others still run.
     ``oom_flags`` go to the OOM job only (tests inject a stand-in OOM with them where no GPU can run out)."""
-    import torch
-
     started = time.perf_counter()
     results: dict[str, Any] = {
         "workload": asdict(workload),
@@ -292,14 +280,12 @@ def run_check(
     def throughput() -> dict[str, Any]:
         for run in overhead.alternating_runs("gpu", list(ARMS), workload.rounds, warmup_round, workdir, env, argv):
             run_dir = overhead.run_dir_of(workdir, run.arm, run.round)
-            if run.arm == "trl":
-                peaks = read_json(run_dir / "out" / CUDA_PEAK_FILE)
-            else:
-                peaks = read_json(run_dir / "metrics.json")["summary"]["cuda"]
+            peak_file = run_dir / "out" / CUDA_PEAK_FILE  # bare TRL's; bench_train's peaks are in its dump's summary
+            peaks = read_json(peak_file) if run.arm == "trl" else read_json(run_dir / "metrics.json")["summary"]["cuda"]
             shutil.rmtree(run_dir / "out", ignore_errors=True)  # the trained model: 2 GB at the default size
             print(f"{run_dir.name}: {run.process_s:.1f} s, loop {run.loop_s:.2f} s", flush=True)
             if run.round >= 0:
-                jobs.append(Job(run, device0(peaks).get("max_memory_reserved_bytes")))
+                jobs.append((run, device0(peaks).get("max_memory_reserved_bytes")))
         return throughput_summary(jobs, workload)
 
     last_dump = overhead.run_dir_of(workdir, "bench_train", workload.rounds - 1) / "metrics.json"
@@ -318,7 +304,7 @@ def run_check(
         except Exception as exc:  # noqa: BLE001 - one failed step must not hide the others' figures
             traceback.print_exc()
             results[name] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    results["runs"] = [{**asdict(job.run), "peak_reserved_bytes": job.peak_reserved_bytes} for job in jobs]
+    results["runs"] = [{**asdict(run), "peak_reserved_bytes": peak} for run, peak in jobs]
     results["seconds"] = time.perf_counter() - started
     return results
 
@@ -479,13 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False), so nothing to check")
         return 0
-    from transformers.utils import is_flash_attn_2_available
-
     workload = Workload(**{spec.name: getattr(args, spec.name) for spec in fields(Workload)})
     attention = FLASH_ATTENTION if is_flash_attn_2_available() else "sdpa"
     with closing(find_gpu()) as gpu, tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
