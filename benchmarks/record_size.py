@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ok_memory = "✓" if result["bytes_per_point"] <= BYTES_PER_POINT_TARGET else "✗"
     ok_build = "✓" if result["build_s"] <= BUILD_TARGET_S else "✗"
     print(
-        f"{result['points']:,} points: {result['bytes_per_point']:.1f} bytes/point in memory {ok_memory} "
-        f"(≤ {BYTES_PER_POINT_TARGET}), dump built in "
-        f"{result['build_s']:.2f} s {ok_build} (≤ {BUILD_TARGET_S:g}), written in {result['write_s']:.2f} s, "
-        f"{result['dump_mb']:.0f} MB"
+        f"{result['points']:,} points: {result['bytes_per_point']:.1f} bytes/point in memory {ok_memory} (≤ "
+        f"{BYTES_PER_POINT_TARGET}), dump built in {result['build_s']:.2f} s {ok_build} (≤ {BUILD_TARGET_S:g}), "
+        f"written in {result['write_s']:.2f} s, {result['dump_mb']:.0f} MB"
     )
     return result
 
