@@ -21,14 +21,20 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
+from transformers.utils import is_flash_attn_2_available
+
 from benchmarks import overhead
+from benchmarks.bare_trl import CUDA_PEAK_FILE
 from tuning.benchmarking import system_metrics
 from tuning.benchmarking.schema import STEP_TOKENS
+from tuning.benchmarking.system_metrics import GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT, GPU_UTILIZATION
 from tuning.data.loading import load_records
 from tuning.utils.error_logging import ErrorCategory, exit_code_for
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, build_llama
@@ -48,12 +54,9 @@ POWER_PERCENT_TOLERANCE = 0.5  # percentage points between the dump's percentage
 FREED_TOLERANCE_BYTES = GIB  # GPU memory in use after the OOM job, above what was in use before it
 FREED_WAIT_S = 30.0
 OOM_TIMEOUT_S = 300.0
-NVML_SERIES = (
-    system_metrics.GPU_UTILIZATION,
-    system_metrics.GPU_MEMORY_USED,
-    system_metrics.GPU_POWER,
-    system_metrics.GPU_POWER_PERCENT,
-)
+OOM_JOB = "OOM job (batch {oom_batch_size})"  # the figures of its rows begin with it
+RATIOS = {"tokens_per_second": "tokens_per_second_ratio", "step_s": "step_time_ratio", "loop_s": "loop_ratio"}
+NVML_SERIES = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT)
 
 
 @dataclass
@@ -108,8 +111,7 @@ class Gpu:
 def find_gpu() -> Gpu:
     """The first GPU this process's CUDA sees; NVML stays open for the OOM step's memory readings."""
     nvml = system_metrics.init_nvml()
-    handles = system_metrics.visible_gpu_handles(nvml) if nvml is not None else []
-    if not handles:
+    if nvml is None or not (handles := system_metrics.visible_gpu_handles(nvml)):
         return Gpu()
     handle, text = handles[0], system_metrics.nvml_text
     uuid, name = text(nvml.nvmlDeviceGetUUID(handle)), text(nvml.nvmlDeviceGetName(handle))
@@ -118,8 +120,6 @@ def find_gpu() -> Gpu:
 
 def build_model(model_dir: Path, workload: Workload) -> dict[str, Any]:
     """The Llama and its tokenizer in ``model_dir``; its parameter count and dtypes (from the safetensors headers)."""
-    from safetensors import safe_open
-
     started = time.perf_counter()
     build_llama(str(model_dir), **workload.model_shape(), dtype=workload.torch_dtype, seed=workload.seed)
     parameters, dtypes = 0, set()
@@ -149,13 +149,8 @@ def job_command(
 ) -> list[str]:
     """overhead.py's command for ``arm`` (so both arms share its flags) with this check's settings appended: argparse
     keeps the last value of a flag given twice."""
-    settings = overhead.Settings(
-        max_steps=workload.max_steps,
-        batch_size=workload.batch_size,
-        max_seq_length=workload.seq_length,
-        seed=workload.seed,
-        threads=workload.threads,
-    )
+    shared = {name: getattr(workload, name) for name in ("max_steps", "batch_size", "seed", "threads")}
+    settings = overhead.Settings(**shared, max_seq_length=workload.seq_length)
     command = [
         *overhead.command(arm, settings, str(model_dir), run_dir),
         *("--training_data_path", str(data_path), "--torch_dtype", workload.torch_dtype),
@@ -170,94 +165,45 @@ def job_command(
     ]
 
 
+def read_json(path: Path, missing: Any = None) -> Any:
+    return json.loads(path.read_text()) if path.exists() else missing
+
+
 def device0(peaks: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Device 0's entry in ``tuning.benchmarking.cuda_peak_memory``'s list ({} without CUDA)."""
-    return next((device for device in peaks or [] if device["device"] == 0), {})
+    """cuda:0's entry in ``tuning.benchmarking.cuda_peak_memory``'s list, the only one of a job ({} without CUDA)."""
+    return (peaks or [{}])[0]
 
 
-@dataclass
-class Job:
-    """One timed job: overhead.py's record of its run, and torch's peak GPU memory (reserved) in it."""
-
-    run: overhead.Run
-    peak_reserved_bytes: int | None  # None without CUDA
-
-
-def peak_reserved_bytes(arm: str, run_dir: Path) -> int | None:
-    """torch's peak on device 0: bench_train's from its dump's summary, bare TRL's from the file beside its model."""
-    from benchmarks.bare_trl import CUDA_PEAK_FILE
-
-    if arm == "trl":
-        path = run_dir / "out" / CUDA_PEAK_FILE
-        peaks = json.loads(path.read_text()) if path.exists() else None
-    else:
-        peaks = json.loads((run_dir / "metrics.json").read_text())["summary"]["cuda"]
-    return device0(peaks).get("max_memory_reserved_bytes")
-
-
-def run_throughput(
-    workload: Workload, workdir: Path, env: dict[str, str], command: Callable[..., list[str]], warmup: bool
-) -> list[Job]:
-    """overhead.py's alternating rounds of both arms, after a two-step warm-up round where ``warmup`` (the first job
-    pays for cold caches); ``command(arm, workload, run_dir)`` is a job's command line."""
-
-    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
-        return command(arm, replace(workload, max_steps=2) if round_index < 0 else workload, run_dir)
-
-    jobs = []
-    for run in overhead.alternating_runs("gpu", list(ARMS), workload.rounds, warmup, workdir, env, argv):
-        run_dir = overhead.run_dir_of(workdir, run.arm, run.round)
-        peak = peak_reserved_bytes(run.arm, run_dir)
-        shutil.rmtree(run_dir / "out", ignore_errors=True)  # the trained model: 2 GB at the default size
-        print(f"{run_dir.name}: {run.process_s:.1f} s, loop {run.loop_s:.2f} s", flush=True)
-        if run.round >= 0:
-            jobs.append(Job(run, peak))
-    return jobs
-
-
-def job_figures(job: Job, workload: Workload) -> dict[str, Any]:
-    """Tokens/s and median step time of the steps after the first ``warmup_steps`` (a step ends when its loss line
-    arrives), the loop (``train_runtime``) and the peak memory."""
-    ends = job.run.step_ends[max(workload.warmup_steps, 1) - 1 :]
-    steps = [later - earlier for earlier, later in itertools.pairwise(ends)]
-    return {
-        "step_s": statistics.median(steps),
-        "tokens_per_second": workload.tokens_per_step / statistics.mean(steps),
-        "loop_s": job.run.loop_s,
-        "peak_reserved_bytes": job.peak_reserved_bytes,
-    }
+Job = tuple[overhead.Run, int | None]  # a timed run and torch's peak GPU memory (reserved) in it, None without CUDA
 
 
 def throughput_summary(jobs: list[Job], workload: Workload) -> dict[str, Any]:
-    """Per arm the medians of its jobs' figures (the largest peak); bench_train against bare TRL as medians of
-    per-round ratios."""
-    figures = {(job.run.arm, job.run.round): job_figures(job, workload) for job in jobs}
-    losses = {(job.run.arm, job.run.round): job.run.losses for job in jobs}
-    rounds = sorted({job.run.round for job in jobs})  # complete: a failed job fails the whole step
-
-    def ratio(key: str) -> float:
-        return statistics.median(figures["bench_train", index][key] / figures["trl", index][key] for index in rounds)
-
-    def per_arm(key: str, combine: Callable[[list], Any] = statistics.median) -> dict[str, Any]:
-        return {arm: combine([figures[arm, index][key] for index in rounds]) for arm in ARMS}
-
-    loss_differences = [  # losses as the trainer logged them (formatted numbers)
-        abs(float(ours) - float(theirs)) / abs(float(theirs))
-        for index in rounds
-        for ours, theirs in zip(losses["bench_train", index], losses["trl", index], strict=True)
-    ]
-    return {
-        "rounds": len(rounds),
-        "tokens_per_second_ratio": ratio("tokens_per_second"),
-        "step_time_ratio": ratio("step_s"),
-        "loop_ratio": ratio("loop_s"),
-        "tokens_per_second": per_arm("tokens_per_second"),
-        "step_s": per_arm("step_s"),
-        "loop_s": per_arm("loop_s"),
-        "peak_reserved_bytes": per_arm("peak_reserved_bytes", lambda peaks: None if None in peaks else max(peaks)),
-        "max_loss_difference": max(loss_differences),
-        "jobs": {f"{arm}-{index}": values for (arm, index), values in figures.items()},
-    }
+    """Per job: tokens/s and median step time of the steps after the first ``warmup_steps`` (a step ends when its
+    loss line arrives), the loop (``train_runtime``) and the peak memory. Per arm the medians of its jobs' figures
+    (the largest peak); bench_train against bare TRL as medians of per-round ratios."""
+    figures, losses = {}, {}
+    for run, peak in jobs:
+        ends = run.step_ends[max(workload.warmup_steps, 1) - 1 :]
+        steps = [later - earlier for earlier, later in itertools.pairwise(ends)]
+        figures[run.arm, run.round] = {
+            "step_s": statistics.median(steps),
+            "tokens_per_second": workload.tokens_per_step / statistics.mean(steps),
+            "loop_s": run.loop_s,
+            "peak_reserved_bytes": peak,
+        }
+        losses[run.arm, run.round] = run.losses  # as the trainer logged them (formatted numbers)
+    rounds = sorted({run.round for run, _ in jobs})  # complete: a failed job fails the whole step
+    summary: dict[str, Any] = {"rounds": len(rounds)}
+    by_round = [(figures["bench_train", index], figures["trl", index]) for index in rounds]
+    for key, ratio in RATIOS.items():
+        summary[ratio] = statistics.median(ours[key] / theirs[key] for ours, theirs in by_round)
+        summary[key] = {arm: statistics.median(figures[arm, index][key] for index in rounds) for arm in ARMS}
+    peaks = {arm: [figures[arm, index]["peak_reserved_bytes"] for index in rounds] for arm in ARMS}
+    summary["peak_reserved_bytes"] = {arm: None if None in values else max(values) for arm, values in peaks.items()}
+    pairs = [pair for index in rounds for pair in zip(losses["bench_train", index], losses["trl", index], strict=True)]
+    summary["max_loss_difference"] = max(abs(float(ours) / float(theirs) - 1) for ours, theirs in pairs)
+    summary["jobs"] = {f"{arm}-{index}": values for (arm, index), values in figures.items()}
+    return summary
 
 
 def run_oom(command: list[str], run_dir: Path, env: dict[str, str], gpu: Gpu) -> dict[str, Any]:
@@ -265,26 +211,20 @@ def run_oom(command: list[str], run_dir: Path, env: dict[str, str], gpu: Gpu) ->
     it and once it has exited (waiting up to FREED_WAIT_S for that to come back)."""
     run_dir.mkdir(parents=True)
     termination_log, stderr_path = run_dir / "termination-log", run_dir / "stderr.log"
+    env = {**env, "TERMINATION_LOG_FILE": str(termination_log)}
     before = gpu.memory_used()
     with stderr_path.open("w", encoding="utf-8") as stderr:
         process = subprocess.run(
-            command,
-            env={**env, "TERMINATION_LOG_FILE": str(termination_log)},
-            cwd=overhead.REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            timeout=OOM_TIMEOUT_S,
+            command, env=env, cwd=overhead.REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr, timeout=OOM_TIMEOUT_S
         )
     exited = time.monotonic()
     after = gpu.memory_used()
     while after is not None and after > before + FREED_TOLERANCE_BYTES and time.monotonic() - exited < FREED_WAIT_S:
         time.sleep(0.2)
         after = gpu.memory_used()
-    dump_path = run_dir / "metrics.json"
-    dump = json.loads(dump_path.read_text()) if dump_path.exists() else {}
     return {
         "exit_code": process.returncode,
-        "dump_category": (dump.get("error") or {}).get("category"),
+        "dump_category": (read_json(run_dir / "metrics.json", {}).get("error") or {}).get("category"),
         "termination_log": termination_log.read_text().strip() if termination_log.exists() else None,
         "memory_before_bytes": before,
         "memory_after_bytes": after,
@@ -297,19 +237,15 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
     """The GPU series' contexts; on ``{"gpu": 0}`` their counts, maxima and means from the dump's own aggregates
     (system samples have no step, so none is left out as warmup); CUDA peaks and token counts."""
     gpu0 = {one["name"]: one for one in dump["aggregates"] if one["context"] == {"gpu": 0}}
-
-    def aggregate(name: str, key: str) -> Any:
-        return gpu0.get(name, {}).get(key)
-
     contexts = {json.dumps(one["context"], sort_keys=True) for one in dump["metrics"] if one["name"].startswith("gpu_")}
     tokens = [one["values"] for one in dump["metrics"] if one["name"] == STEP_TOKENS and not one["context"]]
     return {
         "gpu_contexts": sorted(contexts),
-        "samples": {name: aggregate(name, "count") or 0 for name in NVML_SERIES},
-        "utilization_max": aggregate(system_metrics.GPU_UTILIZATION, "max"),
-        "memory_used_max_bytes": aggregate(system_metrics.GPU_MEMORY_USED, "max"),
-        "power_avg_watts": aggregate(system_metrics.GPU_POWER, "avg"),
-        "power_avg_percent": aggregate(system_metrics.GPU_POWER_PERCENT, "avg"),
+        "samples": {name: gpu0.get(name, {}).get("count") or 0 for name in NVML_SERIES},
+        "utilization_max": gpu0.get(GPU_UTILIZATION, {}).get("max"),
+        "memory_used_max_bytes": gpu0.get(GPU_MEMORY_USED, {}).get("max"),
+        "power_avg_watts": gpu0.get(GPU_POWER, {}).get("avg"),
+        "power_avg_percent": gpu0.get(GPU_POWER_PERCENT, {}).get("avg"),
         "cuda": dump["summary"]["cuda"],
         "tokens_per_step": sorted({int(value) for values in tokens for value in values if value is not None}),
         "tokens_per_second": dump["summary"]["tokens_per_second"],
@@ -317,17 +253,10 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_check(
-    workload: Workload,
-    workdir: Path,
-    gpu: Gpu,
-    attention: str,
-    warmup_round: bool = True,
-    oom_flags: tuple[str, ...] = (),
+    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool, oom_flags: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Every step of the check; a step that fails is recorded as its error and the others still run.
     ``oom_flags`` go to the OOM job only (tests inject a stand-in OOM with them where no GPU can run out)."""
-    import torch
-
     started = time.perf_counter()
     results: dict[str, Any] = {
         "workload": asdict(workload),
@@ -338,35 +267,44 @@ def run_check(
     env = overhead.child_env(workload.threads)
     if gpu.uuid is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # the dump must still key its series by index
-    model_dir, data_path = workdir / "model", workdir / "train.jsonl"
-
-    def command(arm: str, work: Workload, run_dir: Path) -> list[str]:
-        return job_command(arm, work, model_dir, data_path, run_dir, attention)
-
-    def step(name: str, work: Callable[[], Any]) -> None:
-        print(f"--- {name} (at {time.perf_counter() - started:.0f} s)", flush=True)
-        try:
-            results[name] = work()
-        except Exception as exc:  # noqa: BLE001 - one failed step must not hide the others' figures
-            traceback.print_exc()
-            results[name] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-
-    step("model", lambda: build_model(model_dir, workload))
+    model_dir, data_path, oom_dir = workdir / "model", workdir / "train.jsonl", workdir / "oom"
+    workdir.mkdir(parents=True, exist_ok=True)
     records = max(workload.oom_batch_size, workload.batch_size * workload.max_steps)
     build_dataset(data_path, records, workload.seq_length, workload.seed)
     jobs: list[Job] = []
 
+    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
+        work = replace(workload, max_steps=2) if round_index < 0 else workload  # the untimed warm-up round
+        return job_command(arm, work, model_dir, data_path, run_dir, attention)
+
     def throughput() -> dict[str, Any]:
-        jobs.extend(run_throughput(workload, workdir, env, command, warmup_round))
+        for run in overhead.alternating_runs("gpu", list(ARMS), workload.rounds, warmup_round, workdir, env, argv):
+            run_dir = overhead.run_dir_of(workdir, run.arm, run.round)
+            peak_file = run_dir / "out" / CUDA_PEAK_FILE  # bare TRL's; bench_train's peaks are in its dump's summary
+            peaks = read_json(peak_file) if run.arm == "trl" else read_json(run_dir / "metrics.json")["summary"]["cuda"]
+            shutil.rmtree(run_dir / "out", ignore_errors=True)  # the trained model: 2 GB at the default size
+            print(f"{run_dir.name}: {run.process_s:.1f} s, loop {run.loop_s:.2f} s", flush=True)
+            if run.round >= 0:
+                jobs.append((run, device0(peaks).get("max_memory_reserved_bytes")))
         return throughput_summary(jobs, workload)
 
-    step("throughput", throughput)
     last_dump = overhead.run_dir_of(workdir, "bench_train", workload.rounds - 1) / "metrics.json"
-    step("dump", lambda: dump_summary(json.loads(last_dump.read_text())))
-    oom_dir = workdir / "oom"
-    oom_command = [*command("bench_train", replace(workload, batch_size=workload.oom_batch_size), oom_dir), *oom_flags]
-    step("oom", lambda: run_oom(oom_command, oom_dir, env, gpu))
-    results["runs"] = [{**asdict(job.run), "peak_reserved_bytes": job.peak_reserved_bytes} for job in jobs]
+    oom_work = replace(workload, batch_size=workload.oom_batch_size)
+    oom_command = [*job_command("bench_train", oom_work, model_dir, data_path, oom_dir, attention), *oom_flags]
+    steps = {
+        "model": lambda: build_model(model_dir, workload),
+        "throughput": throughput,
+        "dump": lambda: dump_summary(json.loads(last_dump.read_text())),
+        "oom": lambda: run_oom(oom_command, oom_dir, env, gpu),
+    }
+    for name, step in steps.items():
+        print(f"--- {name} (at {time.perf_counter() - started:.0f} s)", flush=True)
+        try:
+            results[name] = step()
+        except Exception as exc:  # noqa: BLE001 - one failed step must not hide the others' figures
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    results["runs"] = [{**asdict(run), "peak_reserved_bytes": peak} for run, peak in jobs]
     results["seconds"] = time.perf_counter() - started
     return results
 
@@ -383,21 +321,13 @@ def _gib(value: float | None) -> str:
     return "—" if value is None else f"{value / GIB:.2f} GiB"
 
 
-def _failed(figure: str, result: dict[str, Any]) -> list[Row]:
-    return [Row(figure, f"failed: {result['error']}", "completes", False)]
-
-
 def model_rows(results: dict[str, Any]) -> list[Row]:
-    model, work = results["model"], results["workload"]
-    if "error" in model:
-        return _failed("model", model)
-    (low, high), parameters, rounds = MODEL_PARAMETERS, model["parameters"], work["rounds"]
-    value = f"{parameters:,} ({parameters / 1e9:.2f} B), {'/'.join(model['dtypes'])}, built in {model['seconds']:.0f} s"
-    ok = low <= parameters <= high and model["dtypes"] == ["BF16"]
-    every_job = (
-        f"batch {work['batch_size']} × {work['seq_length']} tokens, {work['max_steps']} steps "
-        f"(first {work['warmup_steps']} left out), {results['attention']}, {rounds} round{'s' * (rounds != 1)}"
-    )
+    model, work, (low, high) = results["model"], Workload(**results["workload"]), MODEL_PARAMETERS
+    parameters, dtypes, rounds = model["parameters"], model["dtypes"], work.rounds
+    value = f"{parameters:,} ({parameters / 1e9:.2f} B), {'/'.join(dtypes)}, built in {model['seconds']:.0f} s"
+    every_job = f"batch {work.batch_size} × {work.seq_length} tokens, {work.max_steps} steps (first "
+    every_job += f"{work.warmup_steps} left out), {results['attention']}, {rounds} round{'s' * (rounds != 1)}"
+    ok = low <= parameters <= high and dtypes == ["BF16"]
     return [
         Row("random-initialised Llama: parameters", value, f"{low / 1e9:g}-{high / 1e9:g} B, BF16", ok),
         Row("work of every throughput job", every_job),
@@ -406,8 +336,6 @@ def model_rows(results: dict[str, Any]) -> list[Row]:
 
 def throughput_rows(results: dict[str, Any]) -> list[Row]:
     summary = results["throughput"]
-    if "error" in summary:
-        return _failed("throughput: bench_train against bare TRL", summary)
     tokens, steps, loops = summary["tokens_per_second"], summary["step_s"], summary["loop_s"]
     tokens_ratio, step_ratio = summary["tokens_per_second_ratio"], summary["step_time_ratio"]
     loop_ratio, peaks, loss = summary["loop_ratio"], summary["peak_reserved_bytes"], summary["max_loss_difference"]
@@ -415,134 +343,93 @@ def throughput_rows(results: dict[str, Any]) -> list[Row]:
     tokens_value = f"{tokens_ratio:.3f}× ({tokens['bench_train']:,.0f} vs {tokens['trl']:,.0f})"
     step_value = f"{step_ratio:.3f}× ({steps['bench_train'] * 1e3:.1f} vs {steps['trl'] * 1e3:.1f} ms)"
     peak_value = f"bench_train {_gib(peaks['bench_train'])}, bare TRL {_gib(peaks['trl'])}"
+    peak_target = f"bench_train ≤ bare TRL + {MEMORY_TOLERANCE:.0%}"
     peak_ok = None not in peaks.values() and peaks["bench_train"] <= peaks["trl"] * (1 + MEMORY_TOLERANCE)
+    loss_value, loss_target = f"differ by ≤ {loss:.3%}", f"≤ {LOSS_TOLERANCE:.0%}"
     loop_value = f"{loop_ratio:.3f}× ({loops['bench_train']:.1f} vs {loops['trl']:.1f} s): ours {our_share:+.2f} %"
+    loop_target, loop_ok = f"≤ {LOOP_TARGET:g}×", loop_ratio <= LOOP_TARGET
     return [
         Row("tokens/s, bench_train ÷ bare TRL", tokens_value, f"≥ {MIN_RATIO}×", tokens_ratio >= MIN_RATIO),
         Row("step time, bench_train ÷ bare TRL", step_value, f"≤ {1 / MIN_RATIO:.2f}×", step_ratio <= 1 / MIN_RATIO),
-        Row(
-            "peak GPU memory (torch, reserved)", peak_value, f"bench_train ≤ bare TRL + {MEMORY_TOLERANCE:.0%}", peak_ok
-        ),
-        Row(
-            "same work: per-step losses against bare TRL's",
-            f"differ by ≤ {loss:.3%}",
-            f"≤ {LOSS_TOLERANCE:.0%}",
-            loss <= LOSS_TOLERANCE,
-        ),
-        Row(
-            "loop (train_runtime), bench_train ÷ bare TRL: our share of the loop",
-            loop_value,
-            f"≤ {LOOP_TARGET:g}×",
-            loop_ratio <= LOOP_TARGET,
-        ),
+        Row("peak GPU memory (torch, reserved)", peak_value, peak_target, peak_ok),
+        Row("same work: per-step losses against bare TRL's", loss_value, loss_target, loss <= LOSS_TOLERANCE),
+        Row("loop (train_runtime), bench_train ÷ bare TRL: our share of the loop", loop_value, loop_target, loop_ok),
     ]
 
 
 def dump_rows(results: dict[str, Any]) -> list[Row]:
-    dump, workload, gpu = results["dump"], Workload(**results["workload"]), results["gpu"]
-    if "error" in dump:
-        return _failed("the last bench_train dump", dump)
+    dump, work, gpu, count = results["dump"], Workload(**results["workload"]), results["gpu"], len(NVML_SERIES)
     samples, contexts, tokens = dump["samples"], dump["gpu_contexts"], dump["tokens_per_step"]
-    series = f"{sum(count > 0 for count in samples.values())}/{len(NVML_SERIES)} series, ≥ {min(samples.values())} "
-    series += f"samples each; GPU contexts {', '.join(contexts) or 'none'}"
-    series_ok = all(samples.values()) and contexts == ['{"gpu": 0}']
     utilization, used = dump["utilization_max"], dump["memory_used_max_bytes"]
     watts, percent, limit = dump["power_avg_watts"], dump["power_avg_percent"], gpu["power_limit_watts"]
+    reserved, allocated = (device0(dump["cuda"]).get(f"max_memory_{kind}_bytes") for kind in ("reserved", "allocated"))
+    series_figure = f'NVML series under {{"gpu": 0}}, GPU named by UUID ({gpu["uuid"] or "no NVML here"})'
+    series = f"{sum(number > 0 for number in samples.values())}/{count} series, ≥ {min(samples.values())} samples "
+    series += f"each; GPU contexts {', '.join(contexts) or 'none'}"
+    series_ok = all(samples.values()) and contexts == ['{"gpu": 0}']
+    busy = "—" if utilization is None else f"{utilization:.0f} %"
+    busy_ok = utilization is not None and utilization >= MIN_UTILIZATION
+    power = "—" if None in (watts, percent) else f"{watts:.0f} W = {percent:.1f} % (enforced limit {limit or 0:.0f} W)"
+    power_target = f"% = 100 × W ÷ enforced limit (± {POWER_PERCENT_TOLERANCE})"
     power_ok = None not in (watts, percent, limit) and watts > 0
     power_ok = bool(power_ok and abs(percent - 100 * watts / limit) <= POWER_PERCENT_TOLERANCE)
-    power = "—" if None in (watts, percent) else f"{watts:.0f} W = {percent:.1f} % (enforced limit {limit or 0:.0f} W)"
-    cuda = device0(dump["cuda"])
-    reserved, allocated = cuda.get("max_memory_reserved_bytes"), cuda.get("max_memory_allocated_bytes")
+    peak = f"reserved {_gib(reserved)}, allocated {_gib(allocated)}"
+    used_value, used_ok = f"{_gib(used)} against {_gib(reserved)}", None not in (used, reserved) and used >= reserved
+    per_step = ", ".join(map(str, tokens)) or "—"
+    per_step_target = f"{work.batch_size} × {work.seq_length} = {work.tokens_per_step}"
     rows = [
-        Row(
-            f'NVML series under {{"gpu": 0}}, GPU named by UUID ({gpu["uuid"] or "no NVML here"})',
-            series,
-            f'{len(NVML_SERIES)}/{len(NVML_SERIES)}, only {{"gpu": 0}}',
-            series_ok,
-        ),
-        Row(
-            "GPU utilisation while training (max)",
-            "—" if utilization is None else f"{utilization:.0f} %",
-            f"≥ {MIN_UTILIZATION:.0f} %",
-            utilization is not None and utilization >= MIN_UTILIZATION,
-        ),
-        Row(
-            "GPU power while training (mean)",
-            power,
-            f"% = 100 × W ÷ enforced limit (± {POWER_PERCENT_TOLERANCE})",
-            power_ok,
-        ),
-        Row(
-            "CUDA peak memory in the dump's summary",
-            f"reserved {_gib(reserved)}, allocated {_gib(allocated)}",
-            "present (device 0)",
-            bool(reserved),
-        ),
-        Row(
-            "GPU memory used by NVML (max) against CUDA's reserved peak",
-            f"{_gib(used)} against {_gib(reserved)}",
-            "NVML ≥ CUDA",
-            None not in (used, reserved) and used >= reserved,
-        ),
-        Row(
-            "bench_train's tokens per step",
-            ", ".join(map(str, tokens)) or "—",
-            f"{workload.batch_size} × {workload.seq_length} = {workload.tokens_per_step}",
-            tokens == [workload.tokens_per_step],
-        ),
+        Row(series_figure, series, f'{count}/{count}, only {{"gpu": 0}}', series_ok),
+        Row("GPU utilisation while training (max)", busy, f"≥ {MIN_UTILIZATION:.0f} %", busy_ok),
+        Row("GPU power while training (mean)", power, power_target, power_ok),
+        Row("CUDA peak memory in the dump's summary", peak, "present (device 0)", bool(reserved)),
+        Row("GPU memory used by NVML (max) against CUDA's reserved peak", used_value, "NVML ≥ CUDA", used_ok),
+        Row("bench_train's tokens per step", per_step, per_step_target, tokens == [work.tokens_per_step]),
     ]
-    same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{workload.rounds - 1}")
+    same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{work.rounds - 1}")
     if same_job and dump["tokens_per_second"]:
         ratio = dump["tokens_per_second"] / same_job["tokens_per_second"]
-        figure = "bench_train's tokens/s in its dump ÷ from its step ends"
-        ok = abs(ratio - 1) <= DUMP_THROUGHPUT_TOLERANCE
-        rows.append(Row(figure, f"{ratio:.3f}×", f"1 ± {DUMP_THROUGHPUT_TOLERANCE}", ok))
+        ok, tolerance = abs(ratio - 1) <= DUMP_THROUGHPUT_TOLERANCE, f"1 ± {DUMP_THROUGHPUT_TOLERANCE}"
+        rows.append(Row("bench_train's tokens/s in its dump ÷ from its step ends", f"{ratio:.3f}×", tolerance, ok))
     return rows
 
 
 def oom_rows(results: dict[str, Any]) -> list[Row]:
-    oom, category = results["oom"], ErrorCategory.GPU_OOM
-    figure = f"OOM job (batch {results['workload']['oom_batch_size']})"
-    if "error" in oom:
-        return _failed(figure, oom)
+    oom, category, job = results["oom"], ErrorCategory.GPU_OOM, OOM_JOB.format(**results["workload"])
     code, expected, line = oom["exit_code"], exit_code_for(category), oom["termination_log"] or "none"
+    categories = f"{oom['dump_category']} / {line[:70]}"
     categories_ok = oom["dump_category"] == category and line.startswith(f"{category}: ")
     before, after = oom["memory_before_bytes"], oom["memory_after_bytes"]
-    freed = (
-        "— (no NVML)"
-        if None in (before, after)
-        else f"{(after - before) / GIB:+.2f} GiB, {oom['freed_after_s']:.1f} s after exit"
-    )
-    freed_ok = None not in (before, after) and after - before <= FREED_TOLERANCE_BYTES
+    measured = None not in (before, after)
+    freed = f"{(after - before) / GIB:+.2f} GiB, {oom['freed_after_s']:.1f} s after exit" if measured else "— (no NVML)"
     freed_target = f"≤ +{FREED_TOLERANCE_BYTES / GIB:.0f} GiB within {FREED_WAIT_S:.0f} s"
+    freed_ok = measured and after - before <= FREED_TOLERANCE_BYTES
     return [
-        Row(f"{figure}: exit code", str(code), str(expected), code == expected),
-        Row(
-            f"{figure}: category in the dump / termination log",
-            f"{oom['dump_category']} / {line[:70]}",
-            f"{category} in both",
-            categories_ok,
-        ),
-        Row(f"{figure}: GPU memory in use after it, against before", freed, freed_target, freed_ok),
+        Row(f"{job}: exit code", str(code), str(expected), code == expected),
+        Row(f"{job}: category in the dump / termination log", categories, f"{category} in both", categories_ok),
+        Row(f"{job}: GPU memory in use after it, against before", freed, freed_target, freed_ok),
     ]
+
+
+# Per step: the figure of its one row when it failed ({} fields from the workload), and its rows when it did not.
+STEP_ROWS = {
+    "model": ("model", model_rows),
+    "throughput": ("throughput: bench_train against bare TRL", throughput_rows),
+    "dump": ("the last bench_train dump", dump_rows),
+    "oom": (OOM_JOB, oom_rows),
+}
 
 
 def table_rows(results: dict[str, Any]) -> list[Row]:
     versions, (minutes, seconds) = results["versions"], divmod(round(results["seconds"]), 60)
     device = f"{results['gpu']['name'] or 'unknown (no NVML)'}, torch {versions['torch']}, CUDA {versions['cuda']}"
-    return [
-        Row("GPU", device),
-        *model_rows(results),
-        *throughput_rows(results),
-        *dump_rows(results),
-        *oom_rows(results),
-        Row(
-            "whole check",
-            f"{minutes} min {seconds} s",
-            f"< {TIME_LIMIT_S // 60} min",
-            results["seconds"] < TIME_LIMIT_S,
-        ),
-    ]
+    rows = [Row("GPU", device)]
+    for step, (figure, step_rows) in STEP_ROWS.items():
+        if error := results[step].get("error"):
+            rows.append(Row(figure.format(**results["workload"]), f"failed: {error}", "completes", False))
+        else:
+            rows += step_rows(results)
+    whole = f"{minutes} min {seconds} s"
+    return [*rows, Row("whole check", whole, f"< {TIME_LIMIT_S // 60} min", results["seconds"] < TIME_LIMIT_S)]
 
 
 def markdown(rows: list[Row]) -> str:
@@ -578,21 +465,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False), so nothing to check")
         return 0
-    from transformers.utils import is_flash_attn_2_available
-
     workload = Workload(**{spec.name: getattr(args, spec.name) for spec in fields(Workload)})
     attention = FLASH_ATTENTION if is_flash_attn_2_available() else "sdpa"
-    gpu = find_gpu()
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-            results = run_check(workload, Path(args.workdir or scratch), gpu, attention, not args.no_warmup_round)
-    finally:
-        gpu.close()
+    with closing(find_gpu()) as gpu, tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        results = run_check(workload, Path(args.workdir or scratch), gpu, attention, not args.no_warmup_round)
     rows = table_rows(results)
     print(markdown(rows))
     write_report(rows, results, Path(args.output))

@@ -133,7 +133,7 @@ def synthetic_job(
     durations = [10 * step_s] * 2 + [step_s] * 8
     ends = [5.0 + sum(durations[: index + 1]) for index in range(len(durations))]
     run = overhead.Run("gpu", arm, round_index, loop_s + 10, loop_s, statistics.median(durations), losses, ends)
-    return gpu_check.Job(run, peak)
+    return run, peak
 
 
 def test_throughput_figures_are_per_round_ratios_of_the_steps_after_the_warmup():
