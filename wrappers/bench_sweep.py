@@ -62,9 +62,8 @@ class Point:
 
     id: str
     axes: dict[str, Any]
-    flags: dict[str, Any]  # base + axes, without nproc_per_node
+    flags: dict[str, Any]  # base + axes without nproc_per_node, and metadata (the file's + axes) as JSON
     nproc: int
-    metadata: dict[str, Any]
     config: str  # hash of everything the point runs with: a state line of another config does not count
 
     @property
@@ -158,7 +157,7 @@ def grid(spec: dict[str, Any]) -> list[Point]:
         nproc = flags.pop("nproc_per_node", 1)
         metadata = {**spec["metadata"], **axes}
         config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
-        points.append(Point(point_id(axes), axes, flags, nproc, metadata, config))
+        points.append(Point(point_id(axes), axes, {**flags, "metadata": json.dumps(metadata)}, nproc, config))
     return points
 
 
@@ -186,13 +185,13 @@ class PointProcess:
     picks a free port on the machine that runs it) when it has several processes. Stopped with SIGTERM to its root
     (which bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
 
-    def __init__(self, point: Point, stem: str, bench_train: str, timeout: float | None, **popen: Any):
-        """``popen``: the root process's ``env``, ``cwd`` and ``pass_fds``."""
+    def __init__(
+        self, flags: dict[str, Any], nproc: int, stem: str, bench_train: str, timeout: float | None, **popen: Any
+    ):
         launcher = [sys.executable]
-        if point.nproc > 1:
-            launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(point.nproc)]
-        meta = json.dumps(point.metadata)
-        flags = {**point.flags, "output_dir": stem, "metrics_path": f"{stem}.json", "metadata": meta}
+        if nproc > 1:
+            launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
+        flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
         with open(f"{stem}.log", "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, bench_train, *flag_tokens(flags)],
@@ -233,13 +232,16 @@ class PointProcess:
         return code
 
 
-def run_point_on_node(point: Point, bench_train: str, cwd: str, timeout: float | None) -> dict[str, Any]:
+def run_point_on_node(
+    flags: dict[str, Any], nproc: int, name: str, bench_train: str, cwd: str, timeout: float | None
+) -> dict[str, Any]:
     """A Ray task's body: the point in a scratch directory of the node that runs it; returns how it ended (as
     ``LocalExecutor.wait`` does) and the files the driver keeps (dump, rank reports, the journal when there is no
-    dump, the log) as bytes by their names in the sweep directory."""
+    dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: nothing of
+    this script has to be importable on the node."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
-        stem = os.path.join(scratch, point.id)
-        process = PointProcess(point, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
+        stem = os.path.join(scratch, name)
+        process = PointProcess(flags, nproc, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
         try:
             exit_code = process.wait()
         except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
@@ -281,7 +283,8 @@ class LocalExecutor:
             self.free_devices = self.free_devices[point.nproc :]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         stem, timeout = str(self.sweep.path(point, "")), self.sweep.point_timeout
-        process = PointProcess(point, stem, str(BENCH_TRAIN), timeout, env=env, pass_fds=(self.sweep.lock_fd,))
+        popen = {"env": env, "pass_fds": (self.sweep.lock_fd,)}
+        process = PointProcess(point.flags, point.nproc, stem, str(BENCH_TRAIN), timeout, **popen)
         self.running.append((point, process, devices))
 
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
@@ -344,13 +347,8 @@ class RayExecutor:
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"--ray_runtime_env is not valid JSON: {exc}") from exc
         runtime_env = runtime_env or {}
-        ray.init(
-            address,
-            num_cpus=None if address else num_cpus,
-            runtime_env=runtime_env or None,
-            log_to_driver=False,
-            include_dashboard=False,
-        )
+        options = {"runtime_env": runtime_env or None, "log_to_driver": False, "include_dashboard": False}
+        ray.init(address, num_cpus=num_cpus if address is None else None, **options)
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
         shipped = "working_dir" in runtime_env
         self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
@@ -366,7 +364,8 @@ class RayExecutor:
         task = self.remote.options(
             num_cpus=point.nproc, num_gpus=point.nproc if self.gpus else 0, name=f"bench_sweep {point.id}"
         )
-        self.running[task.remote(point, self.bench_train, os.getcwd(), self.sweep.point_timeout)] = point
+        ref = task.remote(point.flags, point.nproc, point.id, self.bench_train, os.getcwd(), self.sweep.point_timeout)
+        self.running[ref] = point
 
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
         if not self.running:
@@ -378,8 +377,8 @@ class RayExecutor:
             try:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the task's worker or node died
-                self.sweep.append_log(point, f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode())
-                result = {"exit_code": -signal.SIGKILL, "timed_out": False, "host": "?", "files": {}}
+                failure = f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode()
+                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files={f"{point.id}.log": failure})
             self.sweep.store_files(result["files"])
             ended.append((point, result))
         return ended
@@ -437,12 +436,8 @@ class Sweep:
                 os.remove(name)
         shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
-    def append_log(self, point: Point, data: bytes) -> None:
-        with self.path(point, ".log").open("ab") as handle:
-            handle.write(data)
-
     def store_files(self, files: dict[str, bytes]) -> None:
-        """A Ray task's files, the log appended to; a torn one is cleared before a rerun."""
+        """Files of the points by name, a log appended to; a torn one is cleared before a rerun."""
         for name, data in files.items():
             with (self.dir / "points" / name).open("ab" if name.endswith(".log") else "wb") as handle:
                 handle.write(data)
@@ -503,9 +498,8 @@ class Sweep:
                         finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
                         continue
                     attempts[point.id] += 1
-                    self.append_log(
-                        point, f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n".encode()
-                    )
+                    header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
+                    self.store_files({f"{point.id}.log": header.encode()})
                     executor.start(point)
                     bar.set_description_str(point.label[:60])
                 for point, ended in executor.wait():
