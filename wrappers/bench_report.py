@@ -2,10 +2,8 @@
 
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
-The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``): the dump ``NAME.json``, rank
-reports ``NAME.json.rank<N>.error.json``, the journal ``NAME.journal.jsonl`` (without a dump, the only trace of the
-run) and a rebuilt dump ``NAME.rebuilt.json``; a sweep's ``sweep_state.jsonl`` adds its points' outcomes. ``main``'s
-docstring (the ``--help``) and the README describe the columns.
+The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
+adds its points' outcomes. ``--help`` and the README ("Reports over many runs") describe the inputs and the columns.
 """
 
 import contextlib
