@@ -290,10 +290,9 @@ class LocalExecutor:
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
         """The points that ended since the last call, each with its ``exit_code``, ``timed_out`` and ``host``."""
         ended = []
-        for entry in list(self.running):
-            point, process, devices = entry
+        for point, process, devices in list(self.running):
             if (code := process.poll()) is not None:
-                self.running.remove(entry)
+                self.running.remove((point, process, devices))
                 self.free_devices += devices
                 ended.append((point, {"exit_code": code, "timed_out": process.timed_out, "host": socket.gethostname()}))
         if not ended:
