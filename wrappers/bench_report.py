@@ -298,7 +298,8 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         xs = sorted(by_x)
         medians = [statistics.median(by_x[at]) for at in xs]
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
-        axes.scatter([at for at in xs for _ in by_x[at]], [y for at in xs for y in by_x[at]], color=line.get_color())
+        for at in xs:  # every run, around its median
+            axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
     if not numeric:
         axes.set_xticks(range(len(categories)), categories)
     axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
