@@ -2,16 +2,15 @@
 
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
-The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``): the dump ``NAME.json``, rank
-reports ``NAME.json.rank<N>.error.json``, the journal ``NAME.journal.jsonl`` (without a dump, the only trace of the
-run) and a rebuilt dump ``NAME.rebuilt.json``; a sweep's ``sweep_state.jsonl`` adds its points' outcomes. ``main``'s
-docstring (the ``--help``) and the README describe the columns.
+The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
+adds its points' outcomes. ``--help`` and the README ("Reports over many runs") describe the inputs and the columns.
 """
 
 import contextlib
 import csv
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -51,7 +50,7 @@ class Failure:
     rank: int
     category: str
     step: int | None
-    time: datetime | None
+    time: float  # POSIX timestamp; inf when the report has none readable, so that it counts last
     message: str
 
 
@@ -60,23 +59,17 @@ class Run:
     """Everything read for one run identity (``NAME``)."""
 
     name: str
-    dump: dict[str, Any] | None = None
-    journal_dump: dict[str, Any] | None = None
+    dump: dict[str, Any] | None = None  # its own, else one rebuilt from its journal
     failures: list[Failure] = field(default_factory=list)
     sweep_point: dict[str, Any] | None = None  # the run's line in a sweep's state file
-
-    @property
-    def any_dump(self) -> dict[str, Any] | None:
-        return self.dump or self.journal_dump
 
     @property
     def status(self) -> str:
         if self.sweep_point is not None:  # judged by the sweep from these files, the exit code and the log
             return self.sweep_point["status"]
-        dump = self.any_dump
+        dump = self.dump
         # A journal cut short rebuilds into status error with no category: the run died without a word.
-        died = dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None)
-        if died:
+        if dump is None or (dump["rebuilt_from_journal"] and dump["error"] and dump["error"]["category"] is None):
             return "error" if self.failures else "killed"
         if dump["status"] in ("error", "interrupted") and self.failures:
             # The dump holds rank 0's own ending, "interrupted" too when torchrun stopped it for another rank's
@@ -87,8 +80,8 @@ class Run:
     @property
     def root_cause(self) -> Failure | None:
         """The earliest failure across ranks, so that an OOM on one rank is named rather than the communication
-        errors and interruptions it causes on the others; reports without a readable timestamp count last."""
-        return min(self.failures, key=lambda f: (f.time is None, f.time.timestamp() if f.time else 0), default=None)
+        errors and interruptions it causes on the others."""
+        return min(self.failures, key=lambda failure: failure.time, default=None)
 
 
 class Skipped(Exception):
@@ -98,11 +91,11 @@ class Skipped(Exception):
 def _failure(report: dict[str, Any]) -> Failure:
     try:  # reports carry UTC ISO-8601 timestamps; one without a zone is taken as UTC too
         time = datetime.fromisoformat(report.get("timestamp"))
-        time = time if time.tzinfo else time.replace(tzinfo=UTC)
+        timestamp = (time if time.tzinfo else time.replace(tzinfo=UTC)).timestamp()
     except (TypeError, ValueError):
-        time = None
+        timestamp = math.inf
     message = str(report.get("message") or "").splitlines() or [""]
-    return Failure(report.get("rank", 0), report["category"], report.get("global_step"), time, message[0])
+    return Failure(report.get("rank", 0), report["category"], report.get("global_step"), timestamp, message[0])
 
 
 def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
@@ -216,31 +209,29 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     for path, name in journals:
         if (run := run_for(name)).dump is None:
             with _skipping(path, "journal"):
-                run.journal_dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
+                run.dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
     for run in runs.values():
-        dump = run.any_dump
-        if dump is not None and dump["error"] and dump["error"].get("category"):
-            run.failures.append(_failure({"rank": dump["rank"], **dump["error"]}))
-    return [run for run in runs.values() if run.any_dump or run.failures or run.sweep_point]
+        if run.dump is not None and run.dump["error"] and run.dump["error"].get("category"):
+            run.failures.append(_failure({"rank": run.dump["rank"], **run.dump["error"]}))
+    return [run for run in runs.values() if run.dump or run.failures or run.sweep_point]
 
 
 def label_value(run: Run, key: str) -> Any:
     """A metadata value by dotted key (``model.name``), else one of the dump's top-level identity keys; a sweep
     point's axis values stand in for a run with no dump (a skipped point)."""
-    dump = run.any_dump
-    if dump is None:
+    if run.dump is None:
         return (run.sweep_point or {}).get("axes", {}).get(key)
-    value: Any = dump["metadata"]
+    value: Any = run.dump["metadata"]
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            return dump.get(key) if key in TOP_LEVEL_LABELS else None
+            return run.dump.get(key) if key in TOP_LEVEL_LABELS else None
         value = value[part]
     return value
 
 
 def row(run: Run, labels: list[str]) -> dict[str, Any]:
     """The table row of a run: raw values, formatted only when rendered."""
-    dump = run.any_dump
+    dump = run.dump
     summary = dump["summary"] if dump else {}
     cause = run.root_cause
     sweep_point = run.sweep_point or {}  # the sweep's judgement of its point: also skipped and timeout
@@ -292,24 +283,23 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
     if not points:
         print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     numeric = all(is_number(r[x]) for r in points)
     categories = sorted({str(r[x]) for r in points})
     scale = GB if metric.endswith("_bytes") else 1
-    groups: dict[str, list[tuple[float, float]]] = {}
+    groups: dict[str, dict[float, list[float]]] = {}  # group → x → values
     for r in points:
         at = r[x] if numeric else categories.index(str(r[x]))
-        groups.setdefault(str(r[group]) if group else "", []).append((at, r[metric] / scale))
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for name, members in sorted(groups.items()):
-        xs = sorted({at for at, _ in members})
-        medians = [statistics.median(y for at, y in members if at == position) for position in xs]
+        groups.setdefault(str(r[group]) if group else "", {}).setdefault(at, []).append(r[metric] / scale)
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
+    for name, by_x in sorted(groups.items()):
+        xs = sorted(by_x)
+        medians = [statistics.median(by_x[at]) for at in xs]
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
-        axes.scatter(*zip(*members, strict=True), color=line.get_color())
+        for at in xs:  # every run, around its median
+            axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
     if not numeric:
         axes.set_xticks(range(len(categories)), categories)
     axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
@@ -318,7 +308,6 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
-    plt.close(figure)
     return True
 
 

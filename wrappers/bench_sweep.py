@@ -6,6 +6,7 @@ Each point (one combination of axis values) runs as its own process tree; its ou
 ``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. README: "Sweeps".
 """
 
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -15,6 +16,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -45,6 +47,7 @@ DONE_STATUSES = ("ok", "stopped")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
+ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
 
@@ -59,9 +62,8 @@ class Point:
 
     id: str
     axes: dict[str, Any]
-    flags: dict[str, Any]  # base + axes, without nproc_per_node
+    flags: dict[str, Any]  # base + axes without nproc_per_node, and metadata (the file's + axes) as JSON
     nproc: int
-    metadata: dict[str, Any]
     config: str  # hash of everything the point runs with: a state line of another config does not count
 
     @property
@@ -69,24 +71,20 @@ class Point:
         return " ".join(f"{axis}={_short(value)}" for axis, value in self.axes.items())
 
     @property
-    def group(self) -> str:
-        """The point's identity without its batch size: the points an OOM at a smaller batch size skips."""
-        return json.dumps({k: v for k, v in self.axes.items() if k != BATCH_SIZE_AXIS}, sort_keys=True)
+    def group(self) -> dict[str, Any]:
+        """The point's axes but its batch size: the points an OOM at a smaller batch size skips share them."""
+        return {axis: value for axis, value in self.axes.items() if axis != BATCH_SIZE_AXIS}
 
     @property
     def batch_size(self) -> float | None:
         value = self.axes.get(BATCH_SIZE_AXIS)
         return value if bench_report.is_number(value) else None
 
-    @property
-    def metrics_name(self) -> str:
-        return f"points/{self.id}.json"
-
 
 def _short(value: Any) -> str:
     """A value as a label: paths by their last part."""
     text = json.dumps(value) if isinstance(value, dict | list) else str(value)
-    return (os.path.basename(text.rstrip("/")) or text) if "/" in text else text
+    return os.path.basename(text.rstrip("/")) or text
 
 
 def _hash(value: Any) -> str:
@@ -142,12 +140,11 @@ def spec_problems(spec: Any) -> Iterator[str]:
 
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
     """The points of ``point``'s group with a smaller batch size: they run first, and an OOM in one skips it."""
-    if point.batch_size is None:
-        return []
+    size = point.batch_size
     return [
         other
         for other in points
-        if other.group == point.group and other.batch_size is not None and other.batch_size < point.batch_size
+        if None not in (size, other.batch_size) and other.batch_size < size and other.group == point.group
     ]
 
 
@@ -160,7 +157,7 @@ def grid(spec: dict[str, Any]) -> list[Point]:
         nproc = flags.pop("nproc_per_node", 1)
         metadata = {**spec["metadata"], **axes}
         config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
-        points.append(Point(point_id(axes), axes, flags, nproc, metadata, config))
+        points.append(Point(point_id(axes), axes, {**flags, "metadata": json.dumps(metadata)}, nproc, config))
     return points
 
 
@@ -168,27 +165,9 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     """A mapping of flags as command-line tokens: ``null`` → a bare flag, a list → its items, a mapping → JSON."""
     tokens = []
     for key, value in flags.items():
-        tokens.append(f"--{key}")
-        if isinstance(value, list):
-            tokens += [json.dumps(item) if isinstance(item, dict) else str(item) for item in value]
-        elif isinstance(value, dict):
-            tokens.append(json.dumps(value))
-        elif value is not None:
-            tokens.append(str(value))
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        tokens += [f"--{key}", *(json.dumps(item) if isinstance(item, dict) else str(item) for item in values)]
     return tokens
-
-
-def point_command(
-    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], stem: str, bench_train: str
-) -> list[str]:
-    """The command of one point, its output_dir ``stem`` and its dump ``stem.json``: bench_train.py, under
-    ``tuning.launch`` (torchrun with the root cause's exit code; ``--standalone`` picks a free port on the machine
-    that runs it) when it has several processes."""
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
-    point_flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json", "metadata": json.dumps(metadata)}
-    return [*launcher, bench_train, *flag_tokens(point_flags)]
 
 
 def die_with_parent() -> Callable[[], Any] | None:
@@ -201,14 +180,21 @@ def die_with_parent() -> Callable[[], Any] | None:
 
 
 class PointProcess:
-    """A point's command in a session of its own, its output in a log file; stopped with SIGTERM to its root (which
-    bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
+    """A point's process tree in a session of its own: output_dir ``stem``, dump ``stem.json``, output appended to
+    ``stem.log``. bench_train.py, under ``tuning.launch`` (torchrun with the root cause's exit code; ``--standalone``
+    picks a free port on the machine that runs it) when it has several processes. Stopped with SIGTERM to its root
+    (which bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
 
-    def __init__(self, command: list[str], log_path: str, timeout: float | None, **popen: Any):
-        """``popen``: the root process's ``env``, ``cwd`` and ``pass_fds``."""
-        with open(log_path, "ab") as log:
+    def __init__(
+        self, flags: dict[str, Any], nproc: int, stem: str, bench_train: str, timeout: float | None, **popen: Any
+    ):
+        launcher = [sys.executable]
+        if nproc > 1:
+            launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
+        flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        with open(f"{stem}.log", "ab") as log:
             self.process = subprocess.Popen(
-                command,
+                [*launcher, bench_train, *flag_tokens(flags)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -216,20 +202,18 @@ class PointProcess:
                 preexec_fn=die_with_parent(),
                 **popen,
             )
-        self.deadline = time.monotonic() + timeout if timeout else None
-        self.stopping_since: float | None = None
+        self.deadline = time.monotonic() + timeout if timeout else math.inf
+        self.kill_at = math.inf  # once stopped: the end of its grace
         self.timed_out = False
 
     def poll(self) -> int | None:
         """The exit status once the point has ended; also enforces the timeout and the grace after a stop."""
-        code = self.process.poll()
-        if code is not None:
+        if (code := self.process.poll()) is not None:
             return code
-        now = time.monotonic()
-        if self.deadline is not None and now > self.deadline and self.stopping_since is None:
+        if time.monotonic() > self.deadline and self.kill_at == math.inf:
             self.timed_out = True
             self.stop()
-        if self.stopping_since is not None and now - self.stopping_since > STOP_GRACE_SECONDS:
+        if time.monotonic() > self.kill_at:
             with contextlib.suppress(psutil.NoSuchProcess):  # every process of its tree, the root last
                 root = psutil.Process(self.process.pid)
                 for process in [*root.children(recursive=True), root]:
@@ -238,10 +222,9 @@ class PointProcess:
         return None
 
     def stop(self) -> None:
-        if self.stopping_since is None:
-            self.stopping_since = time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
+        if self.kill_at == math.inf:
+            self.kill_at = time.monotonic() + STOP_GRACE_SECONDS
+            self.process.send_signal(signal.SIGTERM)  # a no-op once it has ended
 
     def wait(self) -> int:
         while (code := self.poll()) is None:
@@ -250,14 +233,15 @@ class PointProcess:
 
 
 def run_point_on_node(
-    flags: dict[str, Any], nproc: int, metadata: dict[str, Any], bench_train: str, cwd: str, timeout: float | None
+    flags: dict[str, Any], nproc: int, name: str, bench_train: str, cwd: str, timeout: float | None
 ) -> dict[str, Any]:
-    """A Ray task's body: the point in a scratch directory of the node that runs it; returns its exit status and the
-    files the driver keeps (dump, rank reports, the journal when there is no dump, the log) as bytes by name."""
+    """A Ray task's body: the point in a scratch directory of the node that runs it; returns how it ended (as
+    ``LocalExecutor.wait`` does) and the files the driver keeps (dump, rank reports, the journal when there is no
+    dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: nothing of
+    this script has to be importable on the node."""
     with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
-        stem = os.path.join(scratch, "point")
-        command = point_command(flags, nproc, metadata, stem, bench_train)
-        process = PointProcess(command, f"{stem}.log", timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
+        stem = os.path.join(scratch, name)
+        process = PointProcess(flags, nproc, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
         try:
             exit_code = process.wait()
         except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
@@ -269,14 +253,6 @@ def run_point_on_node(
             names.append(f"{stem}.journal.jsonl")
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
     return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
-
-
-@dataclass
-class Ended:
-    point: Point
-    exit_code: int
-    timed_out: bool
-    host: str
 
 
 def check_gpus(points: list[Point], gpus: int, where: str) -> None:
@@ -294,7 +270,7 @@ class LocalExecutor:
         self.devices = visible_gpus()
         self.free_devices = list(self.devices)
         self.concurrency = concurrency or len(self.devices) or 1
-        self.running: dict[str, tuple[Point, PointProcess, list[str]]] = {}
+        self.running: list[tuple[Point, PointProcess, list[str]]] = []  # and the devices it was given
         check_gpus(sweep.points, len(self.devices), f"this machine has {len(self.devices)} ({','.join(self.devices)})")
 
     def can_start(self, point: Point) -> bool:
@@ -306,41 +282,37 @@ class LocalExecutor:
         if devices:
             self.free_devices = self.free_devices[point.nproc :]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        stem = str(self.sweep.path(point, ""))
-        command = point_command(point.flags, point.nproc, point.metadata, stem, str(BENCH_TRAIN))
-        process = PointProcess(
-            command, f"{stem}.log", self.sweep.point_timeout, env=env, pass_fds=(self.sweep.lock_fd,)
-        )
-        self.running[point.id] = (point, process, devices)
+        stem, timeout = str(self.sweep.path(point, "")), self.sweep.point_timeout
+        popen = {"env": env, "pass_fds": (self.sweep.lock_fd,)}
+        process = PointProcess(point.flags, point.nproc, stem, str(BENCH_TRAIN), timeout, **popen)
+        self.running.append((point, process, devices))
 
-    def wait(self) -> list[Ended]:
+    def wait(self) -> list[tuple[Point, dict[str, Any]]]:
+        """The points that ended since the last call, each with its ``exit_code``, ``timed_out`` and ``host``."""
         ended = []
-        for key, (point, process, devices) in list(self.running.items()):
+        for point, process, devices in list(self.running):
             if (code := process.poll()) is not None:
-                del self.running[key]
+                self.running.remove((point, process, devices))
                 self.free_devices += devices
-                ended.append(Ended(point, code, process.timed_out, socket.gethostname()))
+                ended.append((point, {"exit_code": code, "timed_out": process.timed_out, "host": socket.gethostname()}))
         if not ended:
             time.sleep(POLL_SECONDS)
         return ended
 
     def stop(self) -> None:
         """Every running point stopped and waited for (each writes its dump); none is recorded as finished."""
-        for _, process, _ in self.running.values():
+        for _, process, _ in self.running:
             process.stop()
-        for _, process, _ in self.running.values():
+        for _, process, _ in self.running:
             process.wait()
         self.running.clear()
-
-    def close(self) -> None:
-        pass
 
 
 def visible_gpus() -> list[str]:
     """This machine's GPUs as ``CUDA_VISIBLE_DEVICES`` entries (no torch import: the driver stays light)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [device for device in visible.split(",") if device.strip() and device.strip() != "-1"]
+        return [device for device in visible.split(",") if device.strip() not in ("", "-1")]
     try:
         query = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
         listing = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True)
@@ -352,7 +324,8 @@ def visible_gpus() -> list[str]:
 class RayExecutor:
     """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs (none on a cluster without GPUs) and as many
     CPUs; the task runs the point on its node and hands back its files, which the driver writes under the sweep
-    directory, so no filesystem is shared. ``ray`` is imported only here."""
+    directory, so no filesystem is shared. ``ray`` is imported only here; a local instance stops when the driver
+    exits."""
 
     def __init__(
         self,
@@ -367,17 +340,16 @@ class RayExecutor:
         except ImportError as exc:
             raise SystemExit("--executor ray needs Ray: pip install 'tuning-bench[ray]'") from exc
         self.ray, self.sweep, self.concurrency = ray, sweep, concurrency
-        init: dict[str, Any] = {"address": address, "log_to_driver": False, "include_dashboard": False}
-        if address is None:
-            init["num_cpus"] = num_cpus
-        if runtime_env:
-            try:  # fire hands a JSON object over already parsed
-                init["runtime_env"] = runtime_env if isinstance(runtime_env, dict) else json.loads(runtime_env)
+        if isinstance(runtime_env, str) and runtime_env:  # fire hands a JSON object over already parsed
+            try:
+                runtime_env = json.loads(runtime_env)
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"--ray_runtime_env is not valid JSON: {exc}") from exc
-        ray.init(**init)
+        runtime_env = runtime_env or {}
+        options = {"runtime_env": runtime_env or None, "log_to_driver": False, "include_dashboard": False}
+        ray.init(address, num_cpus=num_cpus if address is None else None, **options)
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
-        shipped = "working_dir" in init.get("runtime_env", {})
+        shipped = "working_dir" in runtime_env
         self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
         self.gpus = max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
         self.remote = ray.remote(max_retries=0)(run_point_on_node)
@@ -391,12 +363,10 @@ class RayExecutor:
         task = self.remote.options(
             num_cpus=point.nproc, num_gpus=point.nproc if self.gpus else 0, name=f"bench_sweep {point.id}"
         )
-        ref = task.remote(
-            point.flags, point.nproc, point.metadata, self.bench_train, os.getcwd(), self.sweep.point_timeout
-        )
+        ref = task.remote(point.flags, point.nproc, point.id, self.bench_train, os.getcwd(), self.sweep.point_timeout)
         self.running[ref] = point
 
-    def wait(self) -> list[Ended]:
+    def wait(self) -> list[tuple[Point, dict[str, Any]]]:
         if not self.running:
             return []
         done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=POLL_SECONDS)
@@ -406,11 +376,10 @@ class RayExecutor:
             try:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the task's worker or node died
-                self.sweep.append_log(point, f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode())
-                ended.append(Ended(point, -signal.SIGKILL, False, "?"))
-                continue
-            self.sweep.store_files(point, result["files"])
-            ended.append(Ended(point, result["exit_code"], result["timed_out"], result["host"]))
+                failure = f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode()
+                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files={f"{point.id}.log": failure})
+            self.sweep.store_files(result["files"])
+            ended.append((point, result))
         return ended
 
     def stop(self) -> None:
@@ -419,9 +388,6 @@ class RayExecutor:
         with contextlib.suppress(Exception):
             self.ray.wait(list(self.running), num_returns=len(self.running), timeout=STOP_GRACE_SECONDS + 5)
         self.running.clear()
-
-    def close(self) -> None:
-        self.ray.shutdown()
 
 
 class Sweep:
@@ -451,7 +417,7 @@ class Sweep:
         line = {
             "point": point.id,
             "axes": point.axes,
-            "metrics_path": point.metrics_name,
+            "metrics_path": f"points/{point.id}.json",
             "config": point.config,
             **outcome,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -469,37 +435,28 @@ class Sweep:
                 os.remove(name)
         shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
-    def append_log(self, point: Point, data: bytes) -> int:
-        """The log's size after ``data``."""
-        with self.path(point, ".log").open("ab") as handle:
-            handle.write(data)
-            return handle.tell()
-
-    def store_files(self, point: Point, files: dict[str, bytes]) -> None:
-        """A Ray task's files under this point's names (``point.json`` → ``<id>.json``; the log appended)."""
+    def store_files(self, files: dict[str, bytes]) -> None:
+        """Files of the points by name, a log appended to; a torn one is cleared before a rerun."""
         for name, data in files.items():
-            if name == "point.log":
-                self.append_log(point, data)
-                continue
-            self.path(point, name.removeprefix("point")).write_bytes(data)  # a torn one is cleared before a rerun
+            with (self.dir / "points" / name).open("ab" if name.endswith(".log") else "wb") as handle:
+                handle.write(data)
 
-    def outcome(self, ended: Ended, log_start: int) -> dict[str, Any]:
+    def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
-        rank), else from the TUNING_ERROR line its log got since ``log_start``, else from its exit code."""
-        runs = bench_report.load(bench_report.run_files(self.path(ended.point)))
-        status = runs[0].status if runs else "killed" if ended.exit_code < 0 else "error"
+        rank), else from the TUNING_ERROR line of this attempt's part of its log, else from its exit code."""
+        runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
+        status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
-        if category is None and ended.exit_code != 0:
-            with self.path(ended.point, ".log").open("rb") as log:
-                log.seek(log_start)
-                if marker := ERROR_MARKER.findall(log.read().decode("utf-8", "replace")):
-                    status, category = "error", marker[-1]
-        if ended.timed_out:
+        if category is None and exit_code != 0:
+            attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
+            if marker := ERROR_MARKER.findall(attempt_log):
+                status, category = "error", marker[-1]
+        if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
-        elif status in DONE_STATUSES and ended.exit_code != 0:
-            status, reason = "error", f"exited {ended.exit_code} after its dump said {status}"
-        return {"status": status, "category": category, "exit_code": ended.exit_code, "reason": reason}
+        elif status in DONE_STATUSES and exit_code != 0:
+            status, reason = "error", f"exited {exit_code} after its dump said {status}"
+        return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
     def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> dict[str, dict[str, Any]]:
         """Every point not finished yet, each once the smaller batch sizes of its group have finished; returns the
@@ -508,7 +465,6 @@ class Sweep:
         pending = [point for point in self.points if point.id not in finished]
         smaller = {point.id: smaller_batch_sizes(point, self.points) for point in pending}
         attempts = dict.fromkeys(smaller, 0)
-        log_starts: dict[str, int] = {}
         counts = dict.fromkeys(("done", "failed", "skipped"), 0)
 
         def finish(line: dict[str, Any]) -> None:
@@ -529,7 +485,7 @@ class Sweep:
                 for point in list(pending):
                     if any(other.id not in finished for other in smaller[point.id]):
                         continue
-                    below = [finished[other.id] for other in smaller[point.id]]
+                    below = (finished[other.id] for other in smaller[point.id])
                     ooms = [line for line in below if line.get("category") in OOM_CATEGORIES]
                     if not ooms and not executor.can_start(point):
                         continue
@@ -541,17 +497,17 @@ class Sweep:
                         finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
                         continue
                     attempts[point.id] += 1
-                    header = f"\n=== bench_sweep: {point.label}, attempt {attempts[point.id]} ===\n"
-                    log_starts[point.id] = self.append_log(point, header.encode())
+                    header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
+                    self.store_files({f"{point.id}.log": header.encode()})
                     executor.start(point)
                     bar.set_description_str(point.label[:60])
-                for ended in executor.wait():
-                    point, outcome = ended.point, self.outcome(ended, log_starts[ended.point.id])
+                for point, ended in executor.wait():
+                    outcome = self.outcome(point, ended)
                     transient = outcome["status"] == "error" and outcome["category"] in TRANSIENT_CATEGORIES
                     if transient and attempts[point.id] <= self.retries:
                         pending.insert(0, point)
                     else:
-                        finish(self.record(point, **outcome, attempts=attempts[point.id], host=ended.host))
+                        finish(self.record(point, **outcome, attempts=attempts[point.id], host=ended["host"]))
         return finished
 
     def on_signal(self, signum: int, _frame: Any) -> None:
@@ -624,7 +580,7 @@ def main(
     if dry_run:
         finished = sweep.finished(rerun_failed)
         for point in points:
-            state = finished[point.id]["status"] if point.id in finished else "to run"
+            state = finished.get(point.id, {}).get("status", "to run")
             processes = "" if "nproc_per_node" in point.axes else f"  nproc_per_node={point.nproc}"
             print(f"{point.label}{processes}  {sweep.path(point)}  [{state}]")
         print(f"{len(points)} points, {len(points) - len(finished)} to run")
@@ -643,16 +599,12 @@ def main(
         )
     else:
         runner = LocalExecutor(sweep, concurrency)
-    try:
-        finished = sweep.run(runner, rerun_failed)
-    finally:
-        runner.close()
-        os.close(sweep.lock_fd)
+    finished = sweep.run(runner, rerun_failed)
     if (signum := sweep.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
         return 128 + signum
-    statuses = [line["status"] for line in finished.values()]
-    summary = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    statuses = collections.Counter(line["status"] for line in finished.values())
+    summary = ", ".join(f"{count} {status}" for status, count in statuses.items())
     print(f"bench_sweep: {len(points)} points: {summary}", file=sys.stderr)
     write_report(sweep_dir, points)
     return 0
