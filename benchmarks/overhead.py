@@ -201,7 +201,8 @@ def share_interval(own: int, total: int, z: float = 1.96) -> tuple[float, float,
     share = own / total
     centre = share + z * z / (2 * total)
     margin = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total))
-    return share, max(0.0, (centre - margin) / (1 + z * z / total)), (centre + margin) / (1 + z * z / total)
+    low, high = (centre - margin) / (1 + z * z / total), (centre + margin) / (1 + z * z / total)
+    return share, min(share, max(0.0, low)), max(share, high)  # rounding aside, low <= share <= high
 
 
 def child_env(threads: int) -> dict[str, str]:
