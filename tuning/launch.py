@@ -12,7 +12,6 @@ Kubernetes" section describes each. Torch is imported only once the signal handl
 
 import argparse
 import base64
-import contextlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,10 +67,6 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _category_of_exit_code(code: int) -> ErrorCategory:
-    return next((category for category in ErrorCategory if exit_code_for(category) == code), ErrorCategory.INTERNAL)
-
-
 def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
     """``exitcode`` as torch's agent records it: -N for a process ended by signal N."""
     if line is None and exitcode < 0:
@@ -81,7 +76,7 @@ def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
         )
         return RankFailure(rank, 128 - exitcode, line)
     if line is None:
-        category = _category_of_exit_code(exitcode)
+        category = next((c for c in ErrorCategory if exit_code_for(c) == exitcode), ErrorCategory.INTERNAL)
         return RankFailure(rank, exitcode, f"{category}: rank {rank}: exited with code {exitcode}, without a report")
     if exitcode > 0:
         return RankFailure(rank, exitcode, line)
@@ -159,20 +154,6 @@ def _write_termination_log(text: str) -> None:
         logger.warning("Could not write the termination log %s: %s", path, exc)
 
 
-@contextlib.contextmanager
-def _workers_termination_log(path: str) -> Iterator[None]:
-    """The workers started meanwhile append their lines to ``path``; the launcher's own go to the pod's log."""
-    saved = os.environ.get(TERMINATION_LOG_ENV)
-    os.environ[TERMINATION_LOG_ENV] = path
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(TERMINATION_LOG_ENV, None)
-        else:
-            os.environ[TERMINATION_LOG_ENV] = saved
-
-
 def _process_count(job_config: dict) -> int:
     launch_args = job_config.get(LAUNCH_ARGS_KEY) or {}
     if not isinstance(launch_args, dict):
@@ -190,14 +171,6 @@ def _process_count(job_config: dict) -> int:
     return int(count)
 
 
-def _hand_job_config_to_trainer(job_config: dict) -> None:
-    """The trainer reads the job config from the environment itself: without the launcher's key."""
-    if LAUNCH_ARGS_KEY in job_config:
-        trainer_config = {key: value for key, value in job_config.items() if key != LAUNCH_ARGS_KEY}
-        os.environ.pop(CONFIG_PATH_ENV, None)
-        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(trainer_config).encode()).decode()
-
-
 def torchrun_args(argv: list[str]) -> argparse.Namespace:
     """torchrun's own parser on ``argv``; given no script, the container entrypoint's command."""
     from torch.distributed.run import get_args_parser
@@ -213,7 +186,10 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace:
             f"{CONFIG_BASE64_ENV} to run tuning/sft_trainer.py on that job config"
         )
     processes = _process_count(job_config)
-    _hand_job_config_to_trainer(job_config)
+    if LAUNCH_ARGS_KEY in job_config:  # the trainer reads the job config from the environment, without this key
+        del job_config[LAUNCH_ARGS_KEY]
+        os.environ.pop(CONFIG_PATH_ENV, None)
+        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(job_config).encode()).decode()
     # The count first: a --nproc_per_node typed on the command line still wins.
     return parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER])
 
@@ -224,11 +200,12 @@ def launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
+    pod_log = os.environ.get(TERMINATION_LOG_ENV)
     with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
-        workers_log = os.path.join(scratch, "termination-log")
+        # The workers append their lines to a file of their own; the launcher's go to the pod's log.
+        workers_log = os.environ[TERMINATION_LOG_ENV] = os.path.join(scratch, "termination-log")
         try:
-            with _workers_termination_log(workers_log):
-                run(args)
+            run(args)
             return 0
         except ChildFailedError as exc:
             failed = failures_in_order(exc.failures, read_rank_lines(workers_log))
@@ -237,6 +214,10 @@ def launch(args: argparse.Namespace) -> int:
             raise SignalInterrupt(exc.sigval) from exc
         finally:
             install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
+            if pod_log is None:
+                os.environ.pop(TERMINATION_LOG_ENV, None)
+            else:
+                os.environ[TERMINATION_LOG_ENV] = pod_log
     _write_termination_log(termination_message(failed))
     root = failed[0]
     more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""

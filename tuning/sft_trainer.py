@@ -71,21 +71,11 @@ class _UpstreamValues(NamedTuple):
 
 class ParsedArguments(_UpstreamValues):
     """fms-hf-tuning's ten values of ``parse_arguments`` in its order (``None`` for the features this package does
-    not have), plus ``tracker_configs`` (every registered tracker's) and ``experiment_metadata`` (a dict), by name.
+    not have), plus ``tracker_configs`` (every registered tracker's, set by ``parse_arguments``) and
+    ``experiment_metadata`` (a dict), by name.
     """
 
-    def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
-        parsed = super().__new__(cls, *values)
-        if tracker_configs is not None:
-            parsed.__dict__["_tracker_configs"] = tracker_configs
-        return parsed
-
-    @property
-    def tracker_configs(self) -> TrackerConfigFactory:
-        # Copies made by _replace/_make carry no configs beyond the tuple's: then the two it holds.
-        return self.__dict__.get("_tracker_configs") or TrackerConfigFactory(
-            file_logger_config=self.file_logger_config, aim_config=self.aim_config
-        )
+    tracker_configs: TrackerConfigFactory
 
     @property
     def experiment_metadata(self) -> dict | None:
@@ -173,7 +163,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
 
     data_args.response_template = _unescape_newlines(data_args.response_template)
     data_args.data_formatter_template = _unescape_newlines(data_args.data_formatter_template)
-    return ParsedArguments(
+    parsed = ParsedArguments(
         model_args,
         data_args,
         training_args,
@@ -184,29 +174,23 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         None,
         None,
         _exp_metadata_json(exp_metadata),
-        tracker_configs=tracker_configs,
     )
+    parsed.tracker_configs = tracker_configs
+    return parsed
 
 
-def _warn_unused_peft_flags(peft_method: str, *configs: LoraConfig | PromptTuningConfig) -> None:
+def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
     """Name the PEFT flags set away from their defaults that the chosen method ignores (LoRA flags without
     ``--peft_method lora``, prompt-tuning flags without ``pt``): training goes on, without them."""
-    method_of = {LoraConfig: "lora", PromptTuningConfig: "pt"}
-    for config in configs:
-        if method_of[type(config)] == peft_method:
-            continue
-        defaults = type(config)()
-        ignored = [
-            f"--{spec.name}"
-            for spec in dataclasses.fields(config)
-            if getattr(config, spec.name) != getattr(defaults, spec.name)
-        ]
-        if ignored:
+    for method, config in (("lora", lora_config), ("pt", prompt_config)):
+        defaults = vars(type(config)())
+        ignored = [f"--{name}" for name, value in vars(config).items() if value != defaults[name]]
+        if ignored and method != peft_method:
             logger.warning(
                 "ignoring %s: %s only applies with --peft_method %s, and this run has --peft_method %s",
                 " ".join(ignored),
                 "it" if len(ignored) == 1 else "they",
-                method_of[type(config)],
+                method,
                 peft_method,
             )
 
