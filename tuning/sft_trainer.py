@@ -39,6 +39,7 @@ from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
 from tuning.utils.config_utils import get_json_config
+from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
 
@@ -245,8 +246,6 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
             check_model_files(flag, path)
     if train_args.output_dir:
         check_output_dir(train_args.output_dir)
-    from tuning.utils.data_type_utils import get_torch_dtype
-
     try:
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
@@ -281,12 +280,7 @@ def _is_number(value: Any, kind: type) -> bool:
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
-    texts = format_file(
-        path,
-        tokenizer.eos_token,
-        dataset_text_field=data_args.dataset_text_field,
-        template=data_args.data_formatter_template,
-    )
+    texts = format_file(path, tokenizer.eos_token, data_args.dataset_text_field, data_args.data_formatter_template)
     return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
@@ -337,8 +331,6 @@ def train(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
-    from tuning.utils.data_type_utils import get_torch_dtype
-
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
@@ -370,17 +362,14 @@ def train(
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
     )
-    added_tokens = 0
-    if tokenizer.eos_token is None:
-        added_tokens += tokenizer.add_special_tokens({"eos_token": "</s>"})
+    added_tokens = tokenizer.add_special_tokens({"eos_token": "</s>"}) if tokenizer.eos_token is None else 0
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
     train_dataset = _build_dataset(data_args.training_data_path, data_args, tokenizer, max_length)
-    eval_dataset = None
-    if data_args.validation_data_path:
-        eval_dataset = _build_dataset(data_args.validation_data_path, data_args, tokenizer, max_length)
+    eval_path = data_args.validation_data_path
+    eval_dataset = _build_dataset(eval_path, data_args, tokenizer, max_length) if eval_path else None
 
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
@@ -392,9 +381,8 @@ def train(
     if added_tokens:
         tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
     additional_metrics = {"model_load_time": time.time() - load_start}
-    for name, value in additional_metrics.items():
-        for tracker in trackers:
-            tracker.track(value, name)
+    for tracker in trackers:
+        tracker.track(additional_metrics["model_load_time"], "model_load_time")
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")

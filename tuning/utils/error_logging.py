@@ -263,12 +263,8 @@ def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> i
     name = EXIT_CODE_ENV_PREFIX + category.name
     raw = os.environ.get(name, "").strip()
     if raw:
-        try:
-            code = int(raw)
-        except ValueError:
-            code = -1
-        if low <= code <= high:
-            return code
+        if raw.isdecimal() and low <= int(raw) <= high:
+            return int(raw)
         logger.warning("Ignoring %s=%r: it must be an integer from %d to %d", name, raw, low, high)
     if category is _C.INTERRUPTED and signum is not None:
         return 128 + int(signum)
@@ -279,9 +275,7 @@ def _one_line(text: str, max_bytes: int) -> str:
     """Whitespace (newlines included) collapsed to single spaces, cut to ``max_bytes`` of UTF-8."""
     line = " ".join(text.split())
     data = line.encode("utf-8", "replace")
-    if len(data) <= max_bytes:
-        return line
-    return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
+    return line if len(data) <= max_bytes else data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
 
 
 def termination_log_path(log_file: str | None = None) -> str | None:
