@@ -196,11 +196,6 @@ def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_co
             )
 
 
-def _looks_local(path: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else must exist on disk."""
-    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
-
-
 def check_output_dir(path: str) -> None:
     """``--output_dir`` must be a directory or creatable as one: no regular file at it or above it."""
     existing = os.path.abspath(path)
@@ -240,10 +235,12 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         ("--model_name_or_path", model_args.model_name_or_path),
         ("--tokenizer_name_or_path", model_args.tokenizer_name_or_path),
     ):
-        if path and not os.path.exists(path) and (_looks_local(path) or os.environ.get("HF_HUB_OFFLINE") == "1"):
+        if not path:
+            continue
+        local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1  # hub ids: name, org/name
+        if not os.path.exists(path) and (local or os.environ.get("HF_HUB_OFFLINE") == "1"):
             raise UserInputError(f"{flag} {path} does not exist")
-        if path:
-            check_model_files(flag, path)
+        check_model_files(flag, path)
     if train_args.output_dir:
         check_output_dir(train_args.output_dir)
     try:
