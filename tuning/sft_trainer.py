@@ -1,8 +1,7 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API").
-``main()`` builds the trackers itself and hands them to ``train(trackers=...)``, as wrappers with their own do.
-"""
+Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API")."""
 
+import argparse
 import dataclasses
 import glob
 import json
@@ -117,18 +116,11 @@ def _exp_metadata_json(value: Any) -> str | None:
     return text
 
 
-def _unescape_newlines(value: str | None) -> str | None:
-    """A ``\\n`` typed inside shell double quotes arrives as backslash + n; users mean a newline."""
-    return value.replace("\\n", "\n") if value else value
-
-
-def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, Any, bool, Any]:
-    """The dataclasses, peft_method, use_peft and exp_metadata of a JSON job config; keys that are no flag (a
-    launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
+def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, argparse.Namespace]:
+    """The dataclasses and the plain flags of a JSON job config, as ``parse_args_into_dataclasses`` gives them; keys
+    that are no flag (a launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
     config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
-    peft_method = config.pop("peft_method", None)
-    use_peft = config.pop("use_peft", False)
-    exp_metadata = config.pop("exp_metadata", None)
+    flags = {name: config.pop(name, parser.get_default(name)) for name in ("peft_method", "use_peft", "exp_metadata")}
     if isinstance(config.get("trackers"), str):
         config["trackers"] = [config["trackers"]]
     known = {spec.name for dtype in parser.dataclass_types for spec in dataclasses.fields(dtype) if spec.init}
@@ -139,31 +131,31 @@ def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list
         dataclass_args = parser.parse_dict(config, allow_extra_keys=True)
     except (ValueError, TypeError) as exc:
         raise UserInputError(f"invalid job config: {exc}") from exc
-    return list(dataclass_args), peft_method, use_peft, exp_metadata
+    return list(dataclass_args), argparse.Namespace(**flags)
 
 
 def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -> ParsedArguments:
     """Parse ``json_config`` (same keys as the flags) when given and not empty, else argv."""
     if json_config:
-        dataclass_args, peft_method, use_peft, exp_metadata = _parse_job_config(parser, json_config)
+        dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
-        *dataclass_args, extras, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
+        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
         if remaining:
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
-        peft_method, use_peft, exp_metadata = extras.peft_method, extras.use_peft, extras.exp_metadata
     model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
     tracker_configs = tracker_configs_from(
         dict(zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True))
     )
 
-    peft_method = peft_method or ("lora" if use_peft else "none")
+    peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
-    data_args.response_template = _unescape_newlines(data_args.response_template)
-    data_args.data_formatter_template = _unescape_newlines(data_args.data_formatter_template)
+    for name in ("response_template", "data_formatter_template"):
+        if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
+            setattr(data_args, name, value.replace("\\n", "\n"))
     parsed = ParsedArguments(
         model_args,
         data_args,
@@ -174,7 +166,7 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         tracker_configs.aim_config,
         None,
         None,
-        _exp_metadata_json(exp_metadata),
+        _exp_metadata_json(flags.exp_metadata),
     )
     parsed.tracker_configs = tracker_configs
     return parsed
@@ -404,8 +396,6 @@ def main() -> int:
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
-        validate_arguments(args.model_args, args.data_args, args.training_args)
-        trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
         train(
             args.model_args,
@@ -413,9 +403,8 @@ def main() -> int:
             args.training_args,
             args.tune_config,
             tracker_configs=args.tracker_configs,
-            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
+            additional_callbacks=[graceful_stop],
             exp_metadata=args.experiment_metadata,
-            trackers=trackers,
         )
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)
