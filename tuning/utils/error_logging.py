@@ -197,23 +197,17 @@ def _safe_str(exc: BaseException) -> str:
         return f"<unprintable {type(exc).__name__}>"
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The exception, then what it was raised from or while handling, each once: chains can be cyclic.
-
-    A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author chose to replace it.
-    """
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        linked = [current.__cause__, None if current.__suppress_context__ else current.__context__]
-        if isinstance(current, BaseExceptionGroup):
-            linked.extend(current.exceptions)
-        pending.extend(link for link in reversed(linked) if link is not None)
+def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
+    """The exception, then what it was raised from or while handling and a group's members, each once (chains can
+    be cyclic). A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author replaced it."""
+    seen = set() if seen is None else seen
+    if id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        members = exc.exceptions if isinstance(exc, BaseExceptionGroup) else ()
+        for link in (exc.__cause__, None if exc.__suppress_context__ else exc.__context__, *members):
+            if link is not None:
+                yield from _chain(link, seen)
 
 
 def _categories(exc: BaseException) -> set[ErrorCategory]:
