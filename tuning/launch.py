@@ -21,6 +21,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
@@ -89,17 +90,11 @@ def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
 def read_rank_lines(path: str) -> dict[int, tuple[int, str]]:
     """Each rank's last line in the workers' termination log (the latest attempt's, with restarts), with its
     position in the file: the order in which the ranks wrote them."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return {}
-    by_rank = {}
-    for position, line in enumerate(lines):
-        match = _TERMINATION_LINE.match(line)
-        if match:
-            by_rank[int(match["rank"] or 0)] = (position, line)
-    return by_rank
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    matches = ((position, line, _TERMINATION_LINE.match(line)) for position, line in enumerate(lines))
+    return {int(match["rank"] or 0): (position, line) for position, line, match in matches if match}
 
 
 def failures_in_order(
@@ -131,15 +126,13 @@ def failures_in_order(
 def termination_message(failures: list[RankFailure]) -> str:
     """The pod's termination log: the root cause's line, then one line per other failed rank while within 4 KiB."""
     root, *others = failures
-    lines = [_one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1)]
-    size = len(lines[0].encode()) + 1
+    text = _one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1) + "\n"
     for failure in others:
-        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1)
-        size += len(line.encode()) + 1
-        if size > K8S_TERMINATION_MESSAGE_MAX_BYTES:
+        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1) + "\n"
+        if len((text + line).encode()) > K8S_TERMINATION_MESSAGE_MAX_BYTES:
             break
-        lines.append(line)
-    return "".join(f"{line}\n" for line in lines)
+        text += line
+    return text
 
 
 def _write_termination_log(text: str) -> None:
