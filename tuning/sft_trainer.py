@@ -26,7 +26,7 @@ if __name__ == "__main__":
     install_early_signal_handlers()
 
 import transformers
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainerCallback
 
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
@@ -305,12 +305,12 @@ def train(
     peft_config: LoraConfig | PromptTuningConfig | Any | None = None,
     trainer_controller_args: Any = None,
     tracker_configs: TrackerConfigFactory | None = DEFAULT_TRACKER_CONFIGS,
-    additional_callbacks: list[transformers.TrainerCallback] | None = None,
+    additional_callbacks: list[TrainerCallback] | None = None,
     exp_metadata: dict | None = None,
     quantized_lora_config: Any = None,
     fusedops_kernels_config: Any = None,
     *,
-    callbacks: list[transformers.TrainerCallback] | None = None,
+    callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
     """Fine-tune and save the model (or adapter) into ``output_dir``, with fms-hf-tuning's signature; returns the
@@ -332,11 +332,9 @@ def train(
         raise UserInputError(
             f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
         )
-    for callback in additional_callbacks:
-        if not isinstance(callback, transformers.TrainerCallback):
-            raise UserInputError(
-                f"additional callbacks should be of type TrainerCallback, got {type(callback).__name__}"
-            )
+    wrong = [type(callback).__name__ for callback in additional_callbacks if not isinstance(callback, TrainerCallback)]
+    if wrong:
+        raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
