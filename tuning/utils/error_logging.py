@@ -298,14 +298,10 @@ def write_termination_log(text: str, log_file: str | None = None) -> str | None:
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        # argparse printed the real message before exiting; it is still in the error() frame of the traceback.
-        tb = exc.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
-                return str(frame.f_locals.get("message", ""))
-            tb = tb.tb_next
+    # After argparse's exit, the message it printed is still in the error() frame of the traceback.
+    for frame, _ in traceback.walk_tb(exc.__traceback__ if isinstance(exc, SystemExit) else None):
+        if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
+            return str(frame.f_locals.get("message", ""))
     return _safe_str(exc)
 
 
