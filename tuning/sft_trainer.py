@@ -25,8 +25,11 @@ if __name__ == "__main__":
 
     install_early_signal_handlers()
 
+import torch
 import transformers
+from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainerCallback
+from transformers.utils import is_flash_attn_2_available
 
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
@@ -201,8 +204,6 @@ def check_output_dir(path: str) -> None:
 def check_model_files(flag: str, path: str) -> None:
     """A local model or tokenizer directory whose JSON files or safetensors weights are damaged (a cut-short copy
     or download) is the user's input: name the file now. Reads the JSON files and the safetensors headers only."""
-    from safetensors import SafetensorError, safe_open
-
     if not os.path.isdir(path):
         return
     for json_file in sorted(glob.glob(os.path.join(path, "*.json"))):
@@ -276,9 +277,6 @@ def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: i
 def _attention_implementation(use_flash_attn: bool) -> str:
     if not use_flash_attn:
         return "sdpa"
-    import torch
-    from transformers.utils import is_flash_attn_2_available
-
     if torch.cuda.is_available() and is_flash_attn_2_available():
         return "flash_attention_2"
     logger.warning("flash attention 2 is not available here (needs CUDA and flash-attn); using sdpa instead")
