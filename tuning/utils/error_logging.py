@@ -401,7 +401,6 @@ def record_global_step(step: int) -> None:
 # Where a script is, for the early signal handlers: "starting" (importing and setting up, before
 # run_with_error_reporting), "running" (inside its function) or "reporting" (the process reports how it ended).
 _phase = "starting"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _signals_ignored_while_reporting: set[int] = set()
 
 
@@ -427,7 +426,7 @@ def install_early_signal_handlers() -> None:
     signal is ignored so that the report is not cut short (torchrun signals every worker once one has exited); a
     second one gets the default action.
     """
-    for signum in _STOP_SIGNALS:
+    for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _on_stop_signal)
 
 
