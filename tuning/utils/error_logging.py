@@ -342,12 +342,9 @@ def build_error_report(
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "traceback": "".join(traceback.format_exception(exc)),
     }
-    if extra:
-        clash = report.keys() & extra.keys()
-        if clash:
-            raise ValueError(f"extra keys {sorted(clash)} would shadow stable report keys")
-        report.update(extra)
-    return report
+    if clash := report.keys() & (extra or {}).keys():
+        raise ValueError(f"extra keys {sorted(clash)} would shadow stable report keys")
+    return report | (extra or {})
 
 
 def _summary(report: dict[str, Any]) -> str:
