@@ -151,8 +151,7 @@ def _process_count(job_config: dict) -> int:
     launch_args = job_config.get(LAUNCH_ARGS_KEY) or {}
     if not isinstance(launch_args, dict):
         raise UserInputError(f"{LAUNCH_ARGS_KEY} in the job config must be an object, got {type(launch_args).__name__}")
-    ignored = sorted(set(launch_args) - {"num_processes"})
-    if ignored:
+    if ignored := sorted(set(launch_args) - {"num_processes"}):
         logger.warning("tuning.launch ignores %s.%s; give torchrun flags instead", LAUNCH_ARGS_KEY, ignored)
     count = launch_args.get("num_processes")
     if count is None:

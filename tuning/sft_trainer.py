@@ -127,8 +127,7 @@ def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list
     if isinstance(config.get("trackers"), str):
         config["trackers"] = [config["trackers"]]
     known = {spec.name for dtype in parser.dataclass_types for spec in dataclasses.fields(dtype) if spec.init}
-    unknown = sorted(set(config) - known)
-    if unknown:
+    if unknown := sorted(set(config) - known):
         logger.warning("ignoring job config keys that are no sft_trainer flag: %s", ", ".join(unknown))
     try:
         dataclass_args = parser.parse_dict(config, allow_extra_keys=True)
