@@ -204,6 +204,7 @@ def test_byte_order_mark_and_blank_lines_are_accepted(tmp_path):
         ('[{"a": 1}', "the array is not closed"),
         ('[{"a": 1}] {"b": 2}', "line 1, column 12: extra data after the array"),
         ('{"a": 1}\n"text"\n', "record 1 \\(line 2\\) .* is str, expected a JSON object"),
+        ('{"a": 1} {"b": 2}\n', "line 1, column 10: extra data after a record"),
     ],
 )
 def test_malformed_structure_names_the_place(tmp_path, content, culprit):

@@ -12,7 +12,6 @@ Kubernetes" section describes each. Torch is imported only once the signal handl
 
 import argparse
 import base64
-import contextlib
 import json
 import logging
 import os
@@ -20,8 +19,9 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
@@ -68,10 +68,6 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _category_of_exit_code(code: int) -> ErrorCategory:
-    return next((category for category in ErrorCategory if exit_code_for(category) == code), ErrorCategory.INTERNAL)
-
-
 def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
     """``exitcode`` as torch's agent records it: -N for a process ended by signal N."""
     if line is None and exitcode < 0:
@@ -81,7 +77,7 @@ def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
         )
         return RankFailure(rank, 128 - exitcode, line)
     if line is None:
-        category = _category_of_exit_code(exitcode)
+        category = next((c for c in ErrorCategory if exit_code_for(c) == exitcode), ErrorCategory.INTERNAL)
         return RankFailure(rank, exitcode, f"{category}: rank {rank}: exited with code {exitcode}, without a report")
     if exitcode > 0:
         return RankFailure(rank, exitcode, line)
@@ -94,17 +90,11 @@ def _rank_failure(rank: int, exitcode: int, line: str | None) -> RankFailure:
 def read_rank_lines(path: str) -> dict[int, tuple[int, str]]:
     """Each rank's last line in the workers' termination log (the latest attempt's, with restarts), with its
     position in the file: the order in which the ranks wrote them."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return {}
-    by_rank = {}
-    for position, line in enumerate(lines):
-        match = _TERMINATION_LINE.match(line)
-        if match:
-            by_rank[int(match["rank"] or 0)] = (position, line)
-    return by_rank
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    matches = ((position, line, _TERMINATION_LINE.match(line)) for position, line in enumerate(lines))
+    return {int(match["rank"] or 0): (position, line) for position, line, match in matches if match}
 
 
 def failures_in_order(
@@ -136,15 +126,13 @@ def failures_in_order(
 def termination_message(failures: list[RankFailure]) -> str:
     """The pod's termination log: the root cause's line, then one line per other failed rank while within 4 KiB."""
     root, *others = failures
-    lines = [_one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1)]
-    size = len(lines[0].encode()) + 1
+    text = _one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1) + "\n"
     for failure in others:
-        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1)
-        size += len(line.encode()) + 1
-        if size > K8S_TERMINATION_MESSAGE_MAX_BYTES:
+        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1) + "\n"
+        if len((text + line).encode()) > K8S_TERMINATION_MESSAGE_MAX_BYTES:
             break
-        lines.append(line)
-    return "".join(f"{line}\n" for line in lines)
+        text += line
+    return text
 
 
 def _write_termination_log(text: str) -> None:
@@ -159,26 +147,11 @@ def _write_termination_log(text: str) -> None:
         logger.warning("Could not write the termination log %s: %s", path, exc)
 
 
-@contextlib.contextmanager
-def _workers_termination_log(path: str) -> Iterator[None]:
-    """The workers started meanwhile append their lines to ``path``; the launcher's own go to the pod's log."""
-    saved = os.environ.get(TERMINATION_LOG_ENV)
-    os.environ[TERMINATION_LOG_ENV] = path
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(TERMINATION_LOG_ENV, None)
-        else:
-            os.environ[TERMINATION_LOG_ENV] = saved
-
-
 def _process_count(job_config: dict) -> int:
     launch_args = job_config.get(LAUNCH_ARGS_KEY) or {}
     if not isinstance(launch_args, dict):
         raise UserInputError(f"{LAUNCH_ARGS_KEY} in the job config must be an object, got {type(launch_args).__name__}")
-    ignored = sorted(set(launch_args) - {"num_processes"})
-    if ignored:
+    if ignored := sorted(set(launch_args) - {"num_processes"}):
         logger.warning("tuning.launch ignores %s.%s; give torchrun flags instead", LAUNCH_ARGS_KEY, ignored)
     count = launch_args.get("num_processes")
     if count is None:
@@ -188,14 +161,6 @@ def _process_count(job_config: dict) -> int:
     if isinstance(count, bool) or not str(count).isdigit() or int(count) < 1:
         raise UserInputError(f"{LAUNCH_ARGS_KEY}.num_processes must be a positive integer, got {count!r}")
     return int(count)
-
-
-def _hand_job_config_to_trainer(job_config: dict) -> None:
-    """The trainer reads the job config from the environment itself: without the launcher's key."""
-    if LAUNCH_ARGS_KEY in job_config:
-        trainer_config = {key: value for key, value in job_config.items() if key != LAUNCH_ARGS_KEY}
-        os.environ.pop(CONFIG_PATH_ENV, None)
-        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(trainer_config).encode()).decode()
 
 
 def torchrun_args(argv: list[str]) -> argparse.Namespace:
@@ -213,7 +178,10 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace:
             f"{CONFIG_BASE64_ENV} to run tuning/sft_trainer.py on that job config"
         )
     processes = _process_count(job_config)
-    _hand_job_config_to_trainer(job_config)
+    if LAUNCH_ARGS_KEY in job_config:  # the trainer reads the job config from the environment, without this key
+        del job_config[LAUNCH_ARGS_KEY]
+        os.environ.pop(CONFIG_PATH_ENV, None)
+        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(job_config).encode()).decode()
     # The count first: a --nproc_per_node typed on the command line still wins.
     return parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER])
 
@@ -224,11 +192,12 @@ def launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
+    pod_log = os.environ.get(TERMINATION_LOG_ENV)
     with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
-        workers_log = os.path.join(scratch, "termination-log")
+        # The workers append their lines to a file of their own; the launcher's go to the pod's log.
+        workers_log = os.environ[TERMINATION_LOG_ENV] = os.path.join(scratch, "termination-log")
         try:
-            with _workers_termination_log(workers_log):
-                run(args)
+            run(args)
             return 0
         except ChildFailedError as exc:
             failed = failures_in_order(exc.failures, read_rank_lines(workers_log))
@@ -237,6 +206,10 @@ def launch(args: argparse.Namespace) -> int:
             raise SignalInterrupt(exc.sigval) from exc
         finally:
             install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
+            if pod_log is None:
+                os.environ.pop(TERMINATION_LOG_ENV, None)
+            else:
+                os.environ[TERMINATION_LOG_ENV] = pod_log
     _write_termination_log(termination_message(failed))
     root = failed[0]
     more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""

@@ -1,8 +1,7 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API").
-``main()`` builds the trackers itself and hands them to ``train(trackers=...)``, as wrappers with their own do.
-"""
+Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API")."""
 
+import argparse
 import dataclasses
 import glob
 import json
@@ -26,8 +25,11 @@ if __name__ == "__main__":
 
     install_early_signal_handlers()
 
+import torch
 import transformers
-from transformers import HfArgumentParser
+from safetensors import SafetensorError, safe_open
+from transformers import HfArgumentParser, TrainerCallback
+from transformers.utils import is_flash_attn_2_available
 
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
@@ -39,6 +41,7 @@ from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
 from tuning.utils.config_utils import get_json_config
+from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
 
@@ -71,21 +74,11 @@ class _UpstreamValues(NamedTuple):
 
 class ParsedArguments(_UpstreamValues):
     """fms-hf-tuning's ten values of ``parse_arguments`` in its order (``None`` for the features this package does
-    not have), plus ``tracker_configs`` (every registered tracker's) and ``experiment_metadata`` (a dict), by name.
+    not have), plus ``tracker_configs`` (every registered tracker's, set by ``parse_arguments``) and
+    ``experiment_metadata`` (a dict), by name.
     """
 
-    def __new__(cls, *values: Any, tracker_configs: TrackerConfigFactory | None = None):
-        parsed = super().__new__(cls, *values)
-        if tracker_configs is not None:
-            parsed.__dict__["_tracker_configs"] = tracker_configs
-        return parsed
-
-    @property
-    def tracker_configs(self) -> TrackerConfigFactory:
-        # Copies made by _replace/_make carry no configs beyond the tuple's: then the two it holds.
-        return self.__dict__.get("_tracker_configs") or TrackerConfigFactory(
-            file_logger_config=self.file_logger_config, aim_config=self.aim_config
-        )
+    tracker_configs: TrackerConfigFactory
 
     @property
     def experiment_metadata(self) -> dict | None:
@@ -126,54 +119,46 @@ def _exp_metadata_json(value: Any) -> str | None:
     return text
 
 
-def _unescape_newlines(value: str | None) -> str | None:
-    """A ``\\n`` typed inside shell double quotes arrives as backslash + n; users mean a newline."""
-    return value.replace("\\n", "\n") if value else value
-
-
-def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, Any, bool, Any]:
-    """The dataclasses, peft_method, use_peft and exp_metadata of a JSON job config; keys that are no flag (a
-    launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
+def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, argparse.Namespace]:
+    """The dataclasses and the plain flags of a JSON job config, as ``parse_args_into_dataclasses`` gives them; keys
+    that are no flag (a launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
     config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
-    peft_method = config.pop("peft_method", None)
-    use_peft = config.pop("use_peft", False)
-    exp_metadata = config.pop("exp_metadata", None)
+    flags = {name: config.pop(name, parser.get_default(name)) for name in ("peft_method", "use_peft", "exp_metadata")}
     if isinstance(config.get("trackers"), str):
         config["trackers"] = [config["trackers"]]
     known = {spec.name for dtype in parser.dataclass_types for spec in dataclasses.fields(dtype) if spec.init}
-    unknown = sorted(set(config) - known)
-    if unknown:
+    if unknown := sorted(set(config) - known):
         logger.warning("ignoring job config keys that are no sft_trainer flag: %s", ", ".join(unknown))
     try:
         dataclass_args = parser.parse_dict(config, allow_extra_keys=True)
     except (ValueError, TypeError) as exc:
         raise UserInputError(f"invalid job config: {exc}") from exc
-    return list(dataclass_args), peft_method, use_peft, exp_metadata
+    return list(dataclass_args), argparse.Namespace(**flags)
 
 
 def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -> ParsedArguments:
     """Parse ``json_config`` (same keys as the flags) when given and not empty, else argv."""
     if json_config:
-        dataclass_args, peft_method, use_peft, exp_metadata = _parse_job_config(parser, json_config)
+        dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
-        *dataclass_args, extras, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
+        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
         if remaining:
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
-        peft_method, use_peft, exp_metadata = extras.peft_method, extras.use_peft, extras.exp_metadata
     model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
     tracker_configs = tracker_configs_from(
         dict(zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True))
     )
 
-    peft_method = peft_method or ("lora" if use_peft else "none")
+    peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
-    data_args.response_template = _unescape_newlines(data_args.response_template)
-    data_args.data_formatter_template = _unescape_newlines(data_args.data_formatter_template)
-    return ParsedArguments(
+    for name in ("response_template", "data_formatter_template"):
+        if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
+            setattr(data_args, name, value.replace("\\n", "\n"))
+    parsed = ParsedArguments(
         model_args,
         data_args,
         training_args,
@@ -183,37 +168,26 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         tracker_configs.aim_config,
         None,
         None,
-        _exp_metadata_json(exp_metadata),
-        tracker_configs=tracker_configs,
+        _exp_metadata_json(flags.exp_metadata),
     )
+    parsed.tracker_configs = tracker_configs
+    return parsed
 
 
-def _warn_unused_peft_flags(peft_method: str, *configs: LoraConfig | PromptTuningConfig) -> None:
+def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
     """Name the PEFT flags set away from their defaults that the chosen method ignores (LoRA flags without
     ``--peft_method lora``, prompt-tuning flags without ``pt``): training goes on, without them."""
-    method_of = {LoraConfig: "lora", PromptTuningConfig: "pt"}
-    for config in configs:
-        if method_of[type(config)] == peft_method:
-            continue
-        defaults = type(config)()
-        ignored = [
-            f"--{spec.name}"
-            for spec in dataclasses.fields(config)
-            if getattr(config, spec.name) != getattr(defaults, spec.name)
-        ]
-        if ignored:
+    for method, config in (("lora", lora_config), ("pt", prompt_config)):
+        defaults = vars(type(config)())
+        ignored = [f"--{name}" for name, value in vars(config).items() if value != defaults[name]]
+        if ignored and method != peft_method:
             logger.warning(
                 "ignoring %s: %s only applies with --peft_method %s, and this run has --peft_method %s",
                 " ".join(ignored),
                 "it" if len(ignored) == 1 else "they",
-                method_of[type(config)],
+                method,
                 peft_method,
             )
-
-
-def _looks_local(path: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else must exist on disk."""
-    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1
 
 
 def check_output_dir(path: str) -> None:
@@ -229,8 +203,6 @@ def check_output_dir(path: str) -> None:
 def check_model_files(flag: str, path: str) -> None:
     """A local model or tokenizer directory whose JSON files or safetensors weights are damaged (a cut-short copy
     or download) is the user's input: name the file now. Reads the JSON files and the safetensors headers only."""
-    from safetensors import SafetensorError, safe_open
-
     if not os.path.isdir(path):
         return
     for json_file in sorted(glob.glob(os.path.join(path, "*.json"))):
@@ -255,14 +227,14 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         ("--model_name_or_path", model_args.model_name_or_path),
         ("--tokenizer_name_or_path", model_args.tokenizer_name_or_path),
     ):
-        if path and not os.path.exists(path) and (_looks_local(path) or os.environ.get("HF_HUB_OFFLINE") == "1"):
+        if not path:
+            continue
+        local = os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1  # hub ids: name, org/name
+        if not os.path.exists(path) and (local or os.environ.get("HF_HUB_OFFLINE") == "1"):
             raise UserInputError(f"{flag} {path} does not exist")
-        if path:
-            check_model_files(flag, path)
+        check_model_files(flag, path)
     if train_args.output_dir:
         check_output_dir(train_args.output_dir)
-    from tuning.utils.data_type_utils import get_torch_dtype
-
     try:
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
@@ -297,21 +269,13 @@ def _is_number(value: Any, kind: type) -> bool:
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
-    texts = format_file(
-        path,
-        tokenizer.eos_token,
-        dataset_text_field=data_args.dataset_text_field,
-        template=data_args.data_formatter_template,
-    )
+    texts = format_file(path, tokenizer.eos_token, data_args.dataset_text_field, data_args.data_formatter_template)
     return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
 def _attention_implementation(use_flash_attn: bool) -> str:
     if not use_flash_attn:
         return "sdpa"
-    import torch
-    from transformers.utils import is_flash_attn_2_available
-
     if torch.cuda.is_available() and is_flash_attn_2_available():
         return "flash_attention_2"
     logger.warning("flash attention 2 is not available here (needs CUDA and flash-attn); using sdpa instead")
@@ -338,12 +302,12 @@ def train(
     peft_config: LoraConfig | PromptTuningConfig | Any | None = None,
     trainer_controller_args: Any = None,
     tracker_configs: TrackerConfigFactory | None = DEFAULT_TRACKER_CONFIGS,
-    additional_callbacks: list[transformers.TrainerCallback] | None = None,
+    additional_callbacks: list[TrainerCallback] | None = None,
     exp_metadata: dict | None = None,
     quantized_lora_config: Any = None,
     fusedops_kernels_config: Any = None,
     *,
-    callbacks: list[transformers.TrainerCallback] | None = None,
+    callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
     """Fine-tune and save the model (or adapter) into ``output_dir``, with fms-hf-tuning's signature; returns the
@@ -352,8 +316,6 @@ def train(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
-
-    from tuning.utils.data_type_utils import get_torch_dtype
 
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
@@ -367,11 +329,9 @@ def train(
         raise UserInputError(
             f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
         )
-    for callback in additional_callbacks:
-        if not isinstance(callback, transformers.TrainerCallback):
-            raise UserInputError(
-                f"additional callbacks should be of type TrainerCallback, got {type(callback).__name__}"
-            )
+    wrong = [type(callback).__name__ for callback in additional_callbacks if not isinstance(callback, TrainerCallback)]
+    if wrong:
+        raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
@@ -386,17 +346,14 @@ def train(
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
     )
-    added_tokens = 0
-    if tokenizer.eos_token is None:
-        added_tokens += tokenizer.add_special_tokens({"eos_token": "</s>"})
+    added_tokens = tokenizer.add_special_tokens({"eos_token": "</s>"}) if tokenizer.eos_token is None else 0
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
     train_dataset = _build_dataset(data_args.training_data_path, data_args, tokenizer, max_length)
-    eval_dataset = None
-    if data_args.validation_data_path:
-        eval_dataset = _build_dataset(data_args.validation_data_path, data_args, tokenizer, max_length)
+    eval_path = data_args.validation_data_path
+    eval_dataset = _build_dataset(eval_path, data_args, tokenizer, max_length) if eval_path else None
 
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
@@ -408,9 +365,8 @@ def train(
     if added_tokens:
         tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
     additional_metrics = {"model_load_time": time.time() - load_start}
-    for name, value in additional_metrics.items():
-        for tracker in trackers:
-            tracker.track(value, name)
+    for tracker in trackers:
+        tracker.track(additional_metrics["model_load_time"], "model_load_time")
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
@@ -435,8 +391,6 @@ def main() -> int:
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
-        validate_arguments(args.model_args, args.data_args, args.training_args)
-        trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
         train(
             args.model_args,
@@ -444,9 +398,8 @@ def main() -> int:
             args.training_args,
             args.tune_config,
             tracker_configs=args.tracker_configs,
-            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
+            additional_callbacks=[graceful_stop],
             exp_metadata=args.experiment_metadata,
-            trackers=trackers,
         )
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)

@@ -32,21 +32,11 @@ def to_peft_config(config: LoraConfig | PromptTuningConfig | None, tokenizer_nam
         return None
     import peft
 
+    task = peft.TaskType.CAUSAL_LM
     if isinstance(config, LoraConfig):
-        targets = config.target_modules
-        if targets == ["all-linear"]:
-            targets = "all-linear"
-        return peft.LoraConfig(
-            r=config.r,
-            lora_alpha=config.lora_alpha,
-            target_modules=targets,
-            lora_dropout=config.lora_dropout,
-            task_type=peft.TaskType.CAUSAL_LM,
-        )
+        targets = "all-linear" if config.target_modules == ["all-linear"] else config.target_modules
+        return peft.LoraConfig(**{**vars(config), "target_modules": targets}, task_type=task)
+    init = peft.PromptTuningInit[config.prompt_tuning_init.upper()]
     return peft.PromptTuningConfig(
-        prompt_tuning_init=peft.PromptTuningInit[config.prompt_tuning_init.upper()],
-        num_virtual_tokens=config.num_virtual_tokens,
-        prompt_tuning_init_text=config.prompt_tuning_init_text,
-        tokenizer_name_or_path=tokenizer_name_or_path,
-        task_type=peft.TaskType.CAUSAL_LM,
+        **{**vars(config), "prompt_tuning_init": init}, tokenizer_name_or_path=tokenizer_name_or_path, task_type=task
     )

@@ -30,18 +30,12 @@ class TextFormatter:
                     f"dataset_text_field '{self.dataset_text_field}' not in {where} (keys: {sorted(record)})"
                 )
             return str(record[self.dataset_text_field]) + self.eos_token
-        pieces = list(self.parts)
-        missing = []
-        for index in range(1, len(pieces), 2):
-            written = pieces[index]
-            key = written if written in record else written.strip()
-            if key in record:
-                pieces[index] = str(record[key])
-            else:
-                missing.append(key)
+        keys = [written if written in record else written.strip() for written in self.parts[1::2]]
+        missing = [key for key in dict.fromkeys(keys) if key not in record]
         if missing:
-            missing = list(dict.fromkeys(missing))
             raise InputKeyError(f"template key(s) {missing} not in {where} (keys: {sorted(record)})")
+        pieces = list(self.parts)
+        pieces[1::2] = [str(record[key]) for key in keys]
         return "".join(pieces) + self.eos_token
 
 

@@ -95,14 +95,6 @@ def _rows(
         )
 
 
-def _cache_dir() -> str:
-    root = os.fspath(datasets.config.HF_DATASETS_CACHE)
-    os.makedirs(root, exist_ok=True)
-    path = tempfile.mkdtemp(prefix="tuning-data-", dir=root)
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
 def tokenize_and_mask(
     texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str = "data"
 ) -> Dataset:
@@ -111,12 +103,15 @@ def tokenize_and_mask(
     ``texts`` may be a generator (e.g. ``format_file``): it is read once, a batch at a time. Our errors raised while
     reading it (bad data, a missing key) come out as they were raised, not wrapped by ``datasets``.
     """
+    os.makedirs(datasets.config.HF_DATASETS_CACHE, exist_ok=True)
+    cache_dir = tempfile.mkdtemp(prefix="tuning-data-", dir=datasets.config.HF_DATASETS_CACHE)
+    atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
     try:
         return Dataset.from_generator(
             # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
             functools.partial(_rows, texts, tokenizer, max_length, response_template, source),
             features=_FEATURES,
-            cache_dir=_cache_dir(),
+            cache_dir=cache_dir,
             writer_batch_size=WRITER_BATCH_ROWS,
             # A fresh directory holds nothing to reuse: a random fingerprint spares hashing the texts and tokenizer.
             fingerprint=uuid.uuid4().hex,

@@ -1,7 +1,6 @@
 """JSON job configs for Kubernetes launchers: the same keys as the CLI flags, from a file or a base64 env var."""
 
 import base64
-import binascii
 import json
 import os
 
@@ -28,7 +27,7 @@ def get_json_config() -> dict:
     if encoded:
         try:
             text = base64.b64decode(encoded, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # binascii.Error, UnicodeDecodeError
             raise UserInputError(f"{CONFIG_BASE64_ENV} is not base64-encoded UTF-8 JSON: {exc}") from exc
         return _as_object(text, CONFIG_BASE64_ENV)
     path = os.environ.get(CONFIG_PATH_ENV)

@@ -18,6 +18,4 @@ def str_to_torch_dtype(dtype_str: str) -> torch.dtype:
 
 def get_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``dtype`` itself when it is a torch dtype, else the dtype its name denotes (see ``str_to_torch_dtype``)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    return str_to_torch_dtype(dtype)
+    return dtype if isinstance(dtype, torch.dtype) else str_to_torch_dtype(dtype)

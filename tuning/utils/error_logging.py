@@ -10,7 +10,6 @@ transformers, so a supervisor process can use it cheaply; torch exceptions are r
 
 import enum
 import errno
-import functools
 import logging
 import os
 import re
@@ -198,23 +197,17 @@ def _safe_str(exc: BaseException) -> str:
         return f"<unprintable {type(exc).__name__}>"
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """The exception, then what it was raised from or while handling, each once: chains can be cyclic.
-
-    A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author chose to replace it.
-    """
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        linked = [current.__cause__, None if current.__suppress_context__ else current.__context__]
-        if isinstance(current, BaseExceptionGroup):
-            linked.extend(current.exceptions)
-        pending.extend(link for link in reversed(linked) if link is not None)
+def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
+    """The exception, then what it was raised from or while handling and a group's members, each once (chains can
+    be cyclic). A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author replaced it."""
+    seen = set() if seen is None else seen
+    if id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        members = exc.exceptions if isinstance(exc, BaseExceptionGroup) else ()
+        for link in (exc.__cause__, None if exc.__suppress_context__ else exc.__context__, *members):
+            if link is not None:
+                yield from _chain(link, seen)
 
 
 def _categories(exc: BaseException) -> set[ErrorCategory]:
@@ -237,13 +230,9 @@ def _categories(exc: BaseException) -> set[ErrorCategory]:
 
 
 def _diagnose(exc: BaseException) -> tuple[ErrorCategory, BaseException]:
-    """The category of a failure and the exception in its chain that decided it."""
-    best, culprit = _C.INTERNAL, exc
-    for link in _chain(exc):
-        for category in _categories(link):
-            if _PRIORITY.index(category) < _PRIORITY.index(best):
-                best, culprit = category, link
-    return best, culprit
+    """The category of a failure and the exception in its chain that decided it (the first of the highest priority)."""
+    evidence = [(category, link) for link in _chain(exc) for category in _categories(link)]
+    return min(evidence, key=lambda found: _PRIORITY.index(found[0]), default=(_C.INTERNAL, exc))
 
 
 def classify(exc: BaseException) -> ErrorCategory:
@@ -252,12 +241,10 @@ def classify(exc: BaseException) -> ErrorCategory:
 
 
 def _signal_number(exc: BaseException) -> int | None:
-    if isinstance(exc, TrainingInterrupted | SignalInterrupt):
-        return exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return signal.SIGINT
-    sigval = getattr(exc, "sigval", None)  # torch.distributed.elastic's SignalException
-    return int(sigval) if sigval is not None else None
+    signum = getattr(exc, "signum", getattr(exc, "sigval", None))  # ours, or torch elastic's SignalException
+    return None if signum is None else int(signum)
 
 
 def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> int:
@@ -270,12 +257,8 @@ def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> i
     name = EXIT_CODE_ENV_PREFIX + category.name
     raw = os.environ.get(name, "").strip()
     if raw:
-        try:
-            code = int(raw)
-        except ValueError:
-            code = -1
-        if low <= code <= high:
-            return code
+        if raw.isdecimal() and low <= int(raw) <= high:
+            return int(raw)
         logger.warning("Ignoring %s=%r: it must be an integer from %d to %d", name, raw, low, high)
     if category is _C.INTERRUPTED and signum is not None:
         return 128 + int(signum)
@@ -286,20 +269,14 @@ def _one_line(text: str, max_bytes: int) -> str:
     """Whitespace (newlines included) collapsed to single spaces, cut to ``max_bytes`` of UTF-8."""
     line = " ".join(text.split())
     data = line.encode("utf-8", "replace")
-    if len(data) <= max_bytes:
-        return line
-    return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
+    return line if len(data) <= max_bytes else data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
 
 
 def termination_log_path(log_file: str | None = None) -> str | None:
     """``TERMINATION_LOG_FILE`` if set, else ``log_file`` if given, else Kubernetes' default file when it exists and
     is writable."""
-    path = os.environ.get(TERMINATION_LOG_ENV) or log_file
-    if path:
-        return path
-    if os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK):
-        return K8S_TERMINATION_LOG
-    return None
+    kubernetes = os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK)
+    return os.environ.get(TERMINATION_LOG_ENV) or log_file or (K8S_TERMINATION_LOG if kubernetes else None)
 
 
 def write_termination_log(text: str, log_file: str | None = None) -> str | None:
@@ -311,13 +288,9 @@ def write_termination_log(text: str, log_file: str | None = None) -> str | None:
     if path is None:
         return None
     try:
-        line = _one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            # One write of a short line with O_APPEND: lines of ranks sharing the file do not interleave.
-            os.write(fd, line.encode("utf-8", "replace"))
-        finally:
-            os.close(fd)
+        # One write of a short line in append mode: lines of ranks sharing the file do not interleave.
+        with open(path, "a", encoding="utf-8", errors="replace") as handle:
+            handle.write(_one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
     except Exception as exc:
         logger.warning("Could not write the termination log %s: %s", path, exc)
         return None
@@ -325,14 +298,10 @@ def write_termination_log(text: str, log_file: str | None = None) -> str | None:
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        # argparse printed the real message before exiting; it is still in the error() frame of the traceback.
-        tb = exc.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
-                return str(frame.f_locals.get("message", ""))
-            tb = tb.tb_next
+    # After argparse's exit, the message it printed is still in the error() frame of the traceback.
+    for frame, _ in traceback.walk_tb(exc.__traceback__ if isinstance(exc, SystemExit) else None):
+        if frame.f_code.co_name == "error" and frame.f_globals.get("__name__") == "argparse":
+            return str(frame.f_locals.get("message", ""))
     return _safe_str(exc)
 
 
@@ -373,12 +342,9 @@ def build_error_report(
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "traceback": "".join(traceback.format_exception(exc)),
     }
-    if extra:
-        clash = report.keys() & extra.keys()
-        if clash:
-            raise ValueError(f"extra keys {sorted(clash)} would shadow stable report keys")
-        report.update(extra)
-    return report
+    if clash := report.keys() & (extra or {}).keys():
+        raise ValueError(f"extra keys {sorted(clash)} would shadow stable report keys")
+    return report | (extra or {})
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -429,29 +395,18 @@ def record_global_step(step: int) -> None:
     _last_global_step = step
 
 
-class _Phase(enum.Enum):
-    """Where a script is, for the early signal handlers."""
-
-    STARTING = "starting"  # importing and setting up, before run_with_error_reporting
-    RUNNING = "running"  # inside run_with_error_reporting's function
-    REPORTING = "reporting"  # that function has ended: the process reports how and exits
-
-
-_phase = _Phase.STARTING
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Where a script is, for the early signal handlers: "starting" (importing and setting up, before
+# run_with_error_reporting), "running" (inside its function) or "reporting" (the process reports how it ended).
+_phase = "starting"
 _signals_ignored_while_reporting: set[int] = set()
 
 
-def _raise(exc: BaseException) -> None:
-    raise exc
-
-
 def _on_stop_signal(signum: int, frame: Any) -> None:
-    if _phase is _Phase.RUNNING:
+    if _phase == "running":
         raise SignalInterrupt(signum)
-    if _phase is _Phase.STARTING:
+    if _phase == "starting":
         # An exception raised into module-level imports reaches no handler: report here, then exit through them.
-        raise SystemExit(run_with_error_reporting(functools.partial(_raise, SignalInterrupt(signum))))
+        raise SystemExit(_report_failure(SignalInterrupt(signum)))
     if signum in _signals_ignored_while_reporting:
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
@@ -468,8 +423,33 @@ def install_early_signal_handlers() -> None:
     signal is ignored so that the report is not cut short (torchrun signals every worker once one has exited); a
     second one gets the default action.
     """
-    for signum in _STOP_SIGNALS:
+    for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _on_stop_signal)
+
+
+def _report_failure(
+    exc: BaseException,
+    on_error: Callable[[dict[str, Any]], None] | None = None,
+    global_step: Callable[[], int | None] = last_global_step,
+) -> int:
+    """Report ``exc`` (termination log, traceback, marker, ``on_error``) and return its exit code."""
+    global _phase
+    _phase = "reporting"
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return 0
+    report = build_error_report(exc, global_step=global_step())
+    write_termination_log(termination_line(report))
+    # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
+    # printed its own.
+    if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
+        traceback.print_exception(exc, file=sys.stderr)
+    print_error_marker(report)
+    if on_error is not None:
+        try:
+            on_error(report)
+        except Exception:  # a failing hook must not change how the run ends
+            logger.exception("on_error hook failed")
+    return report["exit_code"]
 
 
 def run_with_error_reporting(
@@ -486,25 +466,10 @@ def run_with_error_reporting(
     wrapper writes its own report file) and returns the category's exit code.
     """
     global _phase
+    _phase = "running"
     try:
-        _phase = _Phase.RUNNING
         result = fn()
     except BaseException as exc:
-        _phase = _Phase.REPORTING
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            return 0
-        report = build_error_report(exc, global_step=global_step())
-        write_termination_log(termination_line(report))
-        # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
-        # printed its own.
-        if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
-            traceback.print_exception(exc, file=sys.stderr)
-        print_error_marker(report)
-        if on_error is not None:
-            try:
-                on_error(report)
-            except Exception:  # a failing hook must not change how the run ends
-                logger.exception("on_error hook failed")
-        return report["exit_code"]
-    _phase = _Phase.REPORTING
+        return _report_failure(exc, on_error, global_step)
+    _phase = "reporting"
     return result if isinstance(result, int) else 0

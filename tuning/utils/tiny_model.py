@@ -81,29 +81,17 @@ def llama_config(
     )
 
 
-def build_llama(
-    output_dir: str,
-    hidden_size: int,
-    intermediate_size: int,
-    num_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    max_length: int,
-    dtype: str = "float32",
-    seed: int = 0,
-) -> str:
-    """Write a randomly initialised Llama of any shape, in ``dtype``, and this module's tokenizer (for sequences of up
-    to ``max_length`` tokens) to ``output_dir``."""
+def build_llama(output_dir: str, dtype: str = "float32", seed: int = 0, **shape: int) -> str:
+    """Write a randomly initialised Llama of any shape (``llama_config``'s keywords), in ``dtype``, and this module's
+    tokenizer (for sequences of up to ``max_length`` tokens) to ``output_dir``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     os.makedirs(output_dir, exist_ok=True)
-    tokenizer = build_tokenizer(output_dir, model_max_length=max_length)
-    config = llama_config(
-        tokenizer, hidden_size, intermediate_size, num_layers, num_attention_heads, num_key_value_heads, max_length
-    )
+    tokenizer = build_tokenizer(output_dir, model_max_length=shape["max_length"])
     torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).save_pretrained(output_dir)
+    model = AutoModelForCausalLM.from_config(llama_config(tokenizer, **shape), dtype=getattr(torch, dtype))
+    model.save_pretrained(output_dir)
     return output_dir
 
 
