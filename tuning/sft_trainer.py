@@ -1,5 +1,7 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API")."""
+Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API").
+``main()`` builds the trackers itself and hands them to ``train(trackers=...)``, as wrappers with their own do.
+"""
 
 import argparse
 import dataclasses
@@ -391,6 +393,8 @@ def main() -> int:
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
+        validate_arguments(args.model_args, args.data_args, args.training_args)
+        trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
         train(
             args.model_args,
@@ -398,8 +402,9 @@ def main() -> int:
             args.training_args,
             args.tune_config,
             tracker_configs=args.tracker_configs,
-            additional_callbacks=[graceful_stop],
+            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
             exp_metadata=args.experiment_metadata,
+            trackers=trackers,
         )
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)
