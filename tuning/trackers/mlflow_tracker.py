@@ -1,10 +1,6 @@
-"""mlflow tracker: one MLflow run per job, written outside the training process, that can never hang or fail
-training.
-
-The run lives in a helper process (``tuning.trackers.isolated``, whose docstring has the design and the failure
-rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (its docstring has the metric and param names).
-``SafeMlflowCallback`` turns hooks and API calls into messages for it; ``MLflowTracker`` maps ``MLflowConfig`` and the
-``Tracker`` API onto the callback.
+"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring
+has the design and the failure rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (whose docstring has the
+metric and param names), so that MLflow can never hang or fail training.
 """
 
 import importlib.util
@@ -43,19 +39,14 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
         run_uri_export_dir: str | None = None,
     ):
         self.tracking_uri = tracking_uri
-        options = {
-            "tracking_uri": tracking_uri,
-            "experiment": experiment,
-            "run_name": None,
-            "source": sys.argv[0] if sys.argv else "",
-        }
+        options = {"tracking_uri": tracking_uri, "experiment": experiment, "source": sys.argv[0] if sys.argv else ""}
         super().__init__(
             "tuning.trackers.mlflow_writer:MlflowBackend",
             "MLflow",
             options,
+            RUN_URI_FILENAME,
             server=server_address(tracking_uri),
             timeout=timeout,
-            export_filename=RUN_URI_FILENAME,
             export_dir=run_uri_export_dir,
         )
 
@@ -93,13 +84,13 @@ class MLflowTracker(IsolatedTracker):
     """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback``."""
 
     def __init__(self, tracker_config: MLflowConfig):
-        super().__init__(name="mlflow", tracker_config=tracker_config)
-        self.callback = SafeMlflowCallback(
+        callback = SafeMlflowCallback(
             resolve_tracking_uri(tracker_config),
             experiment=tracker_config.mlflow_experiment,
             timeout=tracker_config.mlflow_close_timeout,
             run_uri_export_dir=tracker_config.mlflow_run_uri_export_path,
         )
+        super().__init__("mlflow", tracker_config, callback)
 
     @property
     def run_id(self) -> str | None:

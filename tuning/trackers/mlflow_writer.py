@@ -82,7 +82,7 @@ class MlflowBackend:
         with FileLock(f"{database}.lock") if database else contextlib.nullcontext():
             experiment_id = self._experiment_id(options["experiment"])
         tags = {"mlflow.source.name": options["source"], "mlflow.source.type": "LOCAL"}
-        run = self.client.create_run(experiment_id, tags=tags, run_name=options["run_name"])
+        run = self.client.create_run(experiment_id, tags=tags)
         self.run_id = run.info.run_id
         return {
             "run_id": self.run_id,
