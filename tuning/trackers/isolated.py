@@ -26,11 +26,11 @@ A backend is a class without constructor arguments, importable without the train
 
 import atexit
 import collections
-import importlib
 import json
 import logging
 import numbers
 import os
+import pkgutil
 import queue
 import signal
 import socket
@@ -476,9 +476,8 @@ def main() -> None:
     os.nice(10)
     backend_path, address = sys.argv[1:3]
     connection = Client(address, family="AF_UNIX")
-    module_name, class_name = backend_path.split(":")
     try:
-        backend = getattr(importlib.import_module(module_name), class_name)()
+        backend = pkgutil.resolve_name(backend_path)()
     except Exception as exc:  # reported as the failure of whatever the parent asks first
         connection.send({"ack": 0, "failed": repr(exc)})
         os._exit(0)

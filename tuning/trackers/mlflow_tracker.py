@@ -13,7 +13,6 @@ from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
-from tuning.trackers.mlflow_writer import server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -53,6 +52,14 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     @property
     def run_id(self) -> str | None:
         return self.run_info["run_id"] if self.run_info else None
+
+
+def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
+    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
+    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
+        return None
+    url = urlparse(tracking_uri)
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
 
 
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
