@@ -5,8 +5,15 @@ A tracker registered in ``tuning.trackers.tracker_factory`` brings its config da
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_AIM_EXPERIMENT = "fms-hf-tuning"
+
+
+def _close_timeout(tracker: str) -> Any:
+    """The ``<tracker>_close_timeout`` field, 30 s by default."""
+    help_text = f"Seconds {tracker} may go without progress (run creation, a write, the final close) before it is "
+    return field(default=30.0, metadata={"help": help_text + "given up (training goes on, tracking stops)."})
 
 
 @dataclass
@@ -39,13 +46,7 @@ class AimConfig:
         default=None,
         metadata={"help": "Seconds between Aim's own system-metric samples; unset disables them."},
     )
-    aim_close_timeout: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds Aim may go without progress (run creation, a write, the final close) before it is "
-            "abandoned for the rest of the job (training goes on; tracking stops)."
-        },
-    )
+    aim_close_timeout: float = _close_timeout("Aim")
 
     def __post_init__(self):
         if self.experiment is None:
@@ -77,13 +78,7 @@ class MLflowConfig:
         default=None,
         metadata={"help": "Directory receiving mlflow_tracker.json with the run's id and URI; default output_dir."},
     )
-    mlflow_close_timeout: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds MLflow may go without progress (run creation, a write, the final close) before it is "
-            "abandoned for the rest of the job (training goes on; tracking stops)."
-        },
-    )
+    mlflow_close_timeout: float = _close_timeout("MLflow")
 
 
 @dataclass

@@ -8,8 +8,6 @@ from typing import Any
 from aim import Repo, Run
 from filelock import FileLock
 
-from tuning.trackers.tracker import log_series
-
 CREATE_LOCK_NAME = ".aim-create.lock"
 
 
@@ -62,11 +60,6 @@ class AimBackend:
             together[name] = value
         if together:
             self.run.track(together, step=shared[0], epoch=shared[1], context=shared[2])
-
-    def track_logs(self, logs: list[list]) -> None:
-        """Trainer logs, named as every tracker names them (``tuning.trackers.tracker.log_series``)."""
-        for step, epoch, at, entry in logs:
-            self.track([[value, name, step, epoch, context, at] for name, context, value in log_series(entry)])
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
         for key, value in params.items():

@@ -71,10 +71,8 @@ def resolve_repo(config: AimConfig) -> str:
     ip, port = config.aim_remote_server_ip, config.aim_remote_server_port
     if bool(ip) != (port not in (None, "")):
         raise UserInputError("--aim_remote_server_ip and --aim_remote_server_port must be given together")
-    if config.aim_close_timeout is None or config.aim_close_timeout <= 0:
-        raise UserInputError(
-            f"--aim_close_timeout must be a positive number of seconds, got {config.aim_close_timeout}"
-        )
+    if (timeout := config.aim_close_timeout) is None or timeout <= 0:
+        raise UserInputError(f"--aim_close_timeout must be a positive number of seconds, got {timeout}")
     interval = config.aim_system_tracking_interval
     if interval is not None and not 0.1 <= interval <= 24 * 60 * 60:  # Aim's own bounds for its sampler
         raise UserInputError(f"--aim_system_tracking_interval must be between 0.1 s and one day, got {interval}")

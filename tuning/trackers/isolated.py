@@ -13,15 +13,14 @@ closing, the child sees its connection end and closes the run itself, within the
 
 Protocol, over the ``multiprocessing.connection`` the child opens back to ADDRESS: the parent sends lists of messages,
 ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}`` first, then any of ``{"op": "track",
-"points": [[value, name, step, epoch, context, time], ...], "logs": [[step, epoch, time, {key: number}], ...]}`` and
-``{"op": "set", "name": ..., "params": {...}}``, then ``{"op": "close"}`` (alone when no run was opened). The child
-answers ``{"ack": 0}`` once its backend is imported, then each list with ``{"ack": n}`` (n messages done so far),
-adding ``"info"`` (what the backend's ``open`` returned) after the open, or ``"failed": repr(exception)`` or ``"gone":
-reason``, after which it exits.
+"points": [[value, name, step, epoch, context, time], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``,
+then ``{"op": "close"}`` (alone when no run was opened). The child answers ``{"ack": 0}`` once its backend is
+imported, then each list with ``{"ack": n}`` (n messages done so far), adding ``"info"`` (what the backend's ``open``
+returned) after the open, or ``"failed": repr(exception)`` or ``"gone": reason``, after which it exits.
 
 A backend is a class without constructor arguments, importable without the training process's heavy modules, with
-``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``track_logs(logs)``,
-``set_params(name, params)`` and ``close(finished: bool)`` (False: the training process died).
+``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``set_params(name, params)`` and
+``close(finished: bool)`` (False: the training process died).
 """
 
 import atexit
@@ -38,18 +37,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from tuning.trackers.tracker import Tracker, is_main_process
+from tuning.trackers.tracker import Tracker, is_main_process, log_series
 
 logger = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 30.0
-SEND_INTERVAL_S = 1.0  # tracked points and logs are sent together this often
+SEND_INTERVAL_S = 1.0  # tracked points are sent together this often
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -109,8 +108,6 @@ class IsolatedCallback:
         self._pending: collections.deque[str] = collections.deque()
         self._progress_at = 0.0
         self._points: list[list] = []  # tracked, not yet queued for the child
-        # Trainer logs not yet queued (appended by the training thread without the lock).
-        self._logs: collections.deque[tuple[int, float | None, float, dict[str, Any]]] = collections.deque()
         self._state_lock = threading.RLock()
         if is_main_process():
             # Started now, the child imports its library while this process loads data and the model; the run
@@ -163,18 +160,18 @@ class IsolatedCallback:
     def when_run_info_known(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener(run_info)`` once the run exists: now if it does, else from the thread that learns it."""
         with self._state_lock:
-            info = self.run_info
-            if info is None:
+            if self.run_info is None:
                 self._info_listeners.append(listener)
-        if info is not None:
-            listener(info)
+                return
+        listener(self.run_info)
 
-    def on_run_info(self, info: dict[str, Any]) -> None:
-        """Called (on a helper thread) once the run exists: writes ``info`` as JSON to ``export_dir`` (the trainer's
+    def _run_opened(self, info: dict[str, Any]) -> None:
+        """On the reader thread, once the run exists: writes ``info`` as JSON to ``export_dir`` (the trainer's
         ``output_dir`` unless set), then tells the listeners."""
-        self._export_run_info()
         with self._state_lock:
+            self.run_info = info
             listeners, self._info_listeners = self._info_listeners, []
+        self._export_run_info()
         for listener in listeners:
             try:
                 listener(info)
@@ -199,10 +196,8 @@ class IsolatedCallback:
 
     def _flush_points(self) -> None:
         with self._state_lock:
-            logs = [self._logs.popleft() for _ in range(len(self._logs))]
-            if self._points or logs:
-                logs = [[step, epoch, at, _numbers(entry)] for step, epoch, at, entry in logs]
-                self._enqueue({"op": "track", "points": self._points, "logs": logs}, "tracking")
+            if self._points:
+                self._enqueue({"op": "track", "points": self._points}, "tracking")
                 self._points = []
 
     def _open(self) -> bool:
@@ -247,10 +242,16 @@ class IsolatedCallback:
         if config is not None and hasattr(config, "to_dict"):
             self.set_params(config.to_dict(), "model")
 
+    def log_series(self, logs: dict[str, Any]) -> Iterable[tuple[str, dict[str, str], float]]:
+        """A trainer log's numbers as ``(name, context, value)``, named as every tracker names them by default."""
+        return log_series(logs)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        # Only noted here (a copy: callbacks edit logs); the sender thread sends them.
-        if state.is_world_process_zero and logs and self._open():
-            self._logs.append((state.global_step, state.epoch, time.time(), dict(logs)))
+        if state.is_world_process_zero and logs:
+            step, epoch, now = state.global_step, state.epoch, time.time()
+            self._track_points(
+                [[float(value), name, step, epoch, context, now] for name, context, value in self.log_series(logs)]
+            )
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -323,8 +324,7 @@ class IsolatedCallback:
                 self._progress_at = time.monotonic()
                 failed = self._pending[0] if self._pending else f"the {self.label} helper process"
             if "info" in answer:
-                self.run_info = answer["info"]
-                self.on_run_info(self.run_info)
+                self._run_opened(answer["info"])
             if "gone" in answer:
                 self._degrade(answer["gone"])
             elif "failed" in answer:
@@ -342,15 +342,6 @@ class IsolatedCallback:
         if self._process is not None:
             self._process.kill()  # stuck or broken: nothing it still holds is worth waiting for
         logger.warning("%s tracking stopped, training continues without it: %s", self.label, reason)
-
-
-def _numbers(logs: dict[str, Any]) -> dict[str, float]:
-    """The numeric entries of a trainer log, as floats."""
-    return {
-        key: float(value)
-        for key, value in logs.items()
-        if isinstance(value, numbers.Real) and not isinstance(value, bool)
-    }
 
 
 class IsolatedTracker(Tracker):
@@ -430,9 +421,8 @@ class _Child:
                     threading.Thread(target=self.watch_server, name="server-watch", daemon=True).start()
                 answer["info"] = self.backend.open(options)
                 self.opened = True
-            case {"op": "track", "points": points, "logs": logs}:
+            case {"op": "track", "points": points}:
                 self.backend.track(points)
-                self.backend.track_logs(logs)
             case {"op": "set", "name": name, "params": params}:
                 self.backend.set_params(name, params)
             case {"op": "close"} if self.opened:

@@ -4,9 +4,12 @@ metric and param names), so that MLflow can never hang or fail training.
 """
 
 import importlib.util
+import numbers
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from transformers import TrainerCallback
@@ -53,6 +56,12 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     def run_id(self) -> str | None:
         return self.run_info["run_id"] if self.run_info else None
 
+    def log_series(self, logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
+        """Trainer logs keep their keys (``train_loss``), as transformers' own MLflow callback logs them."""
+        for key, value in logs.items():
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                yield key, {}, value
+
 
 def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
     """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
@@ -66,10 +75,8 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
     ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
     ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given."""
-    if config.mlflow_close_timeout is None or config.mlflow_close_timeout <= 0:
-        raise UserInputError(
-            f"--mlflow_close_timeout must be a positive number of seconds, got {config.mlflow_close_timeout}"
-        )
+    if (timeout := config.mlflow_close_timeout) is None or timeout <= 0:
+        raise UserInputError(f"--mlflow_close_timeout must be a positive number of seconds, got {timeout}")
     uri = (config.mlflow_tracking_uri or "").strip()
     if not uri:
         return None

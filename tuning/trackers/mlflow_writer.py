@@ -91,15 +91,13 @@ class MlflowBackend:
     def _experiment_id(self, name: str | None) -> str:
         if name is None:
             return "0"  # MLflow's Default experiment
-        for _attempt in range(2):
-            experiment = self.client.get_experiment_by_name(name)
-            if experiment is not None:
-                return experiment.experiment_id
-            try:
-                return self.client.create_experiment(name)
-            except MlflowException:  # created by a job started at the same time: read it again
-                continue
-        raise RuntimeError(f"could not create the MLflow experiment {name!r}")
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # created by a job started at the same time: read it again
+            return self.client.get_experiment_by_name(name).experiment_id
 
     def _step(self, key: str, step: int | None) -> int:
         """A point's step; without one, the key's last step plus one (as Aim counts on)."""
@@ -114,12 +112,6 @@ class MlflowBackend:
             metrics.append(Metric(key, value, int(at * 1000), self._step(key, step)))
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
-
-    def track_logs(self, logs: list[list]) -> None:
-        """Trainer logs under their own keys (no context)."""
-        self.track(
-            [[value, name, step, epoch, {}, at] for step, epoch, at, entry in logs for name, value in entry.items()]
-        )
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
         flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
