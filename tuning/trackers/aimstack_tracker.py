@@ -101,9 +101,7 @@ def resolve_repo(config: AimConfig) -> str:
 
 
 class AimStackTracker(IsolatedTracker):
-    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``. The run hash goes to
-    ``aim_run_id_export_path``, else to the trainer's ``output_dir``, which the callback learns when the trainer
-    is created."""
+    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``."""
 
     def __init__(self, tracker_config: AimConfig):
         callback = SafeAimCallback(
