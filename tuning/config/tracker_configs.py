@@ -1,51 +1,46 @@
-"""Tracker argument dataclasses: each tracker's flags are plain CLI flags and JSON job-config keys.
-
-A tracker registered in ``tuning.trackers.tracker_factory`` brings its config dataclass here and a
-``<name>_config`` field in :class:`TrackerConfigFactory`; the parser and ``train()`` find both by the name.
+"""Tracker argument dataclasses: each field is a plain CLI flag and a JSON job-config key. A tracker registered in
+``tuning.trackers.tracker_factory`` brings its config dataclass here and a ``<name>_config`` field in
+:class:`TrackerConfigFactory`; the parser and ``train()`` find both by the name.
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_AIM_EXPERIMENT = "fms-hf-tuning"
 
 
+def _flag(help_text: str, default: Any = None) -> Any:
+    """A config field: a CLI flag and a job-config key, with its ``--help`` text."""
+    return field(default=default, metadata={"help": help_text})
+
+
+def _close_timeout(tracker: str) -> Any:
+    return _flag(
+        f"Seconds {tracker} may go without progress (run creation, a write, the final close) before it is given up "
+        "(training goes on, tracking stops).",
+        default=30.0,
+    )
+
+
 @dataclass
 class FileLoggingTrackerConfig:
-    training_logs_filename: str = field(
-        default="training_logs.jsonl",
-        metadata={"help": "File in output_dir receiving one JSON line per logged loss."},
+    training_logs_filename: str = _flag(
+        "File in output_dir receiving one JSON line per logged loss.", "training_logs.jsonl"
     )
 
 
 @dataclass
 class AimConfig:
-    experiment: str | None = field(
-        default=None, metadata={"help": f"Aim experiment name; {DEFAULT_AIM_EXPERIMENT} when unset."}
+    experiment: str | None = _flag(f"Aim experiment name; {DEFAULT_AIM_EXPERIMENT} when unset.")
+    aim_repo: str | None = _flag("Local Aim repository directory (created if missing).")
+    aim_remote_server_ip: str | None = _flag("Remote Aim server host.")
+    aim_remote_server_port: int | None = _flag("Remote Aim server port.")
+    aim_url: str | None = _flag("Remote Aim server as aim://host:port; default: from the server ip and port.")
+    aim_run_id_export_path: str | None = _flag(
+        "Directory for aimstack_tracker.json (the run hash); default output_dir."
     )
-    aim_repo: str | None = field(
-        default=None, metadata={"help": "Local Aim repository directory (created if missing)."}
-    )
-    aim_remote_server_ip: str | None = field(default=None, metadata={"help": "Remote Aim server host."})
-    aim_remote_server_port: int | None = field(default=None, metadata={"help": "Remote Aim server port."})
-    aim_url: str | None = field(
-        default=None,
-        metadata={"help": "Remote Aim server as aim://host:port; set from the server ip and port when both are given."},
-    )
-    aim_run_id_export_path: str | None = field(
-        default=None,
-        metadata={"help": "Directory receiving aimstack_tracker.json with the run hash; default output_dir."},
-    )
-    aim_system_tracking_interval: int | None = field(
-        default=None,
-        metadata={"help": "Seconds between Aim's own system-metric samples; unset disables them."},
-    )
-    aim_close_timeout: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds Aim may go without progress (run creation, a write, the final close) before it is "
-            "abandoned for the rest of the job (training goes on; tracking stops)."
-        },
-    )
+    aim_system_tracking_interval: int | None = _flag("Seconds between Aim's own system-metric samples; unset: none.")
+    aim_close_timeout: float = _close_timeout("Aim")
 
     def __post_init__(self):
         if self.experiment is None:
@@ -63,27 +58,15 @@ def server_url(ip: str | None, port: int | str | None) -> str | None:
 
 @dataclass
 class MLflowConfig:
-    mlflow_experiment: str | None = field(
-        default=None, metadata={"help": "MLflow experiment name (created if missing); MLflow's Default when unset."}
+    mlflow_experiment: str | None = _flag("MLflow experiment name (created if missing); MLflow's Default when unset.")
+    mlflow_tracking_uri: str | None = _flag(
+        "Where runs go: a local directory (holding the sqlite store DIR/mlflow.db), sqlite:///path.db, or "
+        "http://host:port of an mlflow server; MLflow's own default (MLFLOW_TRACKING_URI) when unset."
     )
-    mlflow_tracking_uri: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where runs go: a local directory (holding the sqlite store DIR/mlflow.db), sqlite:///path.db, "
-            "or http://host:port of an mlflow server; MLflow's own default (MLFLOW_TRACKING_URI) when unset."
-        },
+    mlflow_run_uri_export_path: str | None = _flag(
+        "Directory for mlflow_tracker.json (run id and URI); default output_dir."
     )
-    mlflow_run_uri_export_path: str | None = field(
-        default=None,
-        metadata={"help": "Directory receiving mlflow_tracker.json with the run's id and URI; default output_dir."},
-    )
-    mlflow_close_timeout: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds MLflow may go without progress (run creation, a write, the final close) before it is "
-            "abandoned for the rest of the job (training goes on; tracking stops)."
-        },
-    )
+    mlflow_close_timeout: float = _close_timeout("MLflow")
 
 
 @dataclass

@@ -1,10 +1,6 @@
-"""Trackers: built from ``train_args.trackers`` and the tracker configs, by ``train()`` or by its caller.
-
-Shape, following the fms-hf-tuning design discussion: ``train()`` builds one tracker per requested name (the file
-logger always among them) and installs their callbacks, unless its caller (``main()``, a wrapper) built the trackers
-itself and hands them in with ``trackers=[…]``; then the caller places their callbacks. Either way the trackers
-receive the metrics that are not trainer logs (``model_load_time``) and the experiment metadata, so a wrapper can
-replace any tracker with its own subclass without touching ``train()``.
+"""Trackers: ``train()`` builds one per requested name (the file logger always among them) and installs their
+callbacks, unless its caller built them and hands them in with ``trackers=[…]`` (then the caller places the callbacks);
+either way they receive ``model_load_time`` and the experiment metadata, so a wrapper can swap in its own subclass.
 """
 
 from tuning.trackers.tracker import Tracker, is_main_process

@@ -1,30 +1,19 @@
-"""The Aim backend of the aim tracker: runs in the tracker's helper process (``tuning.trackers.isolated``) and owns the
-job's Aim run, through Aim's public API only (``Repo``, ``Run``, ``Run.track``, run params). Imports Aim when created,
-so that the helper does so while the job loads data and the model.
-"""
+"""The Aim backend of the aim tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's Aim
+run through Aim's public API only (``Repo``, ``Run``, ``Run.track``, run params)."""
 
-import importlib.metadata
 import os
+from importlib import metadata
 from typing import Any
 
+from aim import Repo, Run
 from filelock import FileLock
 
-from tuning.trackers.tracker import log_series
-
 CREATE_LOCK_NAME = ".aim-create.lock"
-
-
-def installed_packages() -> dict[str, str]:
-    """Installed distributions and versions, as Aim's UI shows them, without Aim's ``pkg_resources`` listing (which
-    crashes on setuptools >= 81)."""
-    return {dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
 
 
 def ensure_repo(path: str) -> None:
     """Create the local repository at ``path`` unless it exists, under a file lock: jobs started together into a new
     repository would otherwise create it at the same time, and those that find it half made fail ("out of date")."""
-    from aim import Repo
-
     os.makedirs(path, exist_ok=True)
     with FileLock(os.path.join(path, CREATE_LOCK_NAME)):
         if not Repo.exists(path):
@@ -33,18 +22,18 @@ def ensure_repo(path: str) -> None:
 
 class AimBackend:
     def __init__(self):
-        from aim import Run
-
-        self._run_class = Run
         self.run: Any = None
-        # Listed now, while the job is still loading, not once training may have begun.
-        self.packages = installed_packages()
+        # Installed versions, as Aim's UI shows them (Aim's own pkg_resources listing crashes on setuptools >= 81);
+        # listed now, while the job is still loading, not once training may have begun.
+        self.packages = {
+            dist.metadata["Name"]: dist.version for dist in metadata.distributions() if dist.metadata["Name"]
+        }
 
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
         repo = options["repo"]
         if not repo.startswith("aim://"):
             ensure_repo(repo)
-        self.run = self._run_class(
+        self.run = Run(
             repo=repo,
             experiment=options["experiment"],
             system_tracking_interval=options["system_tracking_interval"],
@@ -71,11 +60,6 @@ class AimBackend:
             together[name] = value
         if together:
             self.run.track(together, step=shared[0], epoch=shared[1], context=shared[2])
-
-    def track_logs(self, logs: list[list]) -> None:
-        """Trainer logs, named as every tracker names them (``tuning.trackers.tracker.log_series``)."""
-        for step, epoch, at, entry in logs:
-            self.track([[value, name, step, epoch, context, at] for name, context, value in log_series(entry)])
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
         for key, value in params.items():

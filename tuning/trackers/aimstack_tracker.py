@@ -1,11 +1,7 @@
-"""aim tracker: one Aim run per job, written outside the training process, that can never hang or fail training.
-
-The run lives in a helper process (``tuning.trackers.isolated``, whose docstring has the design and the failure
-rules) running ``tuning.trackers.aim_writer.AimBackend``. ``SafeAimCallback`` turns hooks and API calls into messages
-for it; ``AimStackTracker`` only maps ``AimConfig`` and the ``Tracker`` API onto the callback.
-
-Subclassing: override a hook, call ``super()``, and add data with ``track`` and ``set_params`` — failure isolation
-comes with them.
+"""aim tracker: one Aim run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring has the
+design and the failure rules) running ``tuning.trackers.aim_writer.AimBackend``, so that Aim can never hang or fail
+training. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, and add data with ``track`` and
+``set_params``; failure isolation comes with them.
 """
 
 import importlib.util
@@ -29,8 +25,6 @@ RUN_HASH_FILENAME = "aimstack_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 
 _AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
-# Aim's own bounds for its system-metrics sampler.
-_MIN_SYSTEM_INTERVAL_S, _MAX_SYSTEM_INTERVAL_S = 0.1, 24 * 60 * 60.0
 
 
 class SafeAimCallback(IsolatedCallback, TrainerCallback):
@@ -50,20 +44,15 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
         run_hash_export_dir: str | None = None,
     ):
         self.repo = repo
-        options = {
-            "repo": repo,
-            "experiment": experiment,
-            "system_tracking_interval": system_tracking_interval,
-            "executable": sys.executable,
-            "arguments": sys.argv,
-        }
+        options = {"repo": repo, "experiment": experiment, "system_tracking_interval": system_tracking_interval}
+        options.update(executable=sys.executable, arguments=sys.argv)
         super().__init__(
             "tuning.trackers.aim_writer:AimBackend",
             "Aim",
             options,
+            RUN_HASH_FILENAME,
             server=_server_address(repo),
             timeout=timeout,
-            export_filename=RUN_HASH_FILENAME,
             export_dir=run_hash_export_dir,
         )
 
@@ -79,16 +68,13 @@ def _server_address(repo: str) -> tuple[str, int] | None:
 
 def resolve_repo(config: AimConfig) -> str:
     """Validate ``config`` (cheaply, no network) and return where the run goes: a configured server wins."""
-    ip = config.aim_remote_server_ip or None
-    port = None if config.aim_remote_server_port in (None, "") else config.aim_remote_server_port
-    if (ip is None) != (port is None):
+    ip, port = config.aim_remote_server_ip, config.aim_remote_server_port
+    if bool(ip) != (port not in (None, "")):
         raise UserInputError("--aim_remote_server_ip and --aim_remote_server_port must be given together")
-    if config.aim_close_timeout is None or config.aim_close_timeout <= 0:
-        raise UserInputError(
-            f"--aim_close_timeout must be a positive number of seconds, got {config.aim_close_timeout}"
-        )
+    if (timeout := config.aim_close_timeout) is None or timeout <= 0:
+        raise UserInputError(f"--aim_close_timeout must be a positive number of seconds, got {timeout}")
     interval = config.aim_system_tracking_interval
-    if interval is not None and not _MIN_SYSTEM_INTERVAL_S <= interval <= _MAX_SYSTEM_INTERVAL_S:
+    if interval is not None and not 0.1 <= interval <= 24 * 60 * 60:  # Aim's own bounds for its sampler
         raise UserInputError(f"--aim_system_tracking_interval must be between 0.1 s and one day, got {interval}")
     servers = {_server_address(url.strip()) or url for url in (config.aim_url, server_url(ip, port)) if url}
     for server in servers:
@@ -115,19 +101,17 @@ def resolve_repo(config: AimConfig) -> str:
 
 
 class AimStackTracker(IsolatedTracker):
-    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``. The run hash goes to
-    ``aim_run_id_export_path``, else to the trainer's ``output_dir``, which the callback learns when the trainer
-    is created."""
+    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``."""
 
     def __init__(self, tracker_config: AimConfig):
-        super().__init__(name="aim", tracker_config=tracker_config)
-        self.callback = SafeAimCallback(
+        callback = SafeAimCallback(
             resolve_repo(tracker_config),
             experiment=tracker_config.experiment,
             system_tracking_interval=tracker_config.aim_system_tracking_interval,
             timeout=tracker_config.aim_close_timeout,
             run_hash_export_dir=tracker_config.aim_run_id_export_path,
         )
+        super().__init__("aim", tracker_config, callback)
 
     @property
     def run_hash(self) -> str | None:

@@ -35,23 +35,21 @@ class FileLoggingCallback(TrainerCallback):
 
     def record(self, name: str, value: float) -> None:
         """One record without step or epoch, appended in a file opened for just this record."""
-        if self.path is None:
-            self._pending.append(format_record(name, value, None, None))
-        else:
-            self._append(format_record(name, value, None, None))
+        self._pending.append(format_record(name, value, None, None))
+        if self.path is not None:
+            self._append_pending()
 
-    def _append(self, text: str) -> None:
+    def _append_pending(self) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(text)
+            handle.write("".join(self._pending))
+        self._pending = []
 
     def _set_output_dir(self, output_dir: str) -> None:
-        if self.path is not None:
-            return
-        self.path = os.path.join(output_dir, self.logs_filename)
-        if self._pending:
-            self._append("".join(self._pending))
-            self._pending = []
+        if self.path is None:
+            self.path = os.path.join(output_dir, self.logs_filename)
+            if self._pending:
+                self._append_pending()
 
     def on_init_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

@@ -1,23 +1,21 @@
-"""mlflow tracker: one MLflow run per job, written outside the training process, that can never hang or fail
-training.
-
-The run lives in a helper process (``tuning.trackers.isolated``, whose docstring has the design and the failure
-rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (its docstring has the metric and param names).
-``SafeMlflowCallback`` turns hooks and API calls into messages for it; ``MLflowTracker`` maps ``MLflowConfig`` and the
-``Tracker`` API onto the callback.
+"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring
+has the design and the failure rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (whose docstring has the
+metric and param names), so that MLflow can never hang or fail training.
 """
 
 import importlib.util
+import numbers
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
-from tuning.trackers.mlflow_writer import server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -43,19 +41,14 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
         run_uri_export_dir: str | None = None,
     ):
         self.tracking_uri = tracking_uri
-        options = {
-            "tracking_uri": tracking_uri,
-            "experiment": experiment,
-            "run_name": None,
-            "source": sys.argv[0] if sys.argv else "",
-        }
+        options = {"tracking_uri": tracking_uri, "experiment": experiment, "source": sys.argv[0] if sys.argv else ""}
         super().__init__(
             "tuning.trackers.mlflow_writer:MlflowBackend",
             "MLflow",
             options,
+            RUN_URI_FILENAME,
             server=server_address(tracking_uri),
             timeout=timeout,
-            export_filename=RUN_URI_FILENAME,
             export_dir=run_uri_export_dir,
         )
 
@@ -63,15 +56,27 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     def run_id(self) -> str | None:
         return self.run_info["run_id"] if self.run_info else None
 
+    def log_series(self, logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
+        """Trainer logs keep their keys (``train_loss``), as transformers' own MLflow callback logs them."""
+        for key, value in logs.items():
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                yield key, {}, value
+
+
+def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
+    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
+    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
+        return None
+    url = urlparse(tracking_uri)
+    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
 
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
     ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
     ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given."""
-    if config.mlflow_close_timeout is None or config.mlflow_close_timeout <= 0:
-        raise UserInputError(
-            f"--mlflow_close_timeout must be a positive number of seconds, got {config.mlflow_close_timeout}"
-        )
+    if (timeout := config.mlflow_close_timeout) is None or timeout <= 0:
+        raise UserInputError(f"--mlflow_close_timeout must be a positive number of seconds, got {timeout}")
     uri = (config.mlflow_tracking_uri or "").strip()
     if not uri:
         return None
@@ -93,13 +98,13 @@ class MLflowTracker(IsolatedTracker):
     """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback``."""
 
     def __init__(self, tracker_config: MLflowConfig):
-        super().__init__(name="mlflow", tracker_config=tracker_config)
-        self.callback = SafeMlflowCallback(
+        callback = SafeMlflowCallback(
             resolve_tracking_uri(tracker_config),
             experiment=tracker_config.mlflow_experiment,
             timeout=tracker_config.mlflow_close_timeout,
             run_uri_export_dir=tracker_config.mlflow_run_uri_export_path,
         )
+        super().__init__("mlflow", tracker_config, callback)
 
     @property
     def run_id(self) -> str | None:

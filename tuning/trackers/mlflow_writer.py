@@ -1,6 +1,5 @@
-"""The MLflow backend of the mlflow tracker: runs in the tracker's helper process (``tuning.trackers.isolated``) and
-owns the job's MLflow run through ``mlflow.MlflowClient``. Imports MLflow when created, so that the helper does so
-while the job loads data and the model.
+"""The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's
+MLflow run through ``mlflow.MlflowClient``.
 
 Names: trainer logs keep their keys (``loss``, ``train_loss``, ``eval_loss``, as transformers' own MLflow callback logs
 them); other series are ``name`` plus ``/key_value`` per context entry (``gpu_power_watts/gpu_0``). Params: the
@@ -17,9 +16,11 @@ import re
 import sys
 import time
 from typing import Any
-from urllib.parse import urlparse
 
+import mlflow
 from filelock import FileLock
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 
 # MLflow's documented limits: param values, keys, and entries per log_batch call.
 MAX_PARAM_VALUE_LENGTH = 6000
@@ -64,25 +65,21 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 class MlflowBackend:
     def __init__(self):
-        import mlflow
-        from mlflow.entities import Metric, Param
-
-        self._mlflow, self._metric, self._param = mlflow, Metric, Param
         self.client: Any = None
         self.run_id: str | None = None
         self.params: dict[str, str] = {}  # what the run holds already: MLflow params cannot change
         self.last_steps: dict[str, int] = {}  # per key, for points without a step
 
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
-        tracking_uri = options["tracking_uri"] or self._mlflow.get_tracking_uri()
-        self.client = self._mlflow.MlflowClient(tracking_uri=tracking_uri)
+        tracking_uri = options["tracking_uri"] or mlflow.get_tracking_uri()
+        self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         database = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else ""
         if database:  # jobs started together must not create (and migrate) a new database at the same time
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
         with FileLock(f"{database}.lock") if database else contextlib.nullcontext():
             experiment_id = self._experiment_id(options["experiment"])
         tags = {"mlflow.source.name": options["source"], "mlflow.source.type": "LOCAL"}
-        run = self.client.create_run(experiment_id, tags=tags, run_name=options["run_name"])
+        run = self.client.create_run(experiment_id, tags=tags)
         self.run_id = run.info.run_id
         return {
             "run_id": self.run_id,
@@ -92,19 +89,15 @@ class MlflowBackend:
         }
 
     def _experiment_id(self, name: str | None) -> str:
-        from mlflow.exceptions import MlflowException
-
         if name is None:
             return "0"  # MLflow's Default experiment
-        for _attempt in range(2):
-            experiment = self.client.get_experiment_by_name(name)
-            if experiment is not None:
-                return experiment.experiment_id
-            try:
-                return self.client.create_experiment(name)
-            except MlflowException:  # created by a job started at the same time: read it again
-                continue
-        raise RuntimeError(f"could not create the MLflow experiment {name!r}")
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # created by a job started at the same time: read it again
+            return self.client.get_experiment_by_name(name).experiment_id
 
     def _step(self, key: str, step: int | None) -> int:
         """A point's step; without one, the key's last step plus one (as Aim counts on)."""
@@ -116,15 +109,9 @@ class MlflowBackend:
         metrics = []
         for value, name, step, _epoch, context, at in points:
             key = metric_key(name, context)
-            metrics.append(self._metric(key, value, int(at * 1000), self._step(key, step)))
+            metrics.append(Metric(key, value, int(at * 1000), self._step(key, step)))
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
-
-    def track_logs(self, logs: list[list]) -> None:
-        """Trainer logs under their own keys (no context)."""
-        self.track(
-            [[value, name, step, epoch, {}, at] for step, epoch, at, entry in logs for name, value in entry.items()]
-        )
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
         flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
@@ -138,17 +125,9 @@ class MlflowBackend:
                     print(f"mlflow tracker: param {key} already holds another value; kept it", file=sys.stderr)
                 continue
             self.params[key] = value
-            new.append(self._param(key, value))
+            new.append(Param(key, value))
         for start in range(0, len(new), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH])
 
     def close(self, finished: bool) -> None:
         self.client.set_terminated(self.run_id, "FINISHED" if finished else "KILLED", int(time.time() * 1000))
-
-
-def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
-    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
-    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
-        return None
-    url = urlparse(tracking_uri)
-    return url.hostname, url.port or (443 if url.scheme == "https" else 80)

@@ -1,10 +1,7 @@
-"""Tracker registry: name → config dataclass + lazily imported implementation.
+"""Tracker registry: name → config dataclass + a ``module:Class`` path, imported only when its tracker is requested
+(so that optional packages such as aim are too)."""
 
-Backends register a dotted ``module:Class`` path rather than a class so that optional packages (aim) are imported
-only when their tracker is requested.
-"""
-
-import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,23 +88,17 @@ def _spec(name: str) -> TrackerSpec:
     return spec
 
 
-def _implementation(name: str, spec: TrackerSpec) -> type[Tracker]:
-    module_name, class_name = spec.implementation.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = f"pip install 'tuning-bench[{spec.extra}]'" if spec.extra else "reinstall tuning-bench"
-        raise UserInputError(f"tracker '{name}' needs a package that is not installed ({exc}); run: {hint}") from exc
-    return getattr(module, class_name)
-
-
 def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Tracker:
     """One tracker, configured from its ``<name>_config`` section of ``tracker_configs`` (its defaults when that is
     unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
     spec = _spec(name)
     name = name.strip().lower()
-    config = getattr(tracker_configs, f"{name}_config", None) or spec.config_class()
-    return _implementation(name, spec)(config)
+    try:
+        implementation = pkgutil.resolve_name(spec.implementation)
+    except ImportError as exc:
+        hint = f"pip install 'tuning-bench[{spec.extra}]'" if spec.extra else "reinstall tuning-bench"
+        raise UserInputError(f"tracker '{name}' needs a package that is not installed ({exc}); run: {hint}") from exc
+    return implementation(getattr(tracker_configs, f"{name}_config", None) or spec.config_class())
 
 
 def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
