@@ -9,6 +9,7 @@ came after the warmup, in which case they cover every step and ``summary.measure
 
 import json
 import math
+import statistics
 from array import array
 from collections.abc import Hashable
 from datetime import UTC, datetime
@@ -40,15 +41,11 @@ def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks, as numpy's default."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def deciles(values: list[float]) -> list[float | None]:
+    """The 10th to 90th percentiles, interpolated between closest ranks as numpy's default; None without values."""
+    if len(values) < 2:
+        return (values or [None]) * 9
+    return statistics.quantiles(values, n=10, method="inclusive")
 
 
 def _context_key(context: dict[str, Any]) -> Hashable:
@@ -178,14 +175,15 @@ def _summary(
     train_start = notes.get("train_start")
     train_end = notes.get("train_end", last_time)
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
+    step_deciles = deciles([step_times[step] for step in steps])
     end = end or {}
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": throughput(STEP_TOKENS),
         "samples_per_second": throughput(STEP_SAMPLES),
-        "step_time_p50": percentile([step_times[step] for step in steps], 50),
-        "step_time_p90": percentile([step_times[step] for step in steps], 90),
+        "step_time_p50": step_deciles[4],
+        "step_time_p90": step_deciles[8],
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "cuda": end.get("cuda"),
@@ -239,6 +237,4 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     }
 
 
-def write_dump(path: str, dump: dict[str, Any]) -> None:
-    """Atomically: a reader sees the previous file or the complete new one, never half of it."""
-    write_json_atomic(path, dump)
+write_dump = write_json_atomic  # atomically: a reader sees the previous file or the complete new one, never half of it

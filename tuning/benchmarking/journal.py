@@ -1,20 +1,10 @@
-"""The journal: an append-only JSON-lines file that holds every point of a run while it trains.
+"""The journal: an append-only JSON-lines file that holds every point of a run while it trains, because the dump is
+written once, at the end, which a run killed with SIGKILL (or by the OOM killer) never reaches.
 
-It exists because the dump is written once, at the end: a run killed with SIGKILL (or by the OOM killer) never gets
-there. ``write`` only queues its records; a background thread wakes every ``flush_interval`` seconds, encodes what is
-queued, writes and flushes it, so a SIGKILL loses at most the records of the last interval. ``fsync`` (which survives
-a node crash too) runs at most every ``sync_interval`` seconds and at ``close``, never once per record.
-
-Records are JSON objects with a ``type``:
-
-- ``start``: the run's header (schema version, experiment, host, rank, world size, start time, environment)
-- ``point``: one tracked value: ``name``, ``context``, ``step`` (or null), ``value`` (null for NaN/inf), ``time``
-- ``note``: facts learnt while running (``metadata`` once read and checked, ``train_start``, ``warmup_steps``,
-  ``run_hash``, ``train_end``, ...); a later note of the same key wins
-- ``end``: how the run ended (``status``, ``stop_reason``, ``error``, ``training_steps``) and what only the end can
-  measure (``peak_rss_bytes``, ``cuda`` peak memory)
-
-``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
+``write`` only queues records; a background thread writes and flushes what is queued every ``flush_interval``
+seconds, so a SIGKILL loses at most the last interval's records, and fsyncs at most every ``sync_interval`` seconds
+and at ``close``. Records (``start``, ``point``, ``note``, ``end``) are listed in the README ("Journal and rebuilding
+a dump"); ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
 
 import json
@@ -103,7 +93,7 @@ class Journal:
             closing = self._closing.wait(self.flush_interval)
             with self._lock:
                 batch, self._queued = self._queued, []
-            if self._file.closed or not (batch or closing):
+            if not (batch or closing):
                 continue
             try:
                 self._file.write("".join(f"{encode(record)}\n" for record in batch))
@@ -113,10 +103,8 @@ class Journal:
                     last_sync = time.monotonic()
             except (OSError, ValueError) as exc:
                 print_own_line(f"journal {self.path} stopped: {exc}; the dump at the end still gets every point")
-                self._close_file()
-        self._close_file()
-
-    def _close_file(self) -> None:
+                self._closing.set()  # later writes are dropped
+                break
         try:
             self._file.close()
         except OSError as exc:
