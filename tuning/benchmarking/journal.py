@@ -20,22 +20,17 @@ from tuning.utils.file_utils import read_json_lines
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
-# A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf; encoded
-# without building its dict.
+# A ``point`` record as the training process hands it over, without building its dict: (name, context, step, value,
+# time), value None for NaN/inf.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
 
 
 def encode(record: dict[str, Any] | Point) -> str:
-    """One journal line (without its newline); a ``Point`` as the JSON of its record, keys in the documented order."""
-    if type(record) is not tuple:
-        return _ENCODER.encode(record)
-    name, context, step, value, at = record
-    step_json = "null" if step is None else int(step)
-    value_json = "null" if value is None else float.__repr__(float(value))
-    return (
-        f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": {_ENCODER.encode(context)}, '
-        f'"step": {step_json}, "value": {value_json}, "time": {float.__repr__(at)}}}'
-    )
+    """One journal line (without its newline)."""
+    if type(record) is tuple:
+        name, context, step, value, at = record
+        record = {"type": "point", "name": name, "context": context, "step": step, "value": value, "time": at}
+    return _ENCODER.encode(record)
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:

@@ -16,6 +16,7 @@ Points = list[tuple[str, float, int | None, dict | None]]  # (name, value, step,
 
 def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> Point:
     value = float(value)
+    step = None if step is None else int(step)  # numpy integers are no JSON
     return (name, context or _NO_CONTEXT, step, value if math.isfinite(value) else None, now)
 
 
