@@ -28,7 +28,7 @@ every reader agrees on it.
 if __name__ == "__main__":
     # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
     # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
-    from tuning.utils.error_logging import install_early_signal_handlers
+    from tuning.benchmarking import install_early_signal_handlers
 
     install_early_signal_handlers()
 
@@ -162,12 +162,6 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, benchmarking.P
     finally:
         sys.argv = saved_argv
     return flags, args
-
-
-def print_help() -> None:
-    print(fire.helptext.HelpText(wrapper_flags, trace=fire.trace.FireTrace(wrapper_flags, name=PROG)))
-    print("\nTRAINER FLAGS (tuning/sft_trainer.py)\n")
-    print(benchmarking.get_parser().format_help())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -508,7 +502,9 @@ class BenchmarkJob:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print_help()
+        print(fire.helptext.HelpText(wrapper_flags, trace=fire.trace.FireTrace(wrapper_flags, name=PROG)))
+        print("\nTRAINER FLAGS (tuning/sft_trainer.py)\n")
+        print(benchmarking.get_parser().format_help())
         return 0
     job = BenchmarkJob()
     try:

@@ -1,10 +1,11 @@
 """Benchmark runs: everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) needs, in one place.
 
 ``__all__`` is the public surface, by module in ``_EXPORTS`` below: training (``train`` and its parser), trackers,
-errors (``run_with_error_reporting`` gives the classified exit codes), stopping (``GracefulStopCallback`` turns
-SIGTERM/SIGINT into a stop at a step boundary; its ``StopAgreement``, shared with ``BenchmarkCallback``, makes one
-stop decision per step for every rank), measuring (``BenchmarkCallback``: per-step series, stop rules, sampler and
-watchdog lifetimes) and recording (``RunRecord``, the crash-safe ``Journal``, ``write_dump``, ``validate_dump``).
+errors (``run_with_error_reporting`` gives the classified exit codes; ``install_early_signal_handlers`` covers the
+imports), stopping (``GracefulStopCallback`` turns SIGTERM/SIGINT into a stop at a step boundary; its
+``StopAgreement``, shared with ``BenchmarkCallback``, makes one stop decision per step for every rank), measuring
+(``BenchmarkCallback``: per-step series, stop rules, sampler and watchdog lifetimes) and recording (``RunRecord``, the
+crash-safe ``Journal``, ``write_dump``, ``validate_dump``).
 Each name is imported from its module on first use, so that light users (the rebuild command, ``bench_report``)
 never import torch or transformers.
 
@@ -23,9 +24,9 @@ _EXPORTS = {
     "tuning.utils.config_utils": "get_json_config",
     "tuning.trackers": "AIMSTACK_TRACKER MLFLOW_TRACKER Tracker get_tracker hf_callbacks validate_tracker_names",
     "tuning.trackers.aimstack_tracker": "AimStackTracker",
-    "tuning.utils.error_logging": "run_with_error_reporting ErrorCategory UserInputError StorageError "
-    "TrainingInterrupted TrainingStalled build_error_report termination_line write_termination_log print_error_marker "
-    "print_own_line",
+    "tuning.utils.error_logging": "install_early_signal_handlers run_with_error_reporting ErrorCategory UserInputError "
+    "StorageError TrainingInterrupted TrainingStalled build_error_report termination_line write_termination_log "
+    "print_error_marker print_own_line",
     "tuning.utils.graceful_stop": "GracefulStopCallback StopAgreement",
     "tuning.utils.file_utils": "write_json_atomic",
     "tuning.benchmarking.callback": "BenchmarkCallback",
