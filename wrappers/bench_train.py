@@ -4,20 +4,11 @@
         [--metadata_path meta.yaml] [--metadata '{"batch": 8}'] [--system_metrics_interval 5] \\
         [--stop_after_seconds 600 | --auto_stop] [--stall_timeout 900] [--callbacks my.module:MyCallback]
 
-(also under ``torchrun``; ``--help`` lists both flag sets). A run leaves:
-
-- the dump at ``--metrics_path`` (default ``<output_dir>/benchmark.json``), written atomically by rank 0 when the
-  run ends, however it ends; schema in ``tuning.benchmarking.schema``. The run owns the path while it runs (a lock,
-  ``<metrics_path>.lock``: a second run on it is refused); a dump that cannot be written there (disk full) goes
-  whole to the output directory, else the temporary directory, and the run exits ``storage``
-- its journal ``<metrics_path stem>.journal.jsonl``, one line per point as it is measured; after a SIGKILL,
-  ``python -m tuning.benchmarking.rebuild <journal>`` turns it into a dump
-- with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
-  token throughput and system metrics series; with ``--tracker mlflow`` the same in an MLflow run (metadata as
-  ``params.<key>``)
-- on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
-  dump (rank 0; status "interrupted" after a SIGTERM/SIGINT, else "error") or in
-  ``<metrics_path>.rank<N>.error.json`` (rank N)
+(also under ``torchrun``; ``--help`` lists both flag sets). Rank 0 leaves the dump at ``--metrics_path`` (default
+``<output_dir>/benchmark.json``) however the run ends, and the journal beside it, which ``python -m
+tuning.benchmarking.rebuild`` turns into a dump after a SIGKILL; with ``--tracker aim`` or ``mlflow``, a run there
+with the metadata and the benchmark's series; on failure, the error report (rank N > 0: in a file of its own), the
+``TUNING_ERROR`` line, the termination log and the category's exit code. In detail: README, "What a run leaves".
 
 Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. Aim and MLflow, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with

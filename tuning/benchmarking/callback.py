@@ -68,22 +68,19 @@ class BenchmarkCallback(TrainerCallback):
         self.mirror = mirror
         self.mirror_interval = mirror_interval
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
-        self.sampler = None
-        if system_metrics_interval:
-            self.sampler = SystemMetricsSampler(system_metrics_interval, self._system_point)
+        self.sampler = (
+            SystemMetricsSampler(system_metrics_interval, self._system_point) if system_metrics_interval else None
+        )
         self.global_step: int | None = None  # optimizer steps done; None until training begins
         self.stop_reason: str | None = None
         self._first_step = 0
-        self._train_start = 0.0
-        self._last_step_end = 0.0
+        self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = 0.0  # times, set at begin
         self._tokens: StepTokenCounter | None = None
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
-        self._recorded_at = 0.0
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
         # mean duration (weight 1 per step), the throughput tokens over seconds (weight: the step's duration).
         self._unmirrored: dict[str, list] = {}
-        self._mirrored_at = 0.0
         self._record_lock = threading.Lock()
         self._last_warmup_step: int | None = None
         self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup

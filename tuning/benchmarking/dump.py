@@ -13,7 +13,7 @@ import statistics
 from array import array
 from collections.abc import Hashable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuning.benchmarking.journal import Point
 from tuning.benchmarking.schema import (
@@ -58,14 +58,13 @@ def _context_key(context: dict[str, Any]) -> Hashable:
     return key
 
 
-class _Series:
+class _Series(NamedTuple):
     """One series' points: values (NaN for null) and, per point, the index of its moment in ``RunData``."""
 
-    __slots__ = ("name", "context", "values", "moments")
-
-    def __init__(self, name: str, context: dict[str, Any]):
-        self.name, self.context = name, dict(context)  # its own copy: recorders share context dicts
-        self.values, self.moments = array("d"), array("I")
+    name: str
+    context: dict[str, Any]
+    values: array
+    moments: array
 
 
 class RunData:
@@ -99,7 +98,8 @@ class RunData:
         key = (name, _context_key(context) if context else ())
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = _Series(name, context)
+            # The context copied: recorders share context dicts.
+            series = self._series[key] = _Series(name, dict(context), array("d"), array("I"))
         step_code = -1 if step is None else step
         if not self._times or self._times[-1] != at or self._steps[-1] != step_code:
             self._times.append(at)
@@ -146,9 +146,8 @@ def aggregate(series: list[dict[str, Any]], warmup_steps: int) -> list[dict[str,
 
 
 def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
-    found = next((one for one in series if one["name"] == name and not one["context"]), None)
-    if found is None:
-        return {}
+    """``{step: value}`` of the series ``name`` without a context, nulls left out."""
+    found = next((one for one in series if one["name"] == name and not one["context"]), {"steps": [], "values": []})
     pairs = zip(found["steps"], found["values"], strict=True)
     return {step: value for step, value in pairs if step is not None and value is not None}
 

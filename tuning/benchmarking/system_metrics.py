@@ -113,8 +113,7 @@ class SystemMetricsSampler:
         if self._thread is None or self._stop.is_set():
             return
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self.interval))
+        self._thread.join(timeout=max(5.0, self.interval))
         self.sample()
         if self._nvml is not None:
             with contextlib.suppress(Exception):
