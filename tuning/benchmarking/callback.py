@@ -90,8 +90,6 @@ class BenchmarkCallback(TrainerCallback):
         self._global_batch = 0  # samples per optimizer step over all ranks
         self.log_recorder = _LogRecorder(self)
 
-    # ---- hooks ----
-
     def on_train_begin(self, args, state, control, **kwargs):
         self._main = state.is_world_process_zero
         self._global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -154,8 +152,6 @@ class BenchmarkCallback(TrainerCallback):
             self.watchdog.disarm()
         if self.sampler is not None:
             self.sampler.stop()
-
-    # ---- helpers ----
 
     def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
         if self.record is not None:

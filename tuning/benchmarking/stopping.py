@@ -1,10 +1,6 @@
-"""When a benchmark may end before ``max_steps``: a time budget, or throughput that has settled (auto-stop).
-
-Both count from the start of training (model loading excluded). Auto-stop waits for the warmup to pass, then stops
-once at least ``min_steps`` steps and ``min_seconds`` seconds were measured after it and the last ``min_steps`` step
-times vary by at most ``tolerance`` (coefficient of variation: standard deviation / mean). A run whose step times
-never settle trains to its natural end.
-"""
+"""When a benchmark may end before ``max_steps``: a time budget from the start of training, or, after the warmup,
+step times that have settled (auto-stop: README, "Stopping early"). A run whose step times never settle trains to its
+natural end."""
 
 import statistics
 from collections.abc import Sequence

@@ -1,9 +1,5 @@
-"""Stopping training at an optimizer-step boundary on every rank at once: on a signal, or on a callback's own rule.
-
-``StopAgreement`` makes one stop decision per optimizer step, the same on every rank. ``GracefulStopCallback`` votes
-with the signal it caught; ``tuning.benchmarking.callback.BenchmarkCallback`` votes with its stop rule's reason. Given
-the same agreement, they cost one collective per step between them.
-"""
+"""Stopping training at an optimizer-step boundary on every rank at once: on a signal (``GracefulStopCallback``), or
+on a callback's own rule (``tuning.benchmarking.callback.BenchmarkCallback``), decided by one ``StopAgreement``."""
 
 import enum
 import logging
