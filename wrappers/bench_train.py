@@ -248,10 +248,8 @@ def check_writable(path: str) -> None:
 
 
 def claim_metrics_path(path: str) -> int:
-    """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock``, held by the returned descriptor
-    and released by the kernel when the process ends, however it ends. The lock file names its holder, so a second
-    run on the same path is refused at once, naming the path and the run that has it. A filesystem without locks
-    costs a warning."""
+    """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock`` (which names its holder), held by
+    the returned descriptor and released by the kernel when the process ends, however it ends."""
     lock_path = f"{path}.lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -1,10 +1,9 @@
 """Journal records → the benchmark dump. The live run and the rebuild command share this one code path, so a dump
 rebuilt from a complete journal equals the dump the run wrote.
 
-Warmup: the first ``warmup_steps`` optimizer steps (a ``note`` record; every step so far while the run never left
-warmup). A point belongs to the warmup when its ``step`` is at most that; points without a step (``model_load_time``)
-never do. Aggregates leave warmup points out; so do the summary's step statistics and throughputs, unless no step
-came after the warmup, in which case they cover every step and ``summary.measured_steps`` is 0.
+A point belongs to the warmup when its ``step`` is at most the ``warmup_steps`` note (every step while the run never
+left warmup); points without a step (``model_load_time``) never do. Aggregates and the summary leave warmup points out,
+unless no step came after the warmup: then the summary covers every step and ``summary.measured_steps`` is 0.
 """
 
 import json
