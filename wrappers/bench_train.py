@@ -4,20 +4,11 @@
         [--metadata_path meta.yaml] [--metadata '{"batch": 8}'] [--system_metrics_interval 5] \\
         [--stop_after_seconds 600 | --auto_stop] [--stall_timeout 900] [--callbacks my.module:MyCallback]
 
-(also under ``torchrun``; ``--help`` lists both flag sets). A run leaves:
-
-- the dump at ``--metrics_path`` (default ``<output_dir>/benchmark.json``), written atomically by rank 0 when the
-  run ends, however it ends; schema in ``tuning.benchmarking.schema``. The run owns the path while it runs (a lock,
-  ``<metrics_path>.lock``: a second run on it is refused); a dump that cannot be written there (disk full) goes
-  whole to the output directory, else the temporary directory, and the run exits ``storage``
-- its journal ``<metrics_path stem>.journal.jsonl``, one line per point as it is measured; after a SIGKILL,
-  ``python -m tuning.benchmarking.rebuild <journal>`` turns it into a dump
-- with ``--tracker aim``: an Aim run with the metadata as ``run.experiment_metadata.*`` params and the step time,
-  token throughput and system metrics series; with ``--tracker mlflow`` the same in an MLflow run (metadata as
-  ``params.<key>``)
-- on failure: the ``TUNING_ERROR`` stderr line, the termination log, the category's exit code, the report in the
-  dump (rank 0; status "interrupted" after a SIGTERM/SIGINT, else "error") or in
-  ``<metrics_path>.rank<N>.error.json`` (rank N)
+(also under ``torchrun``; ``--help`` lists both flag sets). Rank 0 leaves the dump at ``--metrics_path`` (default
+``<output_dir>/benchmark.json``) however the run ends, and the journal beside it, which ``python -m
+tuning.benchmarking.rebuild`` turns into a dump after a SIGKILL; with ``--tracker aim`` or ``mlflow``, a run there
+with the metadata and the benchmark's series; on failure, the error report (rank N > 0: in a file of its own), the
+``TUNING_ERROR`` line, the termination log and the category's exit code. In detail: README, "What a run leaves".
 
 Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. Aim and MLflow, 4. the job.
 Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
@@ -28,7 +19,7 @@ every reader agrees on it.
 if __name__ == "__main__":
     # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
     # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
-    from tuning.utils.error_logging import install_early_signal_handlers
+    from tuning.benchmarking import install_early_signal_handlers
 
     install_early_signal_handlers()
 
@@ -53,48 +44,8 @@ import psutil
 import yaml
 from transformers import TrainerCallback
 
-# Everything from this project comes from one documented surface: tuning.benchmarking (see its docstring).
-from tuning.benchmarking import (
-    AIMSTACK_TRACKER,
-    MLFLOW_TRACKER,
-    BenchmarkCallback,
-    ErrorCategory,
-    GracefulStopCallback,
-    Journal,
-    ParsedArguments,
-    RunRecord,
-    StallWatchdog,
-    StopAgreement,
-    StopRule,
-    StorageError,
-    Tracker,
-    TrainingInterrupted,
-    TrainingStalled,
-    UserInputError,
-    build_error_report,
-    check_output_dir,
-    cuda_peak_memory,
-    environment_info,
-    get_json_config,
-    get_parser,
-    get_tracker,
-    hf_callbacks,
-    journal_path,
-    parse_arguments,
-    peak_rss_bytes,
-    print_error_marker,
-    print_own_line,
-    rank_report_path,
-    run_with_error_reporting,
-    termination_line,
-    thread_stacks,
-    train,
-    validate_arguments,
-    validate_tracker_names,
-    write_dump,
-    write_json_atomic,
-    write_termination_log,
-)
+# Everything from this project comes from one documented surface: tuning.benchmarking (its __all__).
+from tuning import benchmarking
 
 PROG = "bench_train.py"
 logger = logging.getLogger(PROG)
@@ -107,7 +58,6 @@ MIN_FREE_BYTES = 16 * 2**20
 # ---------------------------------------------------------------------------------------------------------------------
 # 1. Flags. fire reads the wrapper's flags; everything else goes, as typed, to sft_trainer's own parser, so every
 #    trainer flag keeps its spelling and its parser's types (`--experiment 123` stays a string).
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def wrapper_flags(
@@ -188,10 +138,10 @@ def _typed(name: str, value: Any) -> Any:
             return {"true": True, "false": False}[value.lower()]
         return kind(value)
     except (KeyError, ValueError) as exc:
-        raise UserInputError(f"--{name} {value!r} is not a valid {kind.__name__}") from exc
+        raise benchmarking.UserInputError(f"--{name} {value!r} is not a valid {kind.__name__}") from exc
 
 
-def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, ParsedArguments]:
+def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, benchmarking.ParsedArguments]:
     wrapper_argv, trainer_argv = split_argv(argv)
     # Every value reaches us as typed (fire would read '{"a": true}' as a Python literal); _typed converts them.
     raw = fire.decorators.SetParseFn(str)(functools.partial(wrapper_flags))
@@ -199,21 +149,14 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, ParsedArgument
     flags = SimpleNamespace(**{name: _typed(name, value) for name, value in values.items()})
     saved_argv, sys.argv = sys.argv, [sys.argv[0], *trainer_argv]  # parse_arguments reads sys.argv
     try:
-        args = parse_arguments(get_parser(), get_json_config())
+        args = benchmarking.parse_arguments(benchmarking.get_parser(), benchmarking.get_json_config())
     finally:
         sys.argv = saved_argv
     return flags, args
 
 
-def print_help() -> None:
-    print(fire.helptext.HelpText(wrapper_flags, trace=fire.trace.FireTrace(wrapper_flags, name=PROG)))
-    print("\nTRAINER FLAGS (tuning/sft_trainer.py)\n")
-    print(get_parser().format_help())
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # 2. Metadata: searchable labels of the run (model, batch size, hardware, benchmark id), from a file and/or inline.
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | None) -> dict[str, Any]:
@@ -227,19 +170,21 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
                 (f"--metadata_path {path}", json.loads(text) if path.endswith(".json") else yaml.safe_load(text))
             )
         except OSError as exc:
-            raise UserInputError(f"cannot read --metadata_path {path}: {exc.strerror or exc}") from exc
+            raise benchmarking.UserInputError(f"cannot read --metadata_path {path}: {exc.strerror or exc}") from exc
         except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise UserInputError(
+            raise benchmarking.UserInputError(
                 f"--metadata_path {path} is not valid JSON/YAML: {' '.join(str(exc).split())}"
             ) from exc
     if inline is not None:
         try:
             sources.append(("--metadata", json.loads(inline)))
         except json.JSONDecodeError as exc:
-            raise UserInputError(f"--metadata is not valid JSON: {exc}") from exc
+            raise benchmarking.UserInputError(f"--metadata is not valid JSON: {exc}") from exc
     for source, value in sources:
         if not isinstance(value, dict):
-            raise UserInputError(f"{source} must hold an object (key: value pairs), got {type(value).__name__}")
+            raise benchmarking.UserInputError(
+                f"{source} must hold an object (key: value pairs), got {type(value).__name__}"
+            )
         metadata.update(value)
     # YAML dates and the like become strings: the dump is JSON and Aim params take JSON types.
     return json.loads(json.dumps(metadata, default=str))
@@ -247,41 +192,39 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 3. Aim and MLflow: failure-isolated trackers that also receive the benchmark's series.
-# ---------------------------------------------------------------------------------------------------------------------
 
-# Trackers that also receive the benchmark's series, and what the dump notes about their runs.
-MIRRORED_TRACKERS = {
-    AIMSTACK_TRACKER: lambda tracker: {"run_hash": tracker.run_hash, "aim_degraded_reason": tracker.degraded_reason},
-    MLFLOW_TRACKER: lambda tracker: {
-        "mlflow_run_id": tracker.run_id,
-        "mlflow_degraded_reason": tracker.degraded_reason,
-    },
-}
+MIRRORED_TRACKERS = (benchmarking.AIMSTACK_TRACKER, benchmarking.MLFLOW_TRACKER)  # they get the series too
 
 
-def benchmark_trackers(names: list[str], configs: Any, params: dict[str, Any]) -> list[Tracker]:
-    """The Aim and MLflow trackers of a benchmark: their callbacks isolate every call (a dead server costs a warning,
-    never the job) and their ``track_many`` receives the step-time, throughput and system series; train() hands them
-    model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in MLflow). Each
-    library is imported only when its tracker is asked for."""
-    trackers = [get_tracker(name, configs) for name in names if name in MIRRORED_TRACKERS]
-    for tracker in trackers:
+def benchmark_trackers(
+    names: list[str], configs: Any, params: dict[str, Any]
+) -> tuple[list[benchmarking.Tracker], list[benchmarking.Tracker]]:
+    """(the other trackers, Aim and MLflow). The callbacks of Aim and MLflow isolate every call (a dead server costs a
+    warning, never the job) and their ``track_many`` receives the step-time, throughput and system series; train()
+    hands them model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in
+    MLflow). Each library is imported only when its tracker is asked for."""
+    trackers = [benchmarking.get_tracker(name, configs) for name in names]
+    mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
+    for tracker in mirrored:
         # The benchmark flags as the run's "benchmark" params, now: the first call opens the run while the job loads
         # its data and model, not beside the first training steps.
         tracker.set_params(params, "benchmark")
-    return trackers
+    return [tracker for tracker in trackers if tracker not in mirrored], mirrored
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 4. The job: check everything cheap first, train with the benchmark's callbacks, leave a dump however it ends.
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def check_flags(flags: SimpleNamespace) -> None:
     if flags.system_metrics_interval < 0 or flags.skip_warmup_steps < 0 or flags.skip_warmup_seconds < 0:
-        raise UserInputError("--system_metrics_interval, --skip_warmup_steps and --skip_warmup_seconds must be >= 0")
+        raise benchmarking.UserInputError(
+            "--system_metrics_interval, --skip_warmup_steps and --skip_warmup_seconds must be >= 0"
+        )
     if flags.stall_timeout is not None and flags.stall_timeout <= 0:
-        raise UserInputError(f"--stall_timeout must be a positive number of seconds, got {flags.stall_timeout}")
+        raise benchmarking.UserInputError(
+            f"--stall_timeout must be a positive number of seconds, got {flags.stall_timeout}"
+        )
 
 
 def check_writable(path: str) -> None:
@@ -295,25 +238,25 @@ def check_writable(path: str) -> None:
             pass
         room = os.statvfs(os.path.dirname(path))
     except OSError as exc:
-        raise UserInputError(f"cannot write --metrics_path {path}: {exc.strerror or exc}") from exc
+        raise benchmarking.UserInputError(f"cannot write --metrics_path {path}: {exc.strerror or exc}") from exc
     free = room.f_bavail * room.f_frsize
     if room.f_blocks and free < MIN_FREE_BYTES:  # f_blocks 0: a filesystem that does not report its size
-        raise StorageError(
+        raise benchmarking.StorageError(
             f"--metrics_path {path}: only {free / 2**20:.1f} MiB free on its filesystem, "
             f"the dump and journal need at least {MIN_FREE_BYTES // 2**20} MiB"
         )
 
 
 def claim_metrics_path(path: str) -> int:
-    """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock``, held by the returned descriptor
-    and released by the kernel when the process ends, however it ends. The lock file names its holder, so a second
-    run on the same path is refused at once, naming the path and the run that has it. A filesystem without locks
-    costs a warning."""
+    """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock`` (which names its holder), held by
+    the returned descriptor and released by the kernel when the process ends, however it ends."""
     lock_path = f"{path}.lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise UserInputError(f"cannot write --metrics_path {path}: {lock_path}: {exc.strerror or exc}") from exc
+        raise benchmarking.UserInputError(
+            f"cannot write --metrics_path {path}: {lock_path}: {exc.strerror or exc}"
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -323,7 +266,7 @@ def claim_metrics_path(path: str) -> int:
         except (ValueError, TypeError, KeyError):  # the holder has not written its name yet
             who = "a process that is starting"
         os.close(fd)
-        raise UserInputError(
+        raise benchmarking.UserInputError(
             f"--metrics_path {path} is in use by another run ({who}, lock {lock_path}): give each run its own"
         ) from None
     except OSError as exc:  # ENOLCK, EOPNOTSUPP: a filesystem that does not do locks
@@ -342,10 +285,12 @@ def load_callbacks(spec: str | None) -> list[TrainerCallback]:
         try:
             factory = getattr(importlib.import_module(module_name), name)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise UserInputError(f"--callbacks {entry}: cannot load it ({exc})") from exc
+            raise benchmarking.UserInputError(f"--callbacks {entry}: cannot load it ({exc})") from exc
         callback = factory()
         if not isinstance(callback, TrainerCallback):
-            raise UserInputError(f"--callbacks {entry} gave a {type(callback).__name__}, not a TrainerCallback")
+            raise benchmarking.UserInputError(
+                f"--callbacks {entry} gave a {type(callback).__name__}, not a TrainerCallback"
+            )
         callbacks.append(callback)
     return callbacks
 
@@ -360,9 +305,9 @@ class BenchmarkJob:
         self.output_dir: str | None = None
         self.metrics_path_lock: int | None = None
         self.stall_timeout: float | None = None
-        self.record: RunRecord | None = None
-        self.mirrored: list[Tracker] = []  # Aim and MLflow
-        self.bench: BenchmarkCallback | None = None
+        self.record: benchmarking.RunRecord | None = None
+        self.mirrored: list[benchmarking.Tracker] = []  # Aim and MLflow
+        self.bench: benchmarking.BenchmarkCallback | None = None
 
     def global_step(self) -> int | None:
         return self.bench.global_step if self.bench is not None else None
@@ -371,7 +316,7 @@ class BenchmarkJob:
         flags, args = parse_command_line(argv)
         train_args = args.training_args
         check_flags(flags)
-        check_output_dir(train_args.output_dir)
+        benchmarking.check_output_dir(train_args.output_dir)
         metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
         check_writable(metrics_path)
         sampling = flags.system_metrics_interval > 0 and LOCAL_RANK == 0
@@ -386,16 +331,18 @@ class BenchmarkJob:
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
-                "environment": environment_info(),
+                "environment": benchmarking.environment_info(),
                 "flags": vars(flags),
             }
-            self.record = RunRecord(Journal(journal_path(metrics_path, RANK)), header)
+            self.record = benchmarking.RunRecord(
+                benchmarking.Journal(benchmarking.journal_path(metrics_path, RANK)), header
+            )
         # From here on every failure ends in the dump too.
-        validate_arguments(args.model_args, args.data_args, train_args)
+        benchmarking.validate_arguments(args.model_args, args.data_args, train_args)
         metadata = load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         if self.record is not None:
             self.record.note(metadata=metadata)
-        stop_rule = StopRule(
+        stop_rule = benchmarking.StopRule(
             flags.stop_after_seconds,
             flags.auto_stop,
             flags.auto_stop_min_steps,
@@ -403,14 +350,14 @@ class BenchmarkJob:
             flags.auto_stop_tolerance,
         )
         extra_callbacks = load_callbacks(flags.callbacks)
-        tracker_names = validate_tracker_names(train_args.trackers)
-        trackers = [get_tracker(name, args.tracker_configs) for name in tracker_names if name not in MIRRORED_TRACKERS]
+        trackers, self.mirrored = benchmark_trackers(
+            benchmarking.validate_tracker_names(train_args.trackers),
+            args.tracker_configs,
+            {"metrics_path": metrics_path, **vars(flags)},
+        )
         if RANK == 0:
             trackers.append(self.record)  # receives model_load_time
-        self.mirrored = benchmark_trackers(
-            tracker_names, args.tracker_configs, {"metrics_path": metrics_path, **vars(flags)}
-        )
-        mirrors = hf_callbacks(self.mirrored)
+        mirrors = benchmarking.hf_callbacks(self.mirrored)
         if self.record is not None:  # journaled as soon as each run exists: a killed run's dump still links it
             for tracker in self.mirrored:
                 tracker.get_hf_callback().when_run_info_known(functools.partial(self.note_mirrored, tracker))
@@ -419,10 +366,11 @@ class BenchmarkJob:
             for callback in mirrors:
                 callback.track_many(points)
 
-        watchdog = StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
-        stop_agreement = StopAgreement()  # one collective per step decides both callbacks' stops on every rank
-        graceful_stop = GracefulStopCallback(stop_agreement)
-        self.bench = BenchmarkCallback(
+        watchdog = benchmarking.StallWatchdog(flags.stall_timeout, self.on_stall) if flags.stall_timeout else None
+        # One collective per step decides both callbacks' stops on every rank.
+        stop_agreement = benchmarking.StopAgreement()
+        graceful_stop = benchmarking.GracefulStopCallback(stop_agreement)
+        self.bench = benchmarking.BenchmarkCallback(
             self.record,
             stop_rule,
             warmup_steps=flags.skip_warmup_steps,
@@ -436,11 +384,11 @@ class BenchmarkJob:
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every
         # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;
         # Aim and MLflow last, so that the benchmark's last samples reach their runs before they close.
-        log_readers = [self.bench.log_recorder, *hf_callbacks(trackers), *mirrors]
+        log_readers = [self.bench.log_recorder, *benchmarking.hf_callbacks(trackers), *mirrors]
         callbacks = [self.bench, graceful_stop, *extra_callbacks, *log_readers]
         trackers += self.mirrored
         try:
-            train(
+            benchmarking.train(
                 args.model_args,
                 args.data_args,
                 train_args,
@@ -453,14 +401,17 @@ class BenchmarkJob:
         finally:
             self.close_helpers()
         if graceful_stop.received_signal is not None:
-            raise TrainingInterrupted(graceful_stop.received_signal)
+            raise benchmarking.TrainingInterrupted(graceful_stop.received_signal)
         misplaced = self.finish("stopped" if self.bench.stop_reason else "ok")
         if misplaced is not None:
-            raise StorageError(misplaced)
+            raise benchmarking.StorageError(misplaced)
 
-    def note_mirrored(self, tracker: Tracker, *_: Any) -> None:
+    def note_mirrored(self, tracker: benchmarking.Tracker, *_: Any) -> None:
         """Journal which Aim/MLflow run this is and whether tracking to it stopped."""
-        self.record.note(**MIRRORED_TRACKERS[tracker.name](tracker))
+        if tracker.name == benchmarking.AIMSTACK_TRACKER:
+            self.record.note(run_hash=tracker.run_hash, aim_degraded_reason=tracker.degraded_reason)
+        else:
+            self.record.note(mlflow_run_id=tracker.run_id, mlflow_degraded_reason=tracker.degraded_reason)
 
     def close_helpers(self) -> None:
         """Sampler and watchdog stopped, Aim and MLflow closed (bounded by their close timeouts): on every way out."""
@@ -480,8 +431,8 @@ class BenchmarkJob:
             training_steps=self.global_step() or 0,
             stop_reason=self.bench.stop_reason if status == "stopped" else None,
             error=error,
-            peak_rss_bytes=peak_rss_bytes(),
-            cuda=cuda_peak_memory(),
+            peak_rss_bytes=benchmarking.peak_rss_bytes(),
+            cuda=benchmarking.cuda_peak_memory(),
         )
         if dump is None or RANK != 0:
             return None
@@ -491,47 +442,48 @@ class BenchmarkJob:
         """The dump at --metrics_path or, when it cannot be written there (disk full), whole at a fallback: the
         output directory, else the system's temporary directory. Returns None, or the line saying where it went,
         also printed on stderr."""
-        try:
-            write_dump(self.metrics_path, dump)
-            return None
-        except OSError as exc:
-            problem = f"cannot write the dump to --metrics_path {self.metrics_path}: {exc.strerror or exc}"
         name = os.path.basename(self.metrics_path)
         fallbacks = [os.path.join(self.output_dir, name), os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}")]
-        for fallback in (path for path in fallbacks if path != self.metrics_path):
+        failures = []  # "path: reason", --metrics_path first
+        for path in dict.fromkeys([self.metrics_path, *fallbacks]):  # in order, each once
             try:
-                os.makedirs(os.path.dirname(fallback), exist_ok=True)
-                write_dump(fallback, dump)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                benchmarking.write_dump(path, dump)
             except OSError as exc:
-                problem += f"; nor to {fallback}: {exc.strerror or exc}"
+                failures.append(f"{path}: {exc.strerror or exc}")
                 continue
-            problem += f"; wrote it to {fallback} instead"
+            if not failures:
+                return None
+            outcome = f"wrote it to {path} instead"
             break
         else:
-            problem += "; the journal holds what it had written"
-        print_own_line(problem)
+            outcome = "the journal holds what it had written"
+        problem = f"cannot write the dump to --metrics_path {'; nor to '.join(failures)}; {outcome}"
+        benchmarking.print_own_line(problem)
         return problem
 
     def report_failure(self, report: dict[str, Any]) -> None:
         """The failing rank's report: in the dump on rank 0, in its own file on any other rank."""
         self.close_helpers()
-        status = "interrupted" if report["category"] == ErrorCategory.INTERRUPTED else "error"
+        status = "interrupted" if report["category"] == benchmarking.ErrorCategory.INTERRUPTED else "error"
         misplaced = self.finish(status, error=report)
         if misplaced is not None:  # the failure's own line is in the termination log already
-            write_termination_log(f"{ErrorCategory.STORAGE}: {misplaced}")
+            benchmarking.write_termination_log(f"{benchmarking.ErrorCategory.STORAGE}: {misplaced}")
         if RANK != 0 and self.metrics_path is not None:
-            write_json_atomic(rank_report_path(self.metrics_path, RANK), report)
+            benchmarking.write_json_atomic(benchmarking.rank_report_path(self.metrics_path, RANK), report)
 
     def on_stall(self, idle: float) -> None:
         """Called by the watchdog thread while the main thread is stuck: report ``hang``, then end the process."""
         faulthandler.dump_traceback(all_threads=True)  # the stacks on stderr as well, for whoever reads the log
-        stalled = TrainingStalled(
+        stalled = benchmarking.TrainingStalled(
             f"no training progress for {idle:.0f}s (--stall_timeout {self.stall_timeout:g}), "
             f"last completed step {self.global_step()}"
         )
-        report = build_error_report(stalled, global_step=self.global_step(), extra={"thread_stacks": thread_stacks()})
-        write_termination_log(termination_line(report))
-        print_error_marker(report)
+        report = benchmarking.build_error_report(
+            stalled, global_step=self.global_step(), extra={"thread_stacks": benchmarking.thread_stacks()}
+        )
+        benchmarking.write_termination_log(benchmarking.termination_line(report))
+        benchmarking.print_error_marker(report)
         self.report_failure(report)
         os._exit(report["exit_code"])
 
@@ -539,11 +491,15 @@ class BenchmarkJob:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print_help()
+        print(fire.helptext.HelpText(wrapper_flags, trace=fire.trace.FireTrace(wrapper_flags, name=PROG)))
+        print("\nTRAINER FLAGS (tuning/sft_trainer.py)\n")
+        print(benchmarking.get_parser().format_help())
         return 0
     job = BenchmarkJob()
     try:
-        return run_with_error_reporting(lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step)
+        return benchmarking.run_with_error_reporting(
+            lambda: job.run(argv), on_error=job.report_failure, global_step=job.global_step
+        )
     finally:
         if job.metrics_path_lock is not None:
             os.close(job.metrics_path_lock)

@@ -1,23 +1,13 @@
 """Benchmark runs: everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) needs, in one place.
 
-The names below are the public surface; each is imported from its module on first use, so that light users (the
-rebuild command, ``bench_report``) never import torch or transformers.
-
-Training (``tuning.sft_trainer``, ``tuning.config``, ``tuning.utils.config_utils``):
-    ``train``, ``get_parser``, ``parse_arguments``, ``validate_arguments``, ``check_output_dir``, ``ParsedArguments``,
-    ``AimConfig``, ``get_json_config``
-Trackers (``tuning.trackers``): ``Tracker``, ``get_tracker``, ``hf_callbacks``, ``validate_tracker_names``,
-    ``AIMSTACK_TRACKER``, ``MLFLOW_TRACKER``, ``AimStackTracker``
-Errors (``tuning.utils.error_logging``): ``run_with_error_reporting`` (classified exit codes), ``ErrorCategory``,
-    ``UserInputError``, ``StorageError``, ``TrainingInterrupted``, ``TrainingStalled``, ``build_error_report``,
-    ``termination_line``, ``write_termination_log``, ``print_error_marker``, ``print_own_line``
-Stopping (``tuning.utils.graceful_stop``): ``GracefulStopCallback`` (SIGTERM/SIGINT → stop at a step boundary),
-    ``StopAgreement`` (one stop decision per step for every rank, shared with ``BenchmarkCallback``)
-Files (``tuning.utils.file_utils``): ``write_json_atomic``
-Measuring: ``BenchmarkCallback`` (per-step series, stop decisions, sampler and watchdog lifetimes), ``StopRule``,
-    ``StallWatchdog``, ``thread_stacks``, ``environment_info``, ``peak_rss_bytes``, ``cuda_peak_memory``
-Recording: ``RunRecord`` (the run's points, also a ``Tracker``), ``Journal`` and ``journal_path`` (the crash-safe
-    journal), ``write_dump``, ``rank_report_path``, ``validate_dump``, ``SCHEMA_VERSION``
+``__all__`` is the public surface, by module in ``_EXPORTS`` below: training (``train`` and its parser), trackers,
+errors (``run_with_error_reporting`` gives the classified exit codes; ``install_early_signal_handlers`` covers the
+imports), stopping (``GracefulStopCallback`` turns SIGTERM/SIGINT into a stop at a step boundary; its
+``StopAgreement``, shared with ``BenchmarkCallback``, makes one stop decision per step for every rank), measuring
+(``BenchmarkCallback``: per-step series, stop rules, sampler and watchdog lifetimes) and recording (``RunRecord``, the
+crash-safe ``Journal``, ``write_dump``, ``validate_dump``).
+Each name is imported from its module on first use, so that light users (the rebuild command, ``bench_report``)
+never import torch or transformers.
 
 Modules: ``schema`` (the dump's models), ``journal``, ``dump`` (journal records → dump), ``record``, ``callback``,
 ``tokens`` (non-padding tokens per step without a device sync), ``system_metrics``, ``stopping``, ``watchdog``,
@@ -27,51 +17,28 @@ Modules: ``schema`` (the dump's models), ``journal``, ``dump`` (journal records 
 import importlib
 from typing import Any
 
+# module: the names it exports, separated by spaces
 _EXPORTS = {
-    "tuning.sft_trainer": (
-        "train",
-        "get_parser",
-        "parse_arguments",
-        "validate_arguments",
-        "check_output_dir",
-        "ParsedArguments",
-    ),
-    "tuning.config.tracker_configs": ("AimConfig",),
-    "tuning.utils.config_utils": ("get_json_config",),
-    "tuning.trackers": (
-        "AIMSTACK_TRACKER",
-        "MLFLOW_TRACKER",
-        "Tracker",
-        "get_tracker",
-        "hf_callbacks",
-        "validate_tracker_names",
-    ),
-    "tuning.trackers.aimstack_tracker": ("AimStackTracker",),
-    "tuning.utils.error_logging": (
-        "run_with_error_reporting",
-        "ErrorCategory",
-        "UserInputError",
-        "StorageError",
-        "TrainingInterrupted",
-        "TrainingStalled",
-        "build_error_report",
-        "termination_line",
-        "write_termination_log",
-        "print_error_marker",
-        "print_own_line",
-    ),
-    "tuning.utils.graceful_stop": ("GracefulStopCallback", "StopAgreement"),
-    "tuning.utils.file_utils": ("write_json_atomic",),
-    "tuning.benchmarking.callback": ("BenchmarkCallback",),
-    "tuning.benchmarking.stopping": ("StopRule",),
-    "tuning.benchmarking.watchdog": ("StallWatchdog", "thread_stacks"),
-    "tuning.benchmarking.system_metrics": ("environment_info", "peak_rss_bytes", "cuda_peak_memory"),
-    "tuning.benchmarking.record": ("RunRecord",),
-    "tuning.benchmarking.journal": ("Journal", "journal_path"),
-    "tuning.benchmarking.dump": ("write_dump", "rank_report_path"),
-    "tuning.benchmarking.schema": ("validate_dump", "SCHEMA_VERSION"),
+    "tuning.sft_trainer": "train get_parser parse_arguments validate_arguments check_output_dir ParsedArguments",
+    "tuning.config.tracker_configs": "AimConfig",
+    "tuning.utils.config_utils": "get_json_config",
+    "tuning.trackers": "AIMSTACK_TRACKER MLFLOW_TRACKER Tracker get_tracker hf_callbacks validate_tracker_names",
+    "tuning.trackers.aimstack_tracker": "AimStackTracker",
+    "tuning.utils.error_logging": "install_early_signal_handlers run_with_error_reporting ErrorCategory UserInputError "
+    "StorageError TrainingInterrupted TrainingStalled build_error_report termination_line write_termination_log "
+    "print_error_marker print_own_line",
+    "tuning.utils.graceful_stop": "GracefulStopCallback StopAgreement",
+    "tuning.utils.file_utils": "write_json_atomic",
+    "tuning.benchmarking.callback": "BenchmarkCallback",
+    "tuning.benchmarking.stopping": "StopRule",
+    "tuning.benchmarking.watchdog": "StallWatchdog thread_stacks",
+    "tuning.benchmarking.system_metrics": "environment_info peak_rss_bytes cuda_peak_memory",
+    "tuning.benchmarking.record": "RunRecord",
+    "tuning.benchmarking.journal": "Journal journal_path",
+    "tuning.benchmarking.dump": "write_dump rank_report_path",
+    "tuning.benchmarking.schema": "validate_dump SCHEMA_VERSION",
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 __all__ = sorted(_MODULE_OF)
 
 

@@ -1,24 +1,18 @@
 """The training-loop side of a benchmark: one transformers callback that measures every optimizer step.
 
-Per step (global rank 0 records them; series names in ``tuning.benchmarking.schema``): ``step_time_seconds`` (wall
-time since the previous step ended, so data loading, logging, evaluation and checkpoints in between count),
-``step_samples`` (the global batch: per-device batch x gradient accumulation x world size), ``step_tokens``
-(non-padding tokens of the step over all ranks, counted by ``tokens.StepTokenCounter`` without a device sync) and
-``tokens_per_second``. Trainer logs are recorded as every tracker names them (``tuning.trackers.tracker.log_series``):
-``train_``/``eval_``/``test_`` prefixes become ``{"subset": ...}``. They are read by a callback of their own,
-``log_recorder``, to go after every callback that adds numbers to the logs (the trainer hands each callback the
-same logs dict, in order), while the step hooks go before them.
+Per step, recorded by global rank 0 (series in ``tuning.benchmarking.schema``): the wall time since the previous step
+ended (so data loading, logging, evaluation and checkpoints in between count), the global batch, the non-padding
+tokens of all ranks (``tokens.StepTokenCounter``, no device sync) and their throughput. Trainer logs are recorded as
+every tracker names them (``tuning.trackers.tracker.log_series``), by a callback of their own, ``log_recorder``, that
+goes after every callback adding numbers to the logs, while the step hooks go before them.
 
-A step's end only notes its time; the points are built and recorded every ``RECORD_INTERVAL_S`` (0.1 s), several steps
-together, each under its own step and time, and at train end (or ``close``) whatever is left: batched work does
-not run on caches the training step just flushed. Trackers (the ``mirror``) get the step time and throughput at most
-every ``MIRROR_INTERVAL_S`` (1 s), as the mean over the steps since their previous point: each tracked point costs
-the tracker's library real work beside training, and the dump keeps every step.
+A step's end only notes its time: the points are built and recorded every ``RECORD_INTERVAL_S``, several steps
+together, so that batched work does not run on caches the training step just flushed. Trackers (the ``mirror``) get
+the step time and throughput at most every ``MIRROR_INTERVAL_S``, as the mean since their previous point: each
+tracked point costs the tracker's library real work beside training, and the dump keeps every step.
 
-It also owns the background helpers whose life is training's: the system-metrics sampler (where one is wanted) and
-the stall watchdog, and votes the stop decisions of a ``StopRule`` through a ``StopAgreement``
-(``tuning.utils.graceful_stop``), so every rank stops after the same step; shared with the ``GracefulStopCallback``,
-one collective per step decides for both.
+It also owns the background helpers whose life is training's (system-metrics sampler, stall watchdog) and votes its
+``StopRule``'s decisions through the ``StopAgreement`` it shares with the ``GracefulStopCallback``.
 """
 
 import math
@@ -32,8 +26,8 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl
 
 from tuning.benchmarking.record import Points, RunRecord
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
-from tuning.benchmarking.stopping import StopRule, reason_code, reason_from_code
+from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, STOP_REASONS, TOKENS_PER_SECOND
+from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog
@@ -74,22 +68,19 @@ class BenchmarkCallback(TrainerCallback):
         self.mirror = mirror
         self.mirror_interval = mirror_interval
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
-        self.sampler = None
-        if system_metrics_interval:
-            self.sampler = SystemMetricsSampler(system_metrics_interval, self._system_point)
+        self.sampler = (
+            SystemMetricsSampler(system_metrics_interval, self._system_point) if system_metrics_interval else None
+        )
         self.global_step: int | None = None  # optimizer steps done; None until training begins
         self.stop_reason: str | None = None
         self._first_step = 0
-        self._train_start = 0.0
-        self._last_step_end = 0.0
+        self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = 0.0  # times, set at begin
         self._tokens: StepTokenCounter | None = None
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
-        self._recorded_at = 0.0
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
         # mean duration (weight 1 per step), the throughput tokens over seconds (weight: the step's duration).
         self._unmirrored: dict[str, list] = {}
-        self._mirrored_at = 0.0
         self._record_lock = threading.Lock()
         self._last_warmup_step: int | None = None
         self._recent: deque[float] = deque(maxlen=stop_rule.min_steps)  # step times after the warmup
@@ -98,8 +89,6 @@ class BenchmarkCallback(TrainerCallback):
         self._main = False
         self._global_batch = 0  # samples per optimizer step over all ranks
         self.log_recorder = _LogRecorder(self)
-
-    # ---- hooks ----
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._main = state.is_world_process_zero
@@ -137,14 +126,8 @@ class BenchmarkCallback(TrainerCallback):
             reason = self.stop_rule.reason(
                 now - self._train_start, self._measured_steps, self._measured_seconds, self._recent
             )
-            self.stop_agreement.vote(Vote.STOP_REASON, reason_code(reason), control)
+            self.stop_agreement.vote(Vote.STOP_REASON, STOP_REASONS.index(reason) + 1 if reason else 0, control)
         self._beat()
-
-    def note_logs(self, step: int, logs: dict[str, Any] | None) -> None:
-        """A trainer log, recorded with the next batch of points."""
-        self._beat()
-        if self._main and self.record is not None and logs:
-            self._unrecorded.append((step, time.time(), dict(logs)))  # a copy: later callbacks may edit logs
 
     def _on_progress(self, args, state, control, **kwargs):
         """Progress between step ends (gradient accumulation, evaluation, checkpoints): the watchdog's beat."""
@@ -170,8 +153,6 @@ class BenchmarkCallback(TrainerCallback):
         if self.sampler is not None:
             self.sampler.stop()
 
-    # ---- helpers ----
-
     def _system_point(self, name: str, value: float, context: dict[str, Any]) -> None:
         if self.record is not None:
             self.record.record(name, value, step=(self.global_step or 0) + 1, context=context)
@@ -196,9 +177,12 @@ class BenchmarkCallback(TrainerCallback):
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]
                 batches.append((at, points))
             if counted and self._main:
-                batches.append((now, [point for counts in counted for point in _token_points(*counts)]))
+                points = []
                 for step, duration, tokens in counted:
+                    throughput = tokens / duration if duration > 0 else math.nan
+                    points += [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]
                     self._unmirrored_add(TOKENS_PER_SECOND, tokens, duration, step)
+                batches.append((now, points))
             if batches and self.record is not None:
                 self.record.record_batches(batches)
             if self._unmirrored and (final or now - self._mirrored_at >= self.mirror_interval):
@@ -234,7 +218,7 @@ class BenchmarkCallback(TrainerCallback):
 
     def _on_agreed(self, code: int, control: TrainerControl) -> None:
         if code:
-            self.stop_reason = reason_from_code(code)
+            self.stop_reason = STOP_REASONS[code - 1]
             control.should_training_stop = True
 
 
@@ -245,10 +229,8 @@ class _LogRecorder(TrainerCallback):
         self.bench = bench
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        self.bench.note_logs(state.global_step, logs)
-
-
-def _token_points(step: int, duration: float, tokens: int) -> Points:
-    """``step_tokens`` and ``tokens_per_second`` of one step."""
-    throughput = tokens / duration if duration > 0 else math.nan
-    return [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]
+        """A trainer log, recorded with the next batch of points."""
+        self.bench._beat()
+        if self.bench._main and self.bench.record is not None and logs:
+            # A copy: later callbacks may edit the logs.
+            self.bench._unrecorded.append((state.global_step, time.time(), dict(logs)))

@@ -1,18 +1,18 @@
 """Journal records → the benchmark dump. The live run and the rebuild command share this one code path, so a dump
 rebuilt from a complete journal equals the dump the run wrote.
 
-Warmup: the first ``warmup_steps`` optimizer steps (a ``note`` record; every step so far while the run never left
-warmup). A point belongs to the warmup when its ``step`` is at most that; points without a step (``model_load_time``)
-never do. Aggregates leave warmup points out; so do the summary's step statistics and throughputs, unless no step
-came after the warmup, in which case they cover every step and ``summary.measured_steps`` is 0.
+A point belongs to the warmup when its ``step`` is at most the ``warmup_steps`` note (every step while the run never
+left warmup); points without a step (``model_load_time``) never do. Aggregates and the summary leave warmup points out,
+unless no step came after the warmup: then the summary covers every step and ``summary.measured_steps`` is 0.
 """
 
 import json
 import math
+import statistics
 from array import array
 from collections.abc import Hashable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuning.benchmarking.journal import Point
 from tuning.benchmarking.schema import (
@@ -40,15 +40,11 @@ def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks, as numpy's default."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def deciles(values: list[float]) -> list[float | None]:
+    """The 10th to 90th percentiles, interpolated between closest ranks as numpy's default; None without values."""
+    if len(values) < 2:
+        return (values or [None]) * 9
+    return statistics.quantiles(values, n=10, method="inclusive")
 
 
 def _context_key(context: dict[str, Any]) -> Hashable:
@@ -61,14 +57,13 @@ def _context_key(context: dict[str, Any]) -> Hashable:
     return key
 
 
-class _Series:
+class _Series(NamedTuple):
     """One series' points: values (NaN for null) and, per point, the index of its moment in ``RunData``."""
 
-    __slots__ = ("name", "context", "values", "moments")
-
-    def __init__(self, name: str, context: dict[str, Any]):
-        self.name, self.context = name, dict(context)  # its own copy: recorders share context dicts
-        self.values, self.moments = array("d"), array("I")
+    name: str
+    context: dict[str, Any]
+    values: array
+    moments: array
 
 
 class RunData:
@@ -102,7 +97,8 @@ class RunData:
         key = (name, _context_key(context) if context else ())
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = _Series(name, context)
+            # The context copied: recorders share context dicts.
+            series = self._series[key] = _Series(name, dict(context), array("d"), array("I"))
         step_code = -1 if step is None else step
         if not self._times or self._times[-1] != at or self._steps[-1] != step_code:
             self._times.append(at)
@@ -149,9 +145,8 @@ def aggregate(series: list[dict[str, Any]], warmup_steps: int) -> list[dict[str,
 
 
 def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
-    found = next((one for one in series if one["name"] == name and not one["context"]), None)
-    if found is None:
-        return {}
+    """``{step: value}`` of the series ``name`` without a context, nulls left out."""
+    found = next((one for one in series if one["name"] == name and not one["context"]), {"steps": [], "values": []})
     pairs = zip(found["steps"], found["values"], strict=True)
     return {step: value for step, value in pairs if step is not None and value is not None}
 
@@ -178,14 +173,15 @@ def _summary(
     train_start = notes.get("train_start")
     train_end = notes.get("train_end", last_time)
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
+    step_deciles = deciles([step_times[step] for step in steps])
     end = end or {}
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": throughput(STEP_TOKENS),
         "samples_per_second": throughput(STEP_SAMPLES),
-        "step_time_p50": percentile([step_times[step] for step in steps], 50),
-        "step_time_p90": percentile([step_times[step] for step in steps], 90),
+        "step_time_p50": step_deciles[4],
+        "step_time_p90": step_deciles[8],
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "cuda": end.get("cuda"),
@@ -239,6 +235,4 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     }
 
 
-def write_dump(path: str, dump: dict[str, Any]) -> None:
-    """Atomically: a reader sees the previous file or the complete new one, never half of it."""
-    write_json_atomic(path, dump)
+write_dump = write_json_atomic  # atomically: a reader sees the previous file or the complete new one, never half of it

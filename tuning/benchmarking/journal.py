@@ -1,20 +1,10 @@
-"""The journal: an append-only JSON-lines file that holds every point of a run while it trains.
+"""The journal: an append-only JSON-lines file that holds every point of a run while it trains, because the dump is
+written once, at the end, which a run killed with SIGKILL (or by the OOM killer) never reaches.
 
-It exists because the dump is written once, at the end: a run killed with SIGKILL (or by the OOM killer) never gets
-there. ``write`` only queues its records; a background thread wakes every ``flush_interval`` seconds, encodes what is
-queued, writes and flushes it, so a SIGKILL loses at most the records of the last interval. ``fsync`` (which survives
-a node crash too) runs at most every ``sync_interval`` seconds and at ``close``, never once per record.
-
-Records are JSON objects with a ``type``:
-
-- ``start``: the run's header (schema version, experiment, host, rank, world size, start time, environment)
-- ``point``: one tracked value: ``name``, ``context``, ``step`` (or null), ``value`` (null for NaN/inf), ``time``
-- ``note``: facts learnt while running (``metadata`` once read and checked, ``train_start``, ``warmup_steps``,
-  ``run_hash``, ``train_end``, ...); a later note of the same key wins
-- ``end``: how the run ended (``status``, ``stop_reason``, ``error``, ``training_steps``) and what only the end can
-  measure (``peak_rss_bytes``, ``cuda`` peak memory)
-
-``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
+``write`` only queues records; a background thread writes and flushes what is queued every ``flush_interval``
+seconds, so a SIGKILL loses at most the last interval's records, and fsyncs at most every ``sync_interval`` seconds
+and at ``close``. Records (``start``, ``point``, ``note``, ``end``) are listed in the README ("Journal and rebuilding
+a dump"); ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
 
 import json
@@ -30,22 +20,17 @@ from tuning.utils.file_utils import read_json_lines
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
-# A ``point`` record as writers hand it over: (name, context, step, value, time), value None for NaN/inf; encoded
-# without building its dict.
+# A ``point`` record as the training process hands it over, without building its dict: (name, context, step, value,
+# time), value None for NaN/inf.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
 
 
 def encode(record: dict[str, Any] | Point) -> str:
-    """One journal line (without its newline); a ``Point`` as the JSON of its record, keys in the documented order."""
-    if type(record) is not tuple:
-        return _ENCODER.encode(record)
-    name, context, step, value, at = record
-    step_json = "null" if step is None else int(step)
-    value_json = "null" if value is None else float.__repr__(float(value))
-    return (
-        f'{{"type": "point", "name": {_ENCODER.encode(name)}, "context": {_ENCODER.encode(context)}, '
-        f'"step": {step_json}, "value": {value_json}, "time": {float.__repr__(at)}}}'
-    )
+    """One journal line (without its newline)."""
+    if type(record) is tuple:
+        name, context, step, value, at = record
+        record = {"type": "point", "name": name, "context": context, "step": step, "value": value, "time": at}
+    return _ENCODER.encode(record)
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
@@ -103,7 +88,7 @@ class Journal:
             closing = self._closing.wait(self.flush_interval)
             with self._lock:
                 batch, self._queued = self._queued, []
-            if self._file.closed or not (batch or closing):
+            if not (batch or closing):
                 continue
             try:
                 self._file.write("".join(f"{encode(record)}\n" for record in batch))
@@ -113,10 +98,8 @@ class Journal:
                     last_sync = time.monotonic()
             except (OSError, ValueError) as exc:
                 print_own_line(f"journal {self.path} stopped: {exc}; the dump at the end still gets every point")
-                self._close_file()
-        self._close_file()
-
-    def _close_file(self) -> None:
+                self._closing.set()  # later writes are dropped
+                break
         try:
             self._file.close()
         except OSError as exc:

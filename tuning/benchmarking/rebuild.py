@@ -14,12 +14,9 @@ from tuning.benchmarking.dump import build_dump, write_dump
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.schema import validate_dump
 
-_SUFFIX = ".journal.jsonl"
-
 
 def default_output(journal: str) -> str:
-    stem = journal[: -len(_SUFFIX)] if journal.endswith(_SUFFIX) else journal
-    return f"{stem}.rebuilt.json"
+    return f"{journal.removesuffix('.journal.jsonl')}.rebuilt.json"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ Points = list[tuple[str, float, int | None, dict | None]]  # (name, value, step,
 
 def _point(name: str, value: float, step: int | None, context: dict | None, now: float) -> Point:
     value = float(value)
+    step = None if step is None else int(step)  # numpy integers are no JSON
     return (name, context or _NO_CONTEXT, step, value if math.isfinite(value) else None, now)
 
 
@@ -36,13 +37,19 @@ class RunRecord(Tracker):
         self._finished = False
         journal.write(start)
 
-    def _append(self, *records: dict[str, Any] | Point) -> None:
+    def _append(self, *records: dict[str, Any] | Point, last: bool = False) -> bool:
+        """Add records, the ``last`` ones closing the journal; False once finished (nothing added then: e.g. a last
+        system-metrics sample racing the end of the run)."""
         with self._lock:
             if self._finished:
-                return  # e.g. a last system-metrics sample racing the end of the run
+                return False
             for record in records:
                 self.data.add(record)
             self.journal.write(*records)
+            if last:
+                self.journal.close()
+                self._finished = True
+        return True
 
     def record(self, name: str, value: float, step: int | None = None, context: dict | None = None) -> None:
         """One point of the series ``name``/``context``; NaN and infinities are kept as null (JSON has neither)."""
@@ -77,21 +84,14 @@ class RunRecord(Tracker):
     ) -> dict[str, Any] | None:
         """Close the journal with an ``end`` record and return the dump; None if the run was already finished
         (a stall report and the main thread can both get here)."""
-        with self._lock:
-            if self._finished:
-                return None
-            end = {
-                "type": "end",
-                "time": time.time(),
-                "status": status,
-                "stop_reason": stop_reason,
-                "error": error,
-                "training_steps": training_steps,
-                "peak_rss_bytes": peak_rss_bytes,
-                "cuda": cuda,
-            }
-            self.data.add(end)
-            self.journal.write(end)
-            self.journal.close()
-            self._finished = True
-        return dump_of(self.data)
+        end = {
+            "type": "end",
+            "time": time.time(),
+            "status": status,
+            "stop_reason": stop_reason,
+            "error": error,
+            "training_steps": training_steps,
+            "peak_rss_bytes": peak_rss_bytes,
+            "cuda": cuda,
+        }
+        return dump_of(self.data) if self._append(end, last=True) else None

@@ -13,7 +13,6 @@ import argparse
 import json
 import pathlib
 import re
-import sys
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -226,17 +225,12 @@ def readme_with_schema(readme: str) -> str:
     return _README_BLOCK.sub(lambda match: f"{match.group(1)}{schema}\n```", readme)
 
 
-def main(argv: list[str] | None = None) -> int:
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m tuning.benchmarking.schema", description=__doc__.split("\n")[0])
     parser.add_argument("--readme", help="rewrite the schema block of this Markdown file instead of printing")
-    args = parser.parse_args(argv)
-    if args.readme is None:
+    readme = parser.parse_args().readme
+    if readme is None:
         print(schema_text())
-        return 0
-    readme = pathlib.Path(args.readme)
-    readme.write_text(readme_with_schema(readme.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    else:
+        path = pathlib.Path(readme)
+        path.write_text(readme_with_schema(path.read_text(encoding="utf-8")), encoding="utf-8")

@@ -1,16 +1,11 @@
-"""When a benchmark may end before ``max_steps``: a time budget, or throughput that has settled (auto-stop).
-
-Both count from the start of training (model loading excluded). Auto-stop waits for the warmup to pass, then stops
-once at least ``min_steps`` steps and ``min_seconds`` seconds were measured after it and the last ``min_steps`` step
-times vary by at most ``tolerance`` (coefficient of variation: standard deviation / mean). A run whose step times
-never settle trains to its natural end.
-"""
+"""When a benchmark may end before ``max_steps``: a time budget from the start of training, or, after the warmup,
+step times that have settled (auto-stop: README, "Stopping early"). A run whose step times never settle trains to its
+natural end."""
 
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuning.benchmarking.schema import STOP_REASONS
 from tuning.utils.error_logging import UserInputError
 
 
@@ -37,29 +32,16 @@ class StopRule:
     def reason(
         self, elapsed: float, measured_steps: int, measured_seconds: float, recent: Sequence[float]
     ) -> str | None:
-        """Why training should stop now (one of ``STOP_REASONS``), or None to go on.
+        """Why training should stop now (one of ``schema.STOP_REASONS``), or None to go on.
 
         ``measured_steps``/``measured_seconds`` count the steps after the warmup; ``recent`` holds the last step
         times (at least ``min_steps`` of them once there are that many).
         """
         if self.stop_after_seconds is not None and elapsed >= self.stop_after_seconds:
             return "stop_after_seconds"
-        if self.auto_stop and self._settled(measured_steps, measured_seconds, recent):
-            return "auto_stop"
+        if self.auto_stop and measured_steps >= self.min_steps and measured_seconds >= self.min_seconds:
+            window = list(recent)[-self.min_steps :]
+            mean = statistics.fmean(window)
+            if mean > 0 and statistics.pstdev(window) / mean <= self.tolerance:
+                return "auto_stop"
         return None
-
-    def _settled(self, measured_steps: int, measured_seconds: float, recent: Sequence[float]) -> bool:
-        if measured_steps < self.min_steps or measured_seconds < self.min_seconds:
-            return False
-        window = list(recent)[-self.min_steps :]
-        mean = statistics.fmean(window)
-        return mean > 0 and statistics.pstdev(window) / mean <= self.tolerance
-
-
-def reason_code(reason: str | None) -> int:
-    """A stop reason as a number that ranks can all-reduce (0: go on)."""
-    return 0 if reason is None else STOP_REASONS.index(reason) + 1
-
-
-def reason_from_code(code: int) -> str | None:
-    return None if code == 0 else STOP_REASONS[code - 1]

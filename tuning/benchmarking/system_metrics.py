@@ -63,31 +63,25 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
     if visible is None:
         return gpus
     uuids = [nvml_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
-    handles: list[Any] = []
-    named: set[str] = set()
+    handles: dict[str, Any] = {}  # by UUID, in CUDA's order
     for item in (part.strip() for part in visible.split(",")):
-        found = _named_gpu(nvml, item, gpus, uuids)
-        if found is None or found[0] in named:
+        if item.isdigit():
+            matches = [int(item)] if int(item) < len(gpus) else []
+        else:
+            matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
+        if len(matches) == 1:
+            uuid, handle = uuids[matches[0]], gpus[matches[0]]
+        elif matches or not item or item.isdigit():  # a prefix of several GPUs' UUIDs, an empty entry, no such GPU
             break
-        named.add(found[0])
-        handles.append(found[1])
-    return handles
-
-
-def _named_gpu(nvml: Any, item: str, gpus: list[Any], uuids: list[str]) -> tuple[str, Any] | None:
-    """(UUID, handle) of the GPU one ``CUDA_VISIBLE_DEVICES`` entry names, or None when it names none."""
-    if item.isdigit():
-        index = int(item)
-        return (uuids[index], gpus[index]) if index < len(gpus) else None
-    matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
-    if len(matches) == 1:
-        return uuids[matches[0]], gpus[matches[0]]
-    if matches or not item:  # a prefix of several GPUs' UUIDs, or an empty entry
-        return None
-    try:
-        return item, nvml.nvmlDeviceGetHandleByUUID(item.encode())  # bytes: what every pynvml release takes
-    except Exception:  # noqa: BLE001 - NVML knows no such UUID either
-        return None
+        else:
+            try:
+                uuid, handle = item, nvml.nvmlDeviceGetHandleByUUID(item.encode())  # bytes: every pynvml takes them
+            except Exception:  # noqa: BLE001 - NVML knows no such UUID either
+                break
+        if uuid in handles:
+            break
+        handles[uuid] = handle
+    return list(handles.values())
 
 
 class SystemMetricsSampler:
@@ -119,8 +113,7 @@ class SystemMetricsSampler:
         if self._thread is None or self._stop.is_set():
             return
         self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self.interval))
+        self._thread.join(timeout=max(5.0, self.interval))
         self.sample()
         if self._nvml is not None:
             with contextlib.suppress(Exception):

@@ -1,10 +1,8 @@
 """Non-padding tokens per optimizer step, counted without a device sync or a collective per micro-batch.
 
-The trainer's own count (``include_num_input_tokens_seen``) gathers a number across ranks and reads it back to the
-host after every micro-batch: a collective and a device sync each time, which a benchmark must not add. Here a
-forward pre-hook sums the attention mask of each training micro-batch where it lies; at the step's end the sums are
-all-reduced over ranks once and the total is copied to the host without blocking, to be read once the copy is done
-(``ready``) or at the latest when training ends.
+The trainer's own count (``include_num_input_tokens_seen``) costs a collective and a device sync per micro-batch.
+Here a forward pre-hook sums each training micro-batch's attention mask where it lies; at the step's end the sums are
+all-reduced once and copied to the host without blocking, to be read once there (``ready``) or when training ends.
 """
 
 from collections import deque

@@ -1,9 +1,5 @@
-"""Stopping training at an optimizer-step boundary on every rank at once: on a signal, or on a callback's own rule.
-
-``StopAgreement`` makes one stop decision per optimizer step, the same on every rank. ``GracefulStopCallback`` votes
-with the signal it caught; ``tuning.benchmarking.callback.BenchmarkCallback`` votes with its stop rule's reason. Given
-the same agreement, they cost one collective per step between them.
-"""
+"""Stopping training at an optimizer-step boundary on every rank at once: on a signal (``GracefulStopCallback``), or
+on a callback's own rule (``tuning.benchmarking.callback.BenchmarkCallback``), decided by one ``StopAgreement``."""
 
 import enum
 import logging
@@ -25,21 +21,20 @@ class Vote(enum.IntEnum):
     """What a callback votes at a step end (0: go on), and its place in the all-reduced tensor."""
 
     SIGNAL = 0  # the number of the stop signal caught
-    STOP_REASON = 1  # a stop rule's reason code (tuning.benchmarking.stopping.reason_code)
+    STOP_REASON = 1  # a stop rule's reason: 1 + its index in tuning.benchmarking.schema.STOP_REASONS
 
 
 OnAgreed = Callable[[int, TrainerControl], None]
 
 
 class StopAgreement:
-    """One stop decision per optimizer step, agreed by all ranks with a single all-reduce.
+    """One stop decision per optimizer step, agreed by all ranks with a single all-reduce: a rank that stopped alone
+    would leave the others blocked in their next collective.
 
     Each callback that may stop training joins at train begin with its kind of vote and a handler, then votes at
-    every step end. Once every joined callback has voted at a step (whatever order the trainer calls them in), the
-    votes of all ranks are combined by one all-reduce (MAX) of ``[signal, stop reason]`` on a CPU (gloo) group, so no
-    device sync, and each handler gets the agreed value of its kind with the step's ``TrainerControl``. A rank that
-    stopped alone would leave the others blocked in their next collective. In a single process the votes stand as
-    they are.
+    every step end. Once every joined callback has voted (in whatever order), one all-reduce (MAX) of the votes on a
+    CPU (gloo) group, so no device sync, gives each handler the agreed value of its kind with the step's
+    ``TrainerControl``. In a single process the votes stand as they are.
     """
 
     def __init__(self) -> None:
@@ -73,16 +68,15 @@ class StopAgreement:
 
 
 class GracefulStopCallback(TrainerCallback):
-    """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary, on every rank.
+    """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary, on every rank (through ``agreement``).
 
     The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks ``received_signal``
-    and raises ``TrainingInterrupted``. A second signal before the stop gets the handler that was installed before,
-    so the user can still force a stop. Once the stop is agreed, a repeated SIGTERM is ignored and the handlers stay
-    installed past train end, until the caller's ``restore_signal_handlers()`` (our CLIs just exit): torchrun sends
-    SIGTERM to every worker as soon as one exits, and it must not cut a report short. Checkpoints and evaluations
-    are skipped once stopping: the grace period before SIGKILL (30 s by default on Kubernetes) is short and half a
-    checkpoint is worse than none. With several ranks the decision goes through ``agreement`` every step (pass the
-    one another stopping callback uses). Also records the global step for error reports.
+    and raises ``TrainingInterrupted``. A second signal before the stop gets the previous handler, so the user can
+    still force a stop. Once the stop is agreed, a repeated SIGTERM is ignored and the handlers stay installed until
+    the caller's ``restore_signal_handlers()``: torchrun sends SIGTERM to every worker as soon as one exits, and it
+    must not cut a report short. Checkpoints and evaluations are skipped once stopping: the grace period before
+    SIGKILL (30 s by default on Kubernetes) is short and half a checkpoint is worse than none. Also records the
+    global step for error reports.
     """
 
     signals = (signal.SIGTERM, signal.SIGINT)
