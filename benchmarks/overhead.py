@@ -52,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRAIN_PATH = REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"
 BASELINE = "trl"
 DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
-CASES = {"realistic": {"hidden_size": 256, "num_layers": 4}, "stress": {"hidden_size": 64, "num_layers": 2}}
+CASES = {"realistic": {"hidden_size": 256, "num_layers": 6}, "stress": {"hidden_size": 64, "num_layers": 2}}
 TARGETS = {"process": 1.03, "loop": 1.01, "step": 1.01}
 LOOP_FRAME = "._inner_training_loop ("  # transformers' Trainer loop, as py-spy names a frame: "function (file:line)"
 OWN_CODE = tuple(f" ({REPO_ROOT / folder}{os.sep}" for folder in ("tuning", "wrappers"))
@@ -140,7 +140,7 @@ def run_once(
                 log_times.append(time.perf_counter())
                 losses.append(logs["loss"])
                 if trainer is None:
-                    trainer = psutil.Process(process.pid).children()[0] if wrapper else psutil.Process(process.pid)
+                    trainer = psutil.Process(process.pid).children()[0].pid if wrapper else process.pid
                 threads_cpu.append(other_threads_cpu_s(trainer))
             if "train_runtime" in logs:
                 runtime = float(logs["train_runtime"])
@@ -155,11 +155,13 @@ def run_once(
     return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends, threads_cpu_s)
 
 
-def other_threads_cpu_s(process: psutil.Process) -> float:
-    """CPU seconds so far of the process's threads other than its main one (its pid); 0 once it has ended."""
+def other_threads_cpu_s(pid: int) -> float:
+    """CPU seconds so far of process ``pid``'s threads other than its main one, from Linux's per-thread schedstat
+    (nanoseconds on a CPU); 0 where that cannot be read (another OS, a process that has ended)."""
     try:
-        return sum(thread.user_time + thread.system_time for thread in process.threads() if thread.id != process.pid)
-    except psutil.Error:
+        tasks = [task for task in Path(f"/proc/{pid}/task").iterdir() if task.name != str(pid)]
+        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
+    except (OSError, ValueError, IndexError):
         return 0.0
 
 
@@ -370,7 +372,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no_warmup", action="store_true", help="skip the untimed 2-step round that warms caches")
     parser.add_argument(
-        "--profile_rate", type=int, default=500, help="py-spy samples per second; 0: no py-spy runs (%(default)s)"
+        "--profile_rate", type=int, default=1000, help="py-spy samples per second; 0: no py-spy runs (%(default)s)"
     )
     parser.add_argument("--output", default="bench_output/overhead.json", help="JSON results file (%(default)s)")
     parser.add_argument("--workdir", default=None, help="keep models, run outputs and stderr logs in this new folder")
