@@ -126,7 +126,9 @@ def run_once(
     stderr goes to a file beside it."""
     run_dir.mkdir(parents=True)
     stderr_path = run_dir / "stderr.log"
-    losses, log_times, runtime, trainer, threads_cpu = [], [], None, None, [0.0]
+    losses, log_times, runtime, trainer = [], [], None, None
+    first_cpu: dict[str, float] = {}  # per thread other than the trainer's main one, at its first step
+    last_cpu: dict[str, float] = {}  # the same at its latest step; a thread that has ended keeps its last reading
     with stderr_path.open("w") as stderr:
         start = time.perf_counter()
         process = subprocess.Popen(
@@ -141,7 +143,8 @@ def run_once(
                 losses.append(logs["loss"])
                 if trainer is None:
                     trainer = psutil.Process(process.pid).children()[0].pid if wrapper else process.pid
-                threads_cpu.append(other_threads_cpu_s(trainer))
+                    first_cpu = other_threads_cpu_s(trainer)
+                last_cpu.update(other_threads_cpu_s(trainer))
             if "train_runtime" in logs:
                 runtime = float(logs["train_runtime"])
         returncode = process.wait()
@@ -151,18 +154,24 @@ def run_once(
         raise RuntimeError(f"{case}/{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
     step_ends = [moment - start for moment in log_times]
     step_s = statistics.median(later - earlier for earlier, later in zip(step_ends, step_ends[1:], strict=False))
-    threads_cpu_s = threads_cpu[-1] - threads_cpu[1]
+    threads_cpu_s = sum(last_cpu.values()) - sum(first_cpu.values())
     return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends, threads_cpu_s)
 
 
-def other_threads_cpu_s(pid: int) -> float:
-    """CPU seconds so far of process ``pid``'s threads other than its main one, from Linux's per-thread schedstat
-    (nanoseconds on a CPU); 0 where that cannot be read (another OS, a process that has ended)."""
+def other_threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of process ``pid``'s threads other than its main one, from Linux's per-thread
+    schedstat (nanoseconds on a CPU); none where that cannot be read (another OS, a thread that has ended)."""
+    seconds = {}
     try:
         tasks = [task for task in Path(f"/proc/{pid}/task").iterdir() if task.name != str(pid)]
-        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    except OSError:
+        return seconds
+    for task in tasks:
+        try:
+            seconds[task.name] = int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return seconds
 
 
 @dataclass
@@ -195,7 +204,7 @@ def profile_once(case: str, arm: str, py_spy: str, rate: int, argv: list[str], r
     spy = [py_spy, "record", "--rate", str(rate), "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
     run = run_once(case, arm, -1, argv, run_dir, env, [*spy, "--output", str(raw), "--"])
     loop, own_loop = count_samples(raw.read_text())
-    return Profile(case, arm, loop, own_loop, run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[1]))
+    return Profile(case, arm, loop, own_loop, run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[0]))
 
 
 def share_interval(own: int, total: int, z: float = 1.96) -> tuple[float, float, float]:
