@@ -80,7 +80,7 @@ class Run:
     step_s: float
     losses: list = field(repr=False)
     step_ends: list = field(default_factory=list, repr=False)  # seconds from spawn to each step's loss line
-    threads_cpu_s: float = 0.0  # CPU time of the process's threads other than its main one, first to last step
+    threads_cpu_s: float = 0.0  # a py-spy run's: CPU time of its threads but the main one, first to last step
 
 
 def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[str]:
@@ -122,8 +122,9 @@ def command(arm: str, settings: Settings, model_dir: str, run_dir: Path) -> list
 def run_once(
     case: str, arm: str, round_index: int, argv: list[str], run_dir: Path, env: dict[str, str], wrapper: list[str] = ()
 ) -> Run:
-    """One process (started by ``wrapper``, e.g. py-spy, where given), its stdout lines timestamped as they arrive;
-    stderr goes to a file beside it."""
+    """One process, its stdout lines timestamped as they arrive; stderr goes to a file beside it. Started by
+    ``wrapper`` (py-spy) where given, and then also the CPU time of its other threads, read at every step (never
+    beside the timed runs, where the reading would be work of ours on the machine)."""
     run_dir.mkdir(parents=True)
     stderr_path = run_dir / "stderr.log"
     losses, log_times, runtime, trainer = [], [], None, None
@@ -141,10 +142,11 @@ def run_once(
             if "loss" in logs:
                 log_times.append(time.perf_counter())
                 losses.append(logs["loss"])
-                if trainer is None:
-                    trainer = psutil.Process(process.pid).children()[0].pid if wrapper else process.pid
-                    first_cpu = other_threads_cpu_s(trainer)
-                last_cpu.update(other_threads_cpu_s(trainer))
+                if wrapper:
+                    if trainer is None:
+                        trainer = psutil.Process(process.pid).children()[0].pid
+                        first_cpu = other_threads_cpu_s(trainer)
+                    last_cpu.update(other_threads_cpu_s(trainer))
             if "train_runtime" in logs:
                 runtime = float(logs["train_runtime"])
         returncode = process.wait()
@@ -401,11 +403,11 @@ def main(argv: list[str] | None = None) -> dict:
     py_spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
     if args.profile_rate and not py_spy:
         print("py-spy is not installed (pip install py-spy, or the dev extra): no py-spy runs")
+    spy = py_spy if args.profile_rate else None
     runs, profiles = [], []
     with tempfile.TemporaryDirectory(prefix="overhead-") as scratch:
         for case in cases:
             workdir = Path(args.workdir or scratch) / case
-            spy = py_spy if args.profile_rate else None
             case_runs, case_profiles = measure(
                 case, settings, arms, args.pairs, not args.no_warmup, workdir, spy, args.profile_rate
             )
