@@ -278,12 +278,11 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         return False
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-    numeric = all(is_number(r[x]) for r in points)
-    categories = sorted({str(r[x]) for r in points})
+    numeric = all(is_number(r[x]) for r in points)  # else matplotlib's categorical axis, one tick per value
     scale = GB if metric.endswith("_bytes") else 1
     groups: dict[str, dict[float, list[float]]] = {}  # group → x → values
     for r in points:
-        at = r[x] if numeric else categories.index(str(r[x]))
+        at = r[x] if numeric else str(r[x])
         groups.setdefault(str(r[group]) if group else "", {}).setdefault(at, []).append(r[metric] / scale)
     figure = Figure(figsize=(7, 4.5))
     axes = figure.subplots()
@@ -293,8 +292,6 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
         for at in xs:  # every run, around its median
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
-    if not numeric:
-        axes.set_xticks(range(len(categories)), categories)
     axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)")
     axes.grid(alpha=0.3)
     if group:
@@ -328,11 +325,8 @@ def main(
     """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
-    status (ok, stopped, interrupted, error, or killed: a journal with neither dump nor report), the root cause (the
-    earliest failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model
-    load time and training steps. A sweep directory (``wrappers/bench_sweep.py``) adds a row per skipped point, and its
-    axes are the labels when none are given. Unusable files are skipped with one line each on stderr; output paths are
-    printed last.
+    status (ok, stopped, interrupted, error, killed), the root cause (the earliest failure across ranks), throughput,
+    memory and steps; a sweep's state file adds its skipped points. The README lists the columns and statuses.
 
     Args:
         inputs: Dumps, rank error reports, journals and sweep state files: files, directories (searched
