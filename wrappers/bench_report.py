@@ -3,7 +3,7 @@
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
 The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
-adds its points' outcomes. ``--help`` and the README ("Reports over many runs") describe the inputs and the columns.
+adds its points' outcomes. ``--help`` describes the flags, the README ("Reports over many runs") the columns.
 """
 
 import contextlib
