@@ -3,7 +3,7 @@
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
 The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
-adds its points' outcomes. ``--help`` and the README ("Reports over many runs") describe the inputs and the columns.
+adds its points' outcomes. ``--help`` describes the flags, the README ("Reports over many runs") the columns.
 """
 
 import contextlib
@@ -17,7 +17,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
 DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
-PLOTTED_STATUSES = ("ok", "stopped")
+DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
 GB = 1e9
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
 
@@ -89,9 +89,8 @@ class Skipped(Exception):
 
 
 def _failure(report: dict[str, Any]) -> Failure:
-    try:  # reports carry UTC ISO-8601 timestamps; one without a zone is taken as UTC too
-        time = datetime.fromisoformat(report.get("timestamp"))
-        timestamp = (time if time.tzinfo else time.replace(tzinfo=UTC)).timestamp()
+    try:  # reports carry UTC ISO-8601 timestamps
+        timestamp = datetime.fromisoformat(report.get("timestamp")).timestamp()
     except (TypeError, ValueError):
         timestamp = math.inf
     message = str(report.get("message") or "").splitlines() or [""]
@@ -139,13 +138,9 @@ def _skipping(path: Path, what: str) -> Iterator[None]:
         return
     except Skipped as exc:
         reason = str(exc)
-    except OSError as exc:
-        reason = f"cannot read it ({exc.strerror or exc})"
-    except UnicodeDecodeError as exc:
-        reason = f"not a text file ({exc.reason})"
     except json.JSONDecodeError as exc:
         reason = f"not valid JSON, cut short or damaged ({exc.msg} at line {exc.lineno})"
-    except (ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # ValueError: also a file that is not UTF-8 text
         reason = f"not a usable {what} ({exc})"
     print(f"skipped {path}: {reason}", file=sys.stderr)
 
@@ -155,10 +150,9 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
     directory and not benchmark-like at all)."""
     data = json.loads(path.read_text(encoding="utf-8"))
     rank_report = RANK_REPORT.match(path.name)
-    if not isinstance(data, dict):
-        if named:
-            raise Skipped(f"not a benchmark dump or error report (a JSON {type(data).__name__})")
-    elif rank_report or "category" in data:
+    if not isinstance(data, dict):  # a JSON array or value: neither a dump nor a report
+        data = {}
+    if rank_report or "category" in data:
         if missing := [key for key in REPORT_KEYS if key not in data]:
             raise Skipped(f"incomplete error report: missing {', '.join(missing)}")
         metrics_name = rank_report["metrics_path"] if rank_report else path.name
@@ -167,8 +161,7 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
         if data["schema_version"] != SCHEMA_VERSION:
             raise Skipped(f"dump schema_version {data['schema_version']!r}; this report reads {SCHEMA_VERSION}")
         if problems := validate_dump(data):
-            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-            raise Skipped(f"incomplete dump: {problems[0]}{more}")
+            raise Skipped(f"incomplete dump: {problems[0]}")
         name = path.with_suffix("")
         if data["rebuilt_from_journal"] and name.suffix == ".rebuilt":  # the rebuild command's NAME.rebuilt.json
             name = name.with_suffix("")
@@ -279,18 +272,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
     """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when there is
     nothing to draw."""
-    points = [r for r in rows if r["status"] in PLOTTED_STATUSES and r[metric] is not None and r[x] is not None]
+    points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
     if not points:
         print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
         return False
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-    numeric = all(is_number(r[x]) for r in points)
-    categories = sorted({str(r[x]) for r in points})
+    numeric = all(is_number(r[x]) for r in points)  # else matplotlib's categorical axis, one tick per value
     scale = GB if metric.endswith("_bytes") else 1
     groups: dict[str, dict[float, list[float]]] = {}  # group → x → values
     for r in points:
-        at = r[x] if numeric else categories.index(str(r[x]))
+        at = r[x] if numeric else str(r[x])
         groups.setdefault(str(r[group]) if group else "", {}).setdefault(at, []).append(r[metric] / scale)
     figure = Figure(figsize=(7, 4.5))
     axes = figure.subplots()
@@ -300,9 +292,7 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
         for at in xs:  # every run, around its median
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
-    if not numeric:
-        axes.set_xticks(range(len(categories)), categories)
-    axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(PLOTTED_STATUSES)} runs)")
+    axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)")
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
@@ -335,11 +325,8 @@ def main(
     """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
-    status (ok, stopped, interrupted, error, or killed: a journal with neither dump nor report), the root cause (the
-    earliest failure across ranks: category, rank, step), tokens/s, step-time p50/p90, peak RSS and GPU memory, model
-    load time and training steps. A sweep directory (``wrappers/bench_sweep.py``) adds a row per skipped point, and its
-    axes are the labels when none are given. Unusable files are skipped with one line each on stderr; output paths are
-    printed last.
+    status (ok, stopped, interrupted, error, killed), the root cause (the earliest failure across ranks), throughput,
+    memory and steps; a sweep's state file adds its skipped points. The README lists the columns and statuses.
 
     Args:
         inputs: Dumps, rank error reports, journals and sweep state files: files, directories (searched

@@ -6,7 +6,6 @@ Each point (one combination of axis values) runs as its own process tree; its ou
 ``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. README: "Sweeps".
 """
 
-import collections
 import contextlib
 import ctypes
 import fcntl
@@ -43,7 +42,6 @@ SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point 
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
 OOM_CATEGORIES = ("gpu_oom", "host_oom")
 TRANSIENT_CATEGORIES = ("communication", "device_error")
-DONE_STATUSES = ("ok", "stopped")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
@@ -69,16 +67,6 @@ class Point:
     @property
     def label(self) -> str:
         return " ".join(f"{axis}={_short(value)}" for axis, value in self.axes.items())
-
-    @property
-    def group(self) -> dict[str, Any]:
-        """The point's axes but its batch size: the points an OOM at a smaller batch size skips share them."""
-        return {axis: value for axis, value in self.axes.items() if axis != BATCH_SIZE_AXIS}
-
-    @property
-    def batch_size(self) -> float | None:
-        value = self.axes.get(BATCH_SIZE_AXIS)
-        return value if bench_report.is_number(value) else None
 
 
 def _short(value: Any) -> str:
@@ -139,12 +127,16 @@ def spec_problems(spec: Any) -> Iterator[str]:
 
 
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
-    """The points of ``point``'s group with a smaller batch size: they run first, and an OOM in one skips it."""
-    size = point.batch_size
+    """The points that differ from ``point`` by a smaller batch size only: they run first, and an OOM in one skips
+    it. Every point has the same axes, so a numeric batch size axis gives every point one."""
+    if not bench_report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
+        return []
     return [
         other
         for other in points
-        if None not in (size, other.batch_size) and other.batch_size < size and other.group == point.group
+        if bench_report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
+        and smaller < size
+        and other.axes == {**point.axes, BATCH_SIZE_AXIS: smaller}
     ]
 
 
@@ -172,8 +164,7 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
 
 def die_with_parent() -> Callable[[], Any] | None:
     """What the child runs before exec (Linux): SIGTERM when the process that started it dies (a SIGKILLed driver
-    or Ray worker), so that no point outlives its sweep; bench_train stops at the next step and tuning.launch passes
-    it to its ranks. prctl is looked up here, in the parent, so that the child only calls it."""
+    or Ray worker), so that no point outlives its sweep. prctl is looked up in the parent: the child only calls it."""
     if sys.platform != "linux":
         return None
     return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -277,11 +268,9 @@ class LocalExecutor:
         return len(self.running) < self.concurrency and (not self.devices or point.nproc <= len(self.free_devices))
 
     def start(self, point: Point) -> None:
-        env = dict(os.environ)
-        devices = self.free_devices[: point.nproc] if self.devices else []
-        if devices:
-            self.free_devices = self.free_devices[point.nproc :]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        devices = self.free_devices[: point.nproc]
+        del self.free_devices[: point.nproc]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
         stem, timeout = str(self.sweep.path(point, "")), self.sweep.point_timeout
         popen = {"env": env, "pass_fds": (self.sweep.lock_fd,)}
         process = PointProcess(point.flags, point.nproc, stem, str(BENCH_TRAIN), timeout, **popen)
@@ -340,12 +329,10 @@ class RayExecutor:
         except ImportError as exc:
             raise SystemExit("--executor ray needs Ray: pip install 'tuning-bench[ray]'") from exc
         self.ray, self.sweep, self.concurrency = ray, sweep, concurrency
-        if isinstance(runtime_env, str) and runtime_env:  # fire hands a JSON object over already parsed
-            try:
-                runtime_env = json.loads(runtime_env)
-            except json.JSONDecodeError as exc:
-                raise SystemExit(f"--ray_runtime_env is not valid JSON: {exc}") from exc
-        runtime_env = runtime_env or {}
+        try:  # fire hands a JSON object over already parsed, unless it holds true, false or null
+            runtime_env = json.loads(runtime_env) if isinstance(runtime_env, str) else runtime_env or {}
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--ray_runtime_env is not valid JSON: {exc}") from exc
         options = {"runtime_env": runtime_env or None, "log_to_driver": False, "include_dashboard": False}
         ray.init(address, num_cpus=num_cpus if address is None else None, **options)
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
@@ -367,8 +354,6 @@ class RayExecutor:
         self.running[ref] = point
 
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
-        if not self.running:
-            return []
         done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=POLL_SECONDS)
         ended = []
         for ref in done:
@@ -409,7 +394,7 @@ class Sweep:
             for point in self.points
             if (line := state.get(point.id)) is not None
             and line.get("config") == point.config
-            and (not rerun_failed or line["status"] in DONE_STATUSES)
+            and (not rerun_failed or line["status"] in bench_report.DONE_STATUSES)
         }
 
     def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
@@ -454,13 +439,13 @@ class Sweep:
                 status, category = "error", marker[-1]
         if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
-        elif status in DONE_STATUSES and exit_code != 0:
+        elif status in bench_report.DONE_STATUSES and exit_code != 0:
             status, reason = "error", f"exited {exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
-    def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> dict[str, dict[str, Any]]:
-        """Every point not finished yet, each once the smaller batch sizes of its group have finished; returns the
-        state lines. Progress: a bar on stderr of points done / failed / skipped, labelled with the latest start."""
+    def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> None:
+        """Every point not finished yet, each once its smaller batch sizes have finished. Progress: a bar on stderr
+        of points done / failed / skipped, labelled with the latest start."""
         finished = self.finished(rerun_failed)
         pending = [point for point in self.points if point.id not in finished]
         smaller = {point.id: smaller_batch_sizes(point, self.points) for point in pending}
@@ -470,7 +455,8 @@ class Sweep:
         def finish(line: dict[str, Any]) -> None:
             finished[line["point"]] = line
             status = line["status"]
-            counts["done" if status in DONE_STATUSES else "skipped" if status == "skipped" else "failed"] += 1
+            done = status in bench_report.DONE_STATUSES
+            counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
 
@@ -483,9 +469,8 @@ class Sweep:
                     executor.stop()
                     break
                 for point in list(pending):
-                    if any(other.id not in finished for other in smaller[point.id]):
+                    if None in (below := [finished.get(other.id) for other in smaller[point.id]]):
                         continue
-                    below = (finished[other.id] for other in smaller[point.id])
                     ooms = [line for line in below if line.get("category") in OOM_CATEGORIES]
                     if not ooms and not executor.can_start(point):
                         continue
@@ -508,7 +493,6 @@ class Sweep:
                         pending.insert(0, point)
                     else:
                         finish(self.record(point, **outcome, attempts=attempts[point.id], host=ended["host"]))
-        return finished
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.interrupted_by = signum
@@ -530,8 +514,7 @@ def write_report(output_dir: Path, points: list[Point]) -> None:
     (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
     numeric = [axis for axis in points[0].axes if all(bench_report.is_number(p.axes[axis]) for p in points)]
     x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
-    if importlib.util.find_spec("matplotlib") is None:
-        x = None
+    x = x if importlib.util.find_spec("matplotlib") else None
     group = next((axis for axis in points[0].axes if axis != x), None) if x else None
     bench_report.main(str(output_dir), x=x, group=group, output_dir=str(output_dir / "report"))
 
@@ -593,19 +576,12 @@ def main(
     sweep.lock()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, sweep.on_signal)
-    if executor == "ray":
-        runner: LocalExecutor | RayExecutor = RayExecutor(
-            sweep, concurrency, ray_address, ray_num_cpus, ray_runtime_env
-        )
-    else:
-        runner = LocalExecutor(sweep, concurrency)
-    finished = sweep.run(runner, rerun_failed)
+    ray_options = (ray_address, ray_num_cpus, ray_runtime_env)
+    runner = RayExecutor(sweep, concurrency, *ray_options) if executor == "ray" else LocalExecutor(sweep, concurrency)
+    sweep.run(runner, rerun_failed)  # the bar's last line holds the counts of done, failed and skipped points
     if (signum := sweep.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
         return 128 + signum
-    statuses = collections.Counter(line["status"] for line in finished.values())
-    summary = ", ".join(f"{count} {status}" for status, count in statuses.items())
-    print(f"bench_sweep: {len(points)} points: {summary}", file=sys.stderr)
     write_report(sweep_dir, points)
     return 0
 
