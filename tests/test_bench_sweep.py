@@ -169,6 +169,23 @@ def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path)
     assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
 
 
+def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_directory(tiny_model, tmp_path):
+    """The driver runs outside the checkout it ships: the task finds bench_train.py in the shipped copy."""
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_steps": [1]})
+    runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
+    flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
+    result = subprocess.run(
+        sweep_command(spec, tmp_path / "sweep", *flags),
+        env=subprocess_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
+
+
 def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()

@@ -230,6 +230,7 @@ def run_point_on_node(
     ``LocalExecutor.wait`` does) and the files the driver keeps (dump, rank reports, the journal when there is no
     dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: nothing of
     this script has to be importable on the node."""
+    bench_train = os.path.abspath(bench_train)  # a shipped working_dir's copy: the task starts in it
     with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
         stem = os.path.join(scratch, name)
         process = PointProcess(flags, nproc, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
