@@ -273,9 +273,8 @@ def run_check(
     build_dataset(data_path, records, workload.seq_length, workload.seed)
     jobs: list[Job] = []
 
-    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
-        work = replace(workload, max_steps=2) if round_index < 0 else workload  # the untimed warm-up round
-        return job_command(arm, work, model_dir, data_path, run_dir, attention)
+    def argv(arm: str, run_dir: Path) -> list[str]:
+        return job_command(arm, workload, model_dir, data_path, run_dir, attention)
 
     def throughput() -> dict[str, Any]:
         for run in overhead.alternating_runs("gpu", list(ARMS), workload.rounds, warmup_round, workdir, env, argv):
@@ -433,11 +432,8 @@ def table_rows(results: dict[str, Any]) -> list[Row]:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| figure | value | target | ✓/✗ |", "|---|---|---|---|"]
-    for row in rows:
-        cells = [row.figure, row.value, row.target, "" if row.ok is None else ("✓" if row.ok else "✗")]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines)
+    cells = [[row.figure, row.value, row.target, "" if row.ok is None else ("✓" if row.ok else "✗")] for row in rows]
+    return overhead.markdown(["figure", "value", "target", "✓/✗"], cells)
 
 
 def write_report(rows: list[Row], results: dict[str, Any], output: Path) -> None:
@@ -447,10 +443,7 @@ def write_report(rows: list[Row], results: dict[str, Any], output: Path) -> None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(
-        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = overhead.argument_parser(__doc__)
     parser.add_argument("--output", default="gpu_check.md", help="the table (%(default)s); raw numbers beside it")
     parser.add_argument("--workdir", default=None, help="keep model, data, job outputs and logs in this new folder")
     parser.add_argument("--no_warmup_round", action="store_true", help="skip the untimed round before the rounds")
