@@ -253,10 +253,10 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_check(
-    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool, oom_flags: tuple[str, ...] = ()
+    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool = True, oom_flags: tuple = ()
 ) -> dict[str, Any]:
-    """Every step of the check; a step that fails is recorded as its error and the others still run.
-    ``oom_flags`` go to the OOM job only (tests inject a stand-in OOM with them where no GPU can run out)."""
+    """Every step of the check; a step that fails is recorded as its error and the others still run. Tests skip the
+    warm-up round and give ``oom_flags`` to the OOM job only, to inject a stand-in OOM where no GPU can run out."""
     started = time.perf_counter()
     results: dict[str, Any] = {
         "workload": asdict(workload),
@@ -446,7 +446,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = overhead.argument_parser(__doc__)
     parser.add_argument("--output", default="gpu_check.md", help="the table (%(default)s); raw numbers beside it")
     parser.add_argument("--workdir", default=None, help="keep model, data, job outputs and logs in this new folder")
-    parser.add_argument("--no_warmup_round", action="store_true", help="skip the untimed round before the rounds")
     for spec in fields(Workload):
         help_text = f"{spec.metadata['help']} (%(default)s)"
         parser.add_argument(f"--{spec.name}", type=type(spec.default), default=spec.default, help=help_text)
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(**{spec.name: getattr(args, spec.name) for spec in fields(Workload)})
     attention = FLASH_ATTENTION if is_flash_attn_2_available() else "sdpa"
     with closing(find_gpu()) as gpu, tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        results = run_check(workload, Path(args.workdir or scratch), gpu, attention, not args.no_warmup_round)
+        results = run_check(workload, Path(args.workdir or scratch), gpu, attention)
     rows = table_rows(results)
     print(markdown(rows))
     write_report(rows, results, Path(args.output))
