@@ -1,12 +1,11 @@
 """What only a GPU can show, in one command: ``make gpu-check`` (``python -m benchmarks.gpu_check``), on one CUDA
 device, in under 8 minutes, with nothing downloaded.
 
-A random-initialised ~1 B Llama and its data, built locally; bench_train (local Aim repo, journal, system metrics)
-against bare TRL on identical work, alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML
-series and CUDA peak memory in bench_train's dump (the README's "On a GPU" says what each figure means). One Markdown
-table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw numbers beside it (.json); exit 0
-when every target is met, 1 otherwise. Without CUDA it prints one line saying so and exits 0. It uses the first GPU
-that ``CUDA_VISIBLE_DEVICES`` leaves visible; the GPU series need NVML (the ``nvml`` extra: ``make gpu-check`` has it).
+A random-initialised ~1 B Llama and its data, built locally; bench_train against bare TRL on identical work,
+alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML series and CUDA peak memory in
+bench_train's dump. One Markdown table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw
+numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise. The README's "On a GPU"
+section says what each figure means and what the check needs.
 """
 
 import argparse

@@ -11,8 +11,8 @@ batch size, sequence length and seed; float32, one logged loss per step) in a pr
 Two model sizes (``--cases``): ``realistic`` (a step of roughly 50-100 ms on one CPU thread) and ``stress`` (the
 smallest model: every per-step cost looks its largest). After an untimed warm-up round the arms alternate run by run,
 each round starting one arm later: process, loop and step time against the same round's trl run (targets ≤ 1.03,
-1.01, 1.01). Then each arm runs once under ``py-spy`` (the ``dev`` extra), which samples ``--profile_rate`` times a
-second: our share of the training loop (target ≤ 1 %). The README's "Overhead" section says what each figure means.
+1.01, 1.01). Then each arm runs once under ``py-spy`` (the ``dev`` extra), sampling 1000 times a second: our share
+of the training loop (target ≤ 1 %). The README's "Overhead" section says what each figure means.
 
     python benchmarks/overhead.py                                  # the full measurement, on a quiet machine
     python benchmarks/overhead.py --pairs 1 --max_steps 20         # a quick check that every arm runs
@@ -176,11 +176,11 @@ def count_samples(raw: str) -> tuple[int, int]:
     return loop, own_loop
 
 
-def profile_once(case: str, arm: str, py_spy: str, rate: int, argv: list[str], run_dir: Path, env: dict) -> dict:
+def profile_once(case: str, arm: str, py_spy: str, argv: list[str], run_dir: Path, env: dict) -> dict:
     """One run under py-spy: the loop's samples, those in our code, the other threads' CPU time from the first to the
     last step over that time, and **ours** (``share``): their sum, with the 95 % interval of the sampled part."""
     raw = run_dir / "py-spy.txt"
-    spy = [py_spy, "record", "--rate", str(rate), "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
+    spy = [py_spy, "record", "--rate", "1000", "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
     run = run_once(case, arm, -1, argv, run_dir, env, [*spy, "--output", str(raw), "--"])
     loop, own_loop = count_samples(raw.read_text())
     threads = run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[0])
@@ -250,7 +250,6 @@ def measure(
     warmup: bool,
     workdir: Path,
     py_spy: str | None,
-    rate: int,
 ) -> tuple[list[Run], list[dict]]:
     """The alternating rounds of every arm, then one run of each under py-spy where ``py_spy`` is its path."""
     model_dir = build_tiny_model(str(workdir / "model"), **CASES[case])
@@ -267,7 +266,7 @@ def measure(
     profiles = []
     for arm in arms if py_spy else ():
         run_dir = workdir / f"profile-{arm}"
-        profiles.append(profile_once(case, arm, py_spy, rate, argv(arm, run_dir), run_dir, env))
+        profiles.append(profile_once(case, arm, py_spy, argv(arm, run_dir), run_dir, env))
         print(f"{case} py-spy {arm}: {profiles[-1]}")
     return runs, profiles
 
@@ -353,9 +352,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms; trl always runs (%(default)s)"
     )
     parser.add_argument("--no_warmup", action="store_true", help="skip the untimed 2-step round that warms caches")
-    parser.add_argument(
-        "--profile_rate", type=int, default=1000, help="py-spy samples per second; 0: no py-spy runs (%(default)s)"
-    )
     parser.add_argument("--output", default="bench_output/overhead.json", help="JSON results file (%(default)s)")
     parser.add_argument("--workdir", default=None, help="keep models, run outputs and stderr logs in this new folder")
     for name, value in asdict(Settings()).items():
@@ -372,16 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         raise SystemExit(f"unknown arm(s) or case(s): {sorted(unknown)}")
     py_spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    if args.profile_rate and not py_spy:
+    if not py_spy:
         print("py-spy is not installed (pip install py-spy, or the dev extra): no py-spy runs")
-    spy = py_spy if args.profile_rate else None
     runs, profiles = [], []
     with tempfile.TemporaryDirectory(prefix="overhead-") as scratch:
         for case in cases:
             workdir = Path(args.workdir or scratch) / case
-            case_runs, case_profiles = measure(
-                case, settings, arms, args.pairs, not args.no_warmup, workdir, spy, args.profile_rate
-            )
+            case_runs, case_profiles = measure(case, settings, arms, args.pairs, not args.no_warmup, workdir, py_spy)
             runs, profiles = runs + case_runs, profiles + case_profiles
     rows = summarise(runs)
     results = {
