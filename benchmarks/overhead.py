@@ -132,7 +132,7 @@ def run_once(
                 continue
             logs = ast.literal_eval(line.strip())  # the dict transformers' progress callback prints per log
             if "loss" in logs:
-                step_ends.append(time.perf_counter() - start)  # seconds from spawn to the step's loss line
+                step_ends.append(time.perf_counter() - start)
                 losses.append(logs["loss"])
                 if wrapper:
                     if trainer is None:
@@ -185,14 +185,8 @@ def profile_once(case: str, arm: str, py_spy: str, argv: list[str], run_dir: Pat
     loop, own_loop = count_samples(raw.read_text())
     threads = run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[0])
     share, low, high = share_interval(own_loop, loop) if loop else (0.0, 0.0, 1.0)
-    counts = {"case": case, "arm": arm, "loop_samples": loop, "own_loop_samples": own_loop}
-    return {
-        **counts,
-        "threads_cpu_share": threads,
-        "share": share + threads,
-        "share_low": low + threads,
-        "share_high": high + threads,
-    }
+    row = {"case": case, "arm": arm, "loop_samples": loop, "own_loop_samples": own_loop, "threads_cpu_share": threads}
+    return {**row, "share": share + threads, "share_low": low + threads, "share_high": high + threads}
 
 
 def share_interval(own: int, total: int, z: float = 1.96) -> tuple[float, float, float]:
