@@ -2,10 +2,9 @@
 
 No callbacks, no trackers and no ``tuning.train()``: TRL's ``SFTTrainer`` on a dataset built by the same
 ``tuning.data`` functions, so every step does the same work as ours and only what we add differs. Flags are
-``SFTConfig``'s (every transformers flag plus TRL's, ``--dataset_text_field`` included; TRL's own defaults apply, so
-pass bf16, gradient checkpointing, learning rate and logging explicitly) plus the data and model flags below.
-With CUDA it writes torch's peak memory per device (``tuning.benchmarking.cuda_peak_memory``'s list, as in
-bench_train's dump summary) to ``CUDA_PEAK_FILE`` in the output directory.
+``SFTConfig``'s (TRL's own defaults apply, so pass bf16, gradient checkpointing, learning rate and logging explicitly)
+plus the data and model flags below. With CUDA it writes torch's peak memory per device (as in bench_train's dump
+summary) to ``CUDA_PEAK_FILE`` in the output directory.
 """
 
 import json

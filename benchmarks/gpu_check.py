@@ -1,12 +1,11 @@
 """What only a GPU can show, in one command: ``make gpu-check`` (``python -m benchmarks.gpu_check``), on one CUDA
 device, in under 8 minutes, with nothing downloaded.
 
-A random-initialised ~1 B Llama and its data, built locally; bench_train (local Aim repo, journal, system metrics)
-against bare TRL on identical work, alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML
-series and CUDA peak memory in bench_train's dump (the README's "On a GPU" says what each figure means). One Markdown
-table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw numbers beside it (.json); exit 0
-when every target is met, 1 otherwise. Without CUDA it prints one line saying so and exits 0. It uses the first GPU
-that ``CUDA_VISIBLE_DEVICES`` leaves visible; the GPU series need NVML (the ``nvml`` extra: ``make gpu-check`` has it).
+A random-initialised ~1 B Llama and its data, built locally; bench_train against bare TRL on identical work,
+alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML series and CUDA peak memory in
+bench_train's dump. One Markdown table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw
+numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise. The README's "On a GPU"
+section says what each figure means and what the check needs.
 """
 
 import argparse
@@ -253,10 +252,10 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_check(
-    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool, oom_flags: tuple[str, ...] = ()
+    workload: Workload, workdir: Path, gpu: Gpu, attention: str, warmup_round: bool = True, oom_flags: tuple = ()
 ) -> dict[str, Any]:
-    """Every step of the check; a step that fails is recorded as its error and the others still run.
-    ``oom_flags`` go to the OOM job only (tests inject a stand-in OOM with them where no GPU can run out)."""
+    """Every step of the check; a step that fails is recorded as its error and the others still run. Tests skip the
+    warm-up round and give ``oom_flags`` to the OOM job only, to inject a stand-in OOM where no GPU can run out."""
     started = time.perf_counter()
     results: dict[str, Any] = {
         "workload": asdict(workload),
@@ -273,9 +272,8 @@ def run_check(
     build_dataset(data_path, records, workload.seq_length, workload.seed)
     jobs: list[Job] = []
 
-    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
-        work = replace(workload, max_steps=2) if round_index < 0 else workload  # the untimed warm-up round
-        return job_command(arm, work, model_dir, data_path, run_dir, attention)
+    def argv(arm: str, run_dir: Path) -> list[str]:
+        return job_command(arm, workload, model_dir, data_path, run_dir, attention)
 
     def throughput() -> dict[str, Any]:
         for run in overhead.alternating_runs("gpu", list(ARMS), workload.rounds, warmup_round, workdir, env, argv):
@@ -433,11 +431,8 @@ def table_rows(results: dict[str, Any]) -> list[Row]:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| figure | value | target | ✓/✗ |", "|---|---|---|---|"]
-    for row in rows:
-        cells = [row.figure, row.value, row.target, "" if row.ok is None else ("✓" if row.ok else "✗")]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines)
+    cells = [[row.figure, row.value, row.target, "" if row.ok is None else ("✓" if row.ok else "✗")] for row in rows]
+    return overhead.markdown(["figure", "value", "target", "✓/✗"], cells)
 
 
 def write_report(rows: list[Row], results: dict[str, Any], output: Path) -> None:
@@ -447,13 +442,9 @@ def write_report(rows: list[Row], results: dict[str, Any], output: Path) -> None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(
-        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = overhead.argument_parser(__doc__)
     parser.add_argument("--output", default="gpu_check.md", help="the table (%(default)s); raw numbers beside it")
     parser.add_argument("--workdir", default=None, help="keep model, data, job outputs and logs in this new folder")
-    parser.add_argument("--no_warmup_round", action="store_true", help="skip the untimed round before the rounds")
     for spec in fields(Workload):
         help_text = f"{spec.metadata['help']} (%(default)s)"
         parser.add_argument(f"--{spec.name}", type=type(spec.default), default=spec.default, help=help_text)
@@ -471,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(**{spec.name: getattr(args, spec.name) for spec in fields(Workload)})
     attention = FLASH_ATTENTION if is_flash_attn_2_available() else "sdpa"
     with closing(find_gpu()) as gpu, tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        results = run_check(workload, Path(args.workdir or scratch), gpu, attention, not args.no_warmup_round)
+        results = run_check(workload, Path(args.workdir or scratch), gpu, attention)
     rows = table_rows(results)
     print(markdown(rows))
     write_report(rows, results, Path(args.output))

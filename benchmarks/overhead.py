@@ -1,8 +1,7 @@
 """Does the tool distort what it measures? The same training as bare TRL, as sft_trainer and as bench_train.
 
-Each arm runs the identical work (a tiny Llama of ``tuning.utils.tiny_model``, the shipped sample data, fixed steps,
-batch size, sequence length and seed; float32, one logged loss per step) as a separate process. Arms alternate run
-by run, each round starting one arm later than the last, after an untimed warm-up round:
+Each arm trains the identical work (a tiny Llama of ``tuning.utils.tiny_model``, the shipped sample data, fixed steps,
+batch size, sequence length and seed; float32, one logged loss per step) in a process of its own:
 
   trl                 ``benchmarks/bare_trl.py``: TRL's SFTTrainer with no callbacks, the baseline
   sft_trainer         ``tuning/sft_trainer.py`` with the default file logger
@@ -10,20 +9,10 @@ by run, each round starting one arm later than the last, after an untimed warm-u
   bench_train_no_aim  the same with ``--trackers none`` (not run unless asked for with ``--arms``)
 
 Two model sizes (``--cases``): ``realistic`` (a step of roughly 50-100 ms on one CPU thread) and ``stress`` (the
-smallest model: every per-step cost looks its largest). Per run: **process** = spawn to exit, **loop** = the
-trainer's ``train_runtime``, **step** = median time between consecutive steps' log lines. Each ``× trl`` is the
-median over rounds of the ratio to that round's trl run, with the middle half of the rounds' ratios beside it
-(targets: process ≤ 1.03, loop and step ≤ 1.01; ``≈``: the target lies inside that spread, unresolved).
-**same work** = identical per-step losses in every arm.
-
-A machine whose speed drifts by more than 1 % from run to run cannot resolve 1 % between runs, so after the rounds
-each arm runs once more under ``py-spy`` (when installed: the ``dev`` extra), which samples the Python stacks
-``--profile_rate`` times a second: a share within one run, whatever the machine's speed. **ours** = the share of the
-training loop's samples (below transformers' ``_inner_training_loop``) with a frame of ``tuning/`` or ``wrappers/``,
-with its 95 % interval, plus the CPU time of the process's other threads from the first step to the last over that
-time (journal writer, sampler, tracker threads; at worst they hold the GIL the loop waits for), against the 1 %
-target for everything we add to the loop. Bare TRL's loop runs none of our code (its dataset is built before it), so
-its share is 0: a check of the counting.
+smallest model: every per-step cost looks its largest). After an untimed warm-up round the arms alternate run by run,
+each round starting one arm later: process, loop and step time against the same round's trl run (targets ≤ 1.03,
+1.01, 1.01). Then each arm runs once under ``py-spy`` (the ``dev`` extra), sampling 1000 times a second: our share
+of the training loop (target ≤ 1 %). The README's "Overhead" section says what each figure means.
 
     python benchmarks/overhead.py                                  # the full measurement, on a quiet machine
     python benchmarks/overhead.py --pairs 1 --max_steps 20         # a quick check that every arm runs
@@ -31,6 +20,7 @@ its share is 0: a check of the counting.
 
 import argparse
 import ast
+import itertools
 import json
 import math
 import os
@@ -43,13 +33,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
 
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, build_tiny_model
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_TRAIN_PATH = REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"
 BASELINE = "trl"
 DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
 CASES = {"realistic": {"hidden_size": 256, "num_layers": 6}, "stress": {"hidden_size": 64, "num_layers": 2}}
@@ -87,7 +79,7 @@ def training_flags(settings: Settings, model_dir: str, output_dir: str) -> list[
     """Flags every arm understands with the same meaning (bare TRL's SFTConfig and our TrainingArguments)."""
     flags = {
         "model_name_or_path": model_dir,
-        "training_data_path": str(SAMPLE_TRAIN_PATH),
+        "training_data_path": SAMPLE_TRAIN_PATH,
         "dataset_text_field": "output",
         "response_template": RESPONSE_TEMPLATE,
         "torch_dtype": "float32",
@@ -127,7 +119,7 @@ def run_once(
     beside the timed runs, where the reading would be work of ours on the machine)."""
     run_dir.mkdir(parents=True)
     stderr_path = run_dir / "stderr.log"
-    losses, log_times, runtime, trainer = [], [], None, None
+    losses, step_ends, runtime, trainer = [], [], None, None
     first_cpu: dict[str, float] = {}  # per thread other than the trainer's main one, at its first step
     last_cpu: dict[str, float] = {}  # the same at its latest step; a thread that has ended keeps its last reading
     with stderr_path.open("w") as stderr:
@@ -140,7 +132,7 @@ def run_once(
                 continue
             logs = ast.literal_eval(line.strip())  # the dict transformers' progress callback prints per log
             if "loss" in logs:
-                log_times.append(time.perf_counter())
+                step_ends.append(time.perf_counter() - start)
                 losses.append(logs["loss"])
                 if wrapper:
                     if trainer is None:
@@ -151,11 +143,10 @@ def run_once(
                 runtime = float(logs["train_runtime"])
         returncode = process.wait()
         process_s = time.perf_counter() - start
-    if returncode != 0 or len(log_times) < 2 or runtime is None:
+    if returncode != 0 or len(step_ends) < 2 or runtime is None:
         tail = stderr_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{case}/{arm} run {round_index} failed (exit {returncode}); stderr ends with:\n{tail}")
-    step_ends = [moment - start for moment in log_times]
-    step_s = statistics.median(later - earlier for earlier, later in zip(step_ends, step_ends[1:], strict=False))
+    step_s = statistics.median(later - earlier for earlier, later in itertools.pairwise(step_ends))
     threads_cpu_s = sum(last_cpu.values()) - sum(first_cpu.values())
     return Run(case, arm, round_index, process_s, runtime, step_s, losses, step_ends, threads_cpu_s)
 
@@ -164,27 +155,11 @@ def other_threads_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds so far of each of process ``pid``'s threads other than its main one, from Linux's per-thread
     schedstat (nanoseconds on a CPU); none where that cannot be read (another OS, a thread that has ended)."""
     seconds = {}
-    try:
-        tasks = [task for task in Path(f"/proc/{pid}/task").iterdir() if task.name != str(pid)]
-    except OSError:
-        return seconds
-    for task in tasks:
-        try:
-            seconds[task.name] = int((task / "schedstat").read_text().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with suppress(OSError, ValueError, IndexError):
+            if task.name != str(pid):
+                seconds[task.name] = int((task / "schedstat").read_text().split()[0]) / 1e9
     return seconds
-
-
-@dataclass
-class Profile:
-    """One run under py-spy (see the module docstring): its samples and the CPU time of its other threads."""
-
-    case: str
-    arm: str
-    loop_samples: int
-    own_loop_samples: int
-    threads_cpu_share: float  # the other threads' CPU time from the first to the last step, over that time
 
 
 def count_samples(raw: str) -> tuple[int, int]:
@@ -201,12 +176,17 @@ def count_samples(raw: str) -> tuple[int, int]:
     return loop, own_loop
 
 
-def profile_once(case: str, arm: str, py_spy: str, rate: int, argv: list[str], run_dir: Path, env: dict) -> Profile:
+def profile_once(case: str, arm: str, py_spy: str, argv: list[str], run_dir: Path, env: dict) -> dict:
+    """One run under py-spy: the loop's samples, those in our code, the other threads' CPU time from the first to the
+    last step over that time, and **ours** (``share``): their sum, with the 95 % interval of the sampled part."""
     raw = run_dir / "py-spy.txt"
-    spy = [py_spy, "record", "--rate", str(rate), "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
+    spy = [py_spy, "record", "--rate", "1000", "--nonblocking", "--threads", "--full-filenames", "--format", "raw"]
     run = run_once(case, arm, -1, argv, run_dir, env, [*spy, "--output", str(raw), "--"])
     loop, own_loop = count_samples(raw.read_text())
-    return Profile(case, arm, loop, own_loop, run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[0]))
+    threads = run.threads_cpu_s / (run.step_ends[-1] - run.step_ends[0])
+    share, low, high = share_interval(own_loop, loop) if loop else (0.0, 0.0, 1.0)
+    row = {"case": case, "arm": arm, "loop_samples": loop, "own_loop_samples": own_loop, "threads_cpu_share": threads}
+    return {**row, "share": share + threads, "share_low": low + threads, "share_high": high + threads}
 
 
 def share_interval(own: int, total: int, z: float = 1.96) -> tuple[float, float, float]:
@@ -242,16 +222,18 @@ def alternating_runs(
     warmup: bool,
     workdir: Path,
     env: dict[str, str],
-    argv: Callable[[str, int, Path], list[str]],
+    argv: Callable[[str, Path], list[str]],
 ) -> Iterator[Run]:
-    """An untimed warm-up round (round -1) where ``warmup``, then ``pairs`` rounds of one run per arm, each round
-    starting one arm later than the last; ``argv(arm, round_index, run_dir)`` is a run's command line."""
+    """An untimed 2-step warm-up round (round -1) where ``warmup``, then ``pairs`` rounds of one run per arm, each
+    round starting one arm later than the last. ``argv(arm, run_dir)`` is a run's command line; the warm-up appends
+    ``--max_steps 2`` to it (every arm's parser keeps the last value of a flag given twice)."""
     schedule = [(-1, arms)] if warmup else []
     schedule += [(index, arms[index % len(arms) :] + arms[: index % len(arms)]) for index in range(pairs)]
     for round_index, order in schedule:
         for arm in order:
             run_dir = run_dir_of(workdir, arm, round_index)
-            yield run_once(case, arm, round_index, argv(arm, round_index, run_dir), run_dir, env)
+            short = ["--max_steps", "2"] if round_index < 0 else []
+            yield run_once(case, arm, round_index, [*argv(arm, run_dir), *short], run_dir, env)
 
 
 def measure(
@@ -262,16 +244,12 @@ def measure(
     warmup: bool,
     workdir: Path,
     py_spy: str | None,
-    rate: int,
-) -> tuple[list[Run], list[Profile]]:
+) -> tuple[list[Run], list[dict]]:
     """The alternating rounds of every arm, then one run of each under py-spy where ``py_spy`` is its path."""
-    from tuning.utils.tiny_model import build_tiny_model
-
     model_dir = build_tiny_model(str(workdir / "model"), **CASES[case])
-    short = Settings(**{**asdict(settings), "max_steps": 2})
 
-    def argv(arm: str, round_index: int, run_dir: Path) -> list[str]:
-        return command(arm, short if round_index < 0 else settings, model_dir, run_dir)
+    def argv(arm: str, run_dir: Path) -> list[str]:
+        return command(arm, settings, model_dir, run_dir)
 
     env = child_env(settings.threads)
     runs = []
@@ -282,7 +260,7 @@ def measure(
     profiles = []
     for arm in arms if py_spy else ():
         run_dir = workdir / f"profile-{arm}"
-        profiles.append(profile_once(case, arm, py_spy, rate, argv(arm, pairs, run_dir), run_dir, env))
+        profiles.append(profile_once(case, arm, py_spy, argv(arm, run_dir), run_dir, env))
         print(f"{case} py-spy {arm}: {profiles[-1]}")
     return runs, profiles
 
@@ -296,27 +274,18 @@ def summarise(runs: list[Run]) -> list[dict]:
             own = [run for run in runs if run.case == case and run.arm == arm]
             row = {"case": case, "arm": arm, "runs": len(own)}
             for metric in TARGETS:
-                values = [getattr(run, f"{metric}_s") for run in own]
+                median_s = statistics.median(getattr(run, f"{metric}_s") for run in own)
                 ratios = [getattr(run, f"{metric}_s") / getattr(baseline[run.round], f"{metric}_s") for run in own]
-                low, high = quartiles(ratios)
-                row[metric] = {
-                    "median_s": statistics.median(values),
-                    "ratio": statistics.median(ratios),
-                    "ratio_q1": low,
-                    "ratio_q3": high,
-                }
+                row[metric] = {"median_s": median_s, "ratio": statistics.median(ratios), **spread(ratios)}
             row["same_work"] = all(run.losses == baseline[run.round].losses for run in own)
             rows.append(row)
     return rows
 
 
-def quartiles(values: list[float]) -> tuple[float, float]:
-    """The first and third quartiles (the middle half of the rounds lies between them); one value for both with
-    fewer than two values."""
-    if len(values) < 2:
-        return values[0], values[0]
-    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
-    return low, high
+def spread(ratios: list[float]) -> dict[str, float]:
+    """The first and third quartiles of the rounds' ratios, between which their middle half lies (one ratio: itself)."""
+    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {"ratio_q1": low, "ratio_q3": high}
 
 
 def verdict(ratio: dict, target: float) -> str:
@@ -327,11 +296,17 @@ def verdict(ratio: dict, target: float) -> str:
     return "✗" if ratio["ratio_q1"] > target else "≈"
 
 
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table, a ``|`` inside a cell escaped."""
+    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |" for cells in [header, *rows]]
+    return "\n".join([lines[0], "|" + "---|" * len(header), *lines[1:]])
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = ["case", "arm", "runs"]
     for metric, target in TARGETS.items():
         header += [f"{metric} {'ms' if metric == 'step' else 's'}", f"× trl (≤ {target:g})"]
-    lines = ["| " + " | ".join([*header, "same work"]) + " |", "|" + "---|" * (len(header) + 1)]
+    table = []
     for row in rows:
         cells = [row["case"], row["arm"], str(row["runs"])]
         for metric, target in TARGETS.items():
@@ -339,52 +314,38 @@ def markdown_table(rows: list[dict]) -> str:
             value = figures["median_s"] * (1000 if metric == "step" else 1)
             spread = f"{figures['ratio_q1']:.3f}-{figures['ratio_q3']:.3f}"
             cells += [f"{value:.2f}", f"{figures['ratio']:.3f}× ({spread}) {verdict(figures, target)}"]
-        cells.append("yes" if row["same_work"] else "NO")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def profile_rows(profiles: list[Profile]) -> list[dict]:
-    """Per profiled run: the loop thread's share in our code with its 95 % interval, plus the other threads' share."""
-    rows = []
-    for profile in profiles:
-        if profile.loop_samples:
-            share, low, high = share_interval(profile.own_loop_samples, profile.loop_samples)
-        else:
-            share, low, high = 0.0, 0.0, 1.0
-        threads = profile.threads_cpu_share
-        rows.append(
-            {**asdict(profile), "share": share + threads, "share_low": low + threads, "share_high": high + threads}
-        )
-    return rows
+        table.append([*cells, "yes" if row["same_work"] else "NO"])
+    return markdown([*header, "same work"], table)
 
 
 def profile_table(rows: list[dict]) -> str:
     target = TARGETS["loop"]
     header = ["case", "arm", "loop samples", "ours in the loop", "other threads' CPU", f"ours (≤ {target - 1:.0%})"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table = []
     for row in rows:
         judged = verdict({"ratio_q1": 1 + row["share_low"], "ratio_q3": 1 + row["share_high"]}, target)
         share = f"{row['share']:.2%} ({row['share_low']:.2%}-{row['share_high']:.2%}) {judged}"
-        cells = [row["case"], row["arm"], str(row["loop_samples"]), str(row["own_loop_samples"])]
-        lines.append("| " + " | ".join([*cells, f"{row['threads_cpu_share']:.2%}", share]) + " |")
-    return "\n".join(lines)
+        counts = [str(row["loop_samples"]), str(row["own_loop_samples"]), f"{row['threads_cpu_share']:.2%}"]
+        table.append([row["case"], row["arm"], *counts, share])
+    return markdown(header, table)
+
+
+def argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser described by ``doc``: its first paragraph, then the rest as written."""
+    summary, details = doc.split("\n\n", 1)
+    return argparse.ArgumentParser(
+        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(
-        description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argument_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=6, help="rounds of alternating runs, one run per arm (6)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     parser.add_argument(
         "--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms; trl always runs (%(default)s)"
     )
     parser.add_argument("--no_warmup", action="store_true", help="skip the untimed 2-step round that warms caches")
-    parser.add_argument(
-        "--profile_rate", type=int, default=1000, help="py-spy samples per second; 0: no py-spy runs (%(default)s)"
-    )
     parser.add_argument("--output", default="bench_output/overhead.json", help="JSON results file (%(default)s)")
     parser.add_argument("--workdir", default=None, help="keep models, run outputs and stderr logs in this new folder")
     for name, value in asdict(Settings()).items():
@@ -401,16 +362,13 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         raise SystemExit(f"unknown arm(s) or case(s): {sorted(unknown)}")
     py_spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    if args.profile_rate and not py_spy:
+    if not py_spy:
         print("py-spy is not installed (pip install py-spy, or the dev extra): no py-spy runs")
-    spy = py_spy if args.profile_rate else None
     runs, profiles = [], []
     with tempfile.TemporaryDirectory(prefix="overhead-") as scratch:
         for case in cases:
             workdir = Path(args.workdir or scratch) / case
-            case_runs, case_profiles = measure(
-                case, settings, arms, args.pairs, not args.no_warmup, workdir, spy, args.profile_rate
-            )
+            case_runs, case_profiles = measure(case, settings, arms, args.pairs, not args.no_warmup, workdir, py_spy)
             runs, profiles = runs + case_runs, profiles + case_profiles
     rows = summarise(runs)
     results = {
@@ -418,12 +376,12 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": asdict(settings),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "summary": rows,
-        "profile": profile_rows(profiles),
+        "profile": profiles,
         "runs": [asdict(run) for run in runs],
     }
     print(markdown_table(rows))
     if profiles:
-        print(profile_table(results["profile"]))
+        print(profile_table(profiles))
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2))

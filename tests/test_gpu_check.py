@@ -5,7 +5,6 @@ through PYTHONPATH, in every job) and the OOM injected through bench_train's ``-
 where a CPU cannot run out of GPU memory); the default model's size is counted on torch's meta device.
 """
 
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -15,7 +14,7 @@ from dataclasses import asdict
 import pytest
 
 from benchmarks import gpu_check, overhead
-from tests.conftest import REPO_ROOT, subprocess_env
+from tests.conftest import REPO_ROOT, load_script, subprocess_env
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.utils.tiny_model import EOS, build_tokenizer, llama_config
 
@@ -45,7 +44,6 @@ DEVICES = [
         "memory_used": 3 * 2**30,
         "power_mw": [90_000],
         "enforced_limit_mw": 700_000,
-        "management_limit_mw": 700_000,
         "temperature": 30,
     },
     {
@@ -55,7 +53,6 @@ DEVICES = [
         "memory_used": 60 * 2**30,
         "power_mw": [450_000, 510_000],
         "enforced_limit_mw": 600_000,
-        "management_limit_mw": 700_000,
         "temperature": 66,
     },
 ]
@@ -191,11 +188,7 @@ def fake_gpus(monkeypatch):
     monkeypatch.setenv("FAKE_NVML_DEVICES", json.dumps(DEVICES))
     monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML_DIR}:{REPO_ROOT}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML_DIR / "pynvml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    return module
+    monkeypatch.setitem(sys.modules, "pynvml", load_script(FAKE_NVML_DIR / "pynvml.py"))
 
 
 @pytest.mark.slow
@@ -291,8 +284,6 @@ def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_
     import transformers.training_args
     from transformers import HfArgumentParser
     from trl import SFTConfig
-
-    from tests.conftest import load_script
 
     monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
 

@@ -3,15 +3,15 @@
 Put this folder on ``PYTHONPATH`` (child processes) or the module into ``sys.modules["pynvml"]`` (this process). The
 devices are the JSON list in ``$FAKE_NVML_DEVICES``, read at ``nvmlInit`` (or given to ``configure``), each an object
 with ``uuid``, ``name``, ``utilization`` (percent), ``memory_used`` and ``memory_total`` (bytes), ``power_mw`` (a list
-of readings that successive ``nvmlDeviceGetPowerUsage`` calls cycle through), ``enforced_limit_mw``,
-``management_limit_mw`` (kept different from the enforced one, so that using the wrong limit shows),
-``temperature``, ``mig_uuids`` (UUIDs of MIG instances NVML finds by UUID only) and ``unsupported`` (names of calls that
-raise ``NVMLError_NotSupported`` on that device). Like NVML, every call but ``nvmlInit`` fails before it or after
+of readings that successive ``nvmlDeviceGetPowerUsage`` calls cycle through), ``enforced_limit_mw``, ``temperature``,
+``mig_uuids`` (UUIDs of MIG instances NVML finds by UUID only) and ``unsupported`` (names of calls that raise
+``NVMLError_NotSupported`` on that device). Like NVML, every call but ``nvmlInit`` fails before it or after
 ``nvmlShutdown``; an ``nvmlInit`` while ``$FAKE_NVML_INIT_ERROR`` is set fails, as on a machine without a driver.
 """
 
 import json
 import os
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,18 +39,9 @@ _initialised = 0
 _power_readings: dict[int, int] = {}
 
 
+@dataclass(frozen=True)
 class _Handle:
-    def __init__(self, index: int):
-        self.index = index
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Handle) and other.index == self.index
-
-    def __hash__(self) -> int:
-        return self.index
-
-    def __repr__(self) -> str:
-        return f"<fake nvml handle {self.index}>"
+    index: int
 
 
 def configure(devices: list[dict[str, Any]]) -> None:
@@ -142,10 +133,6 @@ def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:  # noqa: N802
 
 def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:  # noqa: N802
     return _call("nvmlDeviceGetEnforcedPowerLimit", handle)["enforced_limit_mw"]
-
-
-def nvmlDeviceGetPowerManagementLimit(handle: _Handle) -> int:  # noqa: N802
-    return _call("nvmlDeviceGetPowerManagementLimit", handle)["management_limit_mw"]
 
 
 def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:  # noqa: N802
