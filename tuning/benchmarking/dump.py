@@ -40,13 +40,6 @@ def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def deciles(values: list[float]) -> list[float | None]:
-    """The 10th to 90th percentiles, interpolated between closest ranks as numpy's default; None without values."""
-    if len(values) < 2:
-        return (values or [None]) * 9
-    return statistics.quantiles(values, n=10, method="inclusive")
-
-
 def _context_key(context: dict[str, Any]) -> Hashable:
     """A context's identity: a tuple of its items for the usual flat contexts, JSON for nested ones."""
     key = tuple(sorted(context.items()))
@@ -58,7 +51,7 @@ def _context_key(context: dict[str, Any]) -> Hashable:
 
 
 class _Series(NamedTuple):
-    """One series' points: values (NaN for null) and, per point, the index of its moment in ``RunData``."""
+    """One series' values (NaN for null) and, per point, the index of its moment in ``RunData``."""
 
     name: str
     context: dict[str, Any]
@@ -79,7 +72,7 @@ class RunData:
         self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
 
     def add(self, record: dict[str, Any] | Point) -> None:
-        """A journal record: a dict as read from a journal, or a ``Point`` tuple as a live run records it."""
+        """A journal record as read from a journal, or a ``Point`` as a live run records it."""
         if type(record) is tuple:
             self.add_point(*record)
             return
@@ -107,8 +100,7 @@ class RunData:
         series.moments.append(len(self._times) - 1)
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The dump's ``metrics``: ``{name, context, steps, values, timestamps}`` per series, in order of first
-        appearance."""
+        """The dump's ``metrics``, in order of first appearance."""
         times, steps = self._times, self._steps
         return [
             {
@@ -173,15 +165,17 @@ def _summary(
     train_start = notes.get("train_start")
     train_end = notes.get("train_end", last_time)
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
-    step_deciles = deciles([step_times[step] for step in steps])
+    durations = [step_times[step] for step in steps]
+    # Deciles interpolated between closest ranks, as numpy's default.
+    step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
     end = end or {}
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": throughput(STEP_TOKENS),
         "samples_per_second": throughput(STEP_SAMPLES),
-        "step_time_p50": step_deciles[4],
-        "step_time_p90": step_deciles[8],
+        "step_time_p50": step_deciles[4] if step_deciles else None,
+        "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "cuda": end.get("cuda"),
@@ -189,7 +183,7 @@ def _summary(
 
 
 def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records."""
+    """The dump a run's journal records describe."""
     run = RunData(records[0])
     for record in records[1:]:
         run.add(record)
@@ -197,7 +191,6 @@ def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False
 
 
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump of what ``run`` holds."""
     header, notes, end = run.header, run.notes, run.end
     series = run.metrics()
     training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)

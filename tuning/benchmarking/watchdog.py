@@ -1,8 +1,6 @@
-"""Stall watchdog: notices when training stops making progress, which no exception ever reports.
-
-A deadlocked collective, a wedged device or a dead data-loader worker leave the main thread waiting forever. The
-watchdog thread calls ``on_stall`` once when ``beat()`` was not called for ``timeout`` seconds while armed; the
-caller then reports the hang (with ``thread_stacks()``) and ends the process itself, since the main thread cannot.
+"""Stall watchdog: a deadlocked collective, a wedged device or a dead data-loader worker leave the main thread waiting
+forever, with no exception. The watchdog thread calls ``on_stall`` once when ``beat()`` was not called for ``timeout``
+seconds while armed; the caller reports the hang (with ``thread_stacks()``) and ends the process itself.
 """
 
 import sys
