@@ -386,7 +386,9 @@ class BenchmarkJob:
             tracker.get_hf_callback().close()
 
     def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
-        """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
+        """End the record and write the dump at --metrics_path or, when it cannot be written there (disk full), whole
+        at a fallback: the output directory, else the system's temporary directory. Returns None, or the line saying
+        where it went, also printed on stderr."""
         if self.record is None:
             return None
         for tracker in self.mirrored:
@@ -401,12 +403,6 @@ class BenchmarkJob:
         )
         if dump is None or RANK != 0:
             return None
-        return self.write_dump(dump)
-
-    def write_dump(self, dump: dict[str, Any]) -> str | None:
-        """The dump at --metrics_path or, when it cannot be written there (disk full), whole at a fallback: the
-        output directory, else the system's temporary directory. Returns None, or the line saying where it went,
-        also printed on stderr."""
         name = os.path.basename(self.metrics_path)
         fallbacks = [os.path.join(self.output_dir, name), os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}")]
         failures = []  # "path: reason", --metrics_path first

@@ -28,7 +28,6 @@ from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 from tuning.utils.graceful_stop import StopAgreement, Vote
 
-Mirror = Callable[[Points], None]
 RECORD_INTERVAL_S = 0.1
 MIRROR_INTERVAL_S = 1.0
 
@@ -49,7 +48,7 @@ class BenchmarkCallback(TrainerCallback):
         warmup_seconds: float = 0.0,
         system_metrics_interval: float | None = None,
         watchdog: StallWatchdog | None = None,
-        mirror: Mirror | None = None,
+        mirror: Callable[[Points], None] | None = None,
         stop_agreement: StopAgreement | None = None,
         mirror_interval: float = MIRROR_INTERVAL_S,
     ):
@@ -58,6 +57,7 @@ class BenchmarkCallback(TrainerCallback):
         self.warmup_steps = warmup_steps
         self.warmup_seconds = warmup_seconds
         self.watchdog = watchdog
+        self._beat: Callable[[], None] = watchdog.beat if watchdog is not None else lambda: None
         self.mirror = mirror
         self.mirror_interval = mirror_interval
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
@@ -193,10 +193,6 @@ class BenchmarkCallback(TrainerCallback):
         totals[0] += value
         totals[1] += weight
         totals[2] = step
-
-    def _beat(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.beat()
 
     def _end_warmup_if_over(self, step: int, elapsed: float) -> None:
         """Warmup ends with the first step at which both thresholds are passed; that step is its last."""

@@ -1,9 +1,7 @@
-"""Journal records → the benchmark dump. The live run and the rebuild command share this one code path, so a dump
-rebuilt from a complete journal equals the dump the run wrote.
-
-A point belongs to the warmup when its ``step`` is at most the ``warmup_steps`` note (every step while the run never
-left warmup); points without a step (``model_load_time``) never do. Aggregates and the summary leave warmup points out,
-unless no step came after the warmup: then the summary covers every step and ``summary.measured_steps`` is 0.
+"""Journal records → the benchmark dump, one code path for the live run and the rebuild command (so a dump rebuilt from
+a complete journal equals the run's). Warmup points (step at most the ``warmup_steps`` note; never a point without a
+step) are left out of aggregates and summary, unless no step came after the warmup: then the summary covers every step
+and ``summary.measured_steps`` is 0.
 """
 
 import json

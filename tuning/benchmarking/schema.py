@@ -1,11 +1,8 @@
-"""The benchmark dump's schema, declared once as typed models that the writer, the rebuild, readers and
-``validate_dump`` share, and from which the README's JSON Schema is generated:
+"""The benchmark dump's schema as typed models, shared by writer, rebuild, readers and ``validate_dump``. Every object
+allows more keys than it declares (keys may be added); renaming or dropping one bumps ``SCHEMA_VERSION``.
 
     python -m tuning.benchmarking.schema                    # print the JSON Schema
     python -m tuning.benchmarking.schema --readme README.md # rewrite the README's schema block
-
-Keys may be added in later versions (every object allows more keys than it declares); renaming or dropping one bumps
-``SCHEMA_VERSION``.
 """
 
 import argparse

@@ -67,9 +67,7 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
             matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
         if len(matches) == 1:
             uuid, handle = uuids[matches[0]], gpus[matches[0]]
-        elif matches or not item or item.isdigit():  # a prefix of several GPUs' UUIDs, an empty entry, no such GPU
-            break
-        else:
+        else:  # a MIG UUID; else no GPU (no such index, an empty entry, a prefix of several UUIDs): NVML fails too
             try:
                 uuid, handle = item, nvml.nvmlDeviceGetHandleByUUID(item.encode())  # bytes: every pynvml takes them
             except Exception:  # noqa: BLE001 - NVML knows no such UUID either

@@ -12,15 +12,13 @@ from collections.abc import Callable
 
 def thread_stacks() -> str:
     """The Python stack of every thread of this process, main thread first: where each one is stuck."""
-    names = {thread.ident: thread for thread in threading.enumerate()}
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
     frames = sorted(sys._current_frames().items(), key=lambda item: item[0] != threading.main_thread().ident)
-    blocks = []
-    for ident, frame in frames:
-        thread = names.get(ident)
-        name, daemon = (thread.name, ", daemon" if thread.daemon else "") if thread else ("?", "")
-        title = f"Thread {name} (ident {ident}{daemon})"
-        blocks.append(title + ":\n" + "".join(traceback.format_stack(frame)))
-    return "\n".join(blocks)
+    stacks = [
+        f"Thread {names.get(ident, '?')} (ident {ident}):\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in frames
+    ]
+    return "\n".join(stacks)
 
 
 class StallWatchdog:
