@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl
@@ -184,7 +183,7 @@ class BenchmarkCallback(TrainerCallback):
                     (name, total / weight if weight > 0 else math.nan, step, None)
                     for name, (total, weight, step) in series.items()
                 ]
-                self.mirror(sorted(means, key=itemgetter(2)))
+                self.mirror(sorted(means, key=lambda point: point[2]))
 
     def _unmirrored_add(self, name: str, value: float, weight: float, step: int) -> None:
         if self.mirror is None:

@@ -146,9 +146,7 @@ def _values(series: list[dict[str, Any]], name: str) -> list[float]:
     return [value for one in series if one["name"] == name for value in one["values"] if value is not None]
 
 
-def _summary(
-    series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any] | None, warmup_steps: int, last_time: float
-) -> dict[str, Any]:
+def _summary(series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any], warmup_steps: int) -> dict:
     step_times = _per_step(series, STEP_TIME)
     measured = [step for step in step_times if step > warmup_steps]
     steps = measured or list(step_times)
@@ -161,12 +159,11 @@ def _summary(
         return sum(counts.get(step, 0.0) for step in steps) / busy
 
     train_start = notes.get("train_start")
-    train_end = notes.get("train_end", last_time)
+    train_end = notes.get("train_end", end["time"])
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
     durations = [step_times[step] for step in steps]
     # Deciles interpolated between closest ranks, as numpy's default.
     step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
-    end = end or {}
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
@@ -189,21 +186,17 @@ def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False
 
 
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    header, notes, end = run.header, run.notes, run.end
-    series = run.metrics()
-    training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
+    header, notes, series, end = run.header, run.notes, run.metrics(), run.end
+    if end is None:  # the run died before its end record
+        steps = max(_per_step(series, STEP_TIME), default=0)
+        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": steps}
+        end = {"time": run.last_time(), "status": "error", "training_steps": steps, "error": error}
+    training_steps = end["training_steps"]
     warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
-    if end is None:
-        last_time = run.last_time()
-        status, stop_reason = "error", None
-        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}
-    else:
-        last_time = end["time"]
-        status, stop_reason, error = end["status"], end.get("stop_reason"), end.get("error")
     return {
         "schema_version": SCHEMA_VERSION,
-        "status": status,
-        "stop_reason": stop_reason,
+        "status": end["status"],
+        "stop_reason": end.get("stop_reason"),
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
@@ -211,14 +204,14 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "rank": header["rank"],
         "world_size": header["world_size"],
         "start_time": utc_iso(header["time"]),
-        "stop_time": utc_iso(last_time or header["time"]),
+        "stop_time": utc_iso(end["time"] or header["time"]),
         "training_steps": training_steps,
         "warmup_steps": warmup_steps,
-        "summary": _summary(series, notes, end, warmup_steps, last_time),
+        "summary": _summary(series, notes, end, warmup_steps),
         "metrics": series,
         "aggregates": aggregate(series, warmup_steps),
         "environment": header["environment"],
-        "error": error,
+        "error": end.get("error"),
         "aim_degraded_reason": notes.get("aim_degraded_reason"),
         "mlflow_run_id": notes.get("mlflow_run_id"),
         "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),

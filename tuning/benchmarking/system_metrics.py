@@ -20,9 +20,6 @@ from tuning.benchmarking.schema import PROCESS_RSS
 
 logger = logging.getLogger(__name__)
 
-Sink = Callable[[str, float, dict[str, Any]], None]
-
-
 GPU_UTILIZATION = "gpu_utilization_percent"
 GPU_MEMORY_USED = "gpu_memory_used_bytes"
 GPU_POWER = "gpu_power_watts"
@@ -81,7 +78,7 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
 class SystemMetricsSampler:
     """Calls ``sink(name, value, context)`` for every series every ``interval`` seconds, and once more at ``stop()``."""
 
-    def __init__(self, interval: float, sink: Sink):
+    def __init__(self, interval: float, sink: Callable[[str, float, dict[str, Any]], None]):
         self.interval = interval
         self.sink = sink
         self._process = psutil.Process()
