@@ -8,7 +8,6 @@ import json
 import math
 import statistics
 from array import array
-from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -38,16 +37,6 @@ def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _context_key(context: dict[str, Any]) -> Hashable:
-    """A context's identity: a tuple of its items for the usual flat contexts, JSON for nested ones."""
-    key = tuple(sorted(context.items()))
-    try:
-        hash(key)
-    except TypeError:
-        return json.dumps(context, sort_keys=True)
-    return key
-
-
 class _Series(NamedTuple):
     """One series' values (NaN for null) and, per point, the index of its moment in ``RunData``."""
 
@@ -66,7 +55,7 @@ class RunData:
         self.notes: dict[str, Any] = {}
         self.end: dict[str, Any] | None = None
         self.latest = 0.0  # the latest record's time apart from points
-        self._series: dict[tuple[str, Hashable], _Series] = {}
+        self._series: dict[tuple[str, str], _Series] = {}  # by name and context (as JSON: contexts may nest)
         self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
 
     def add(self, record: dict[str, Any] | Point) -> None:
@@ -85,7 +74,7 @@ class RunData:
             self.end = record
 
     def add_point(self, name: str, context: dict[str, Any], step: int | None, value: float | None, at: float) -> None:
-        key = (name, _context_key(context) if context else ())
+        key = (name, json.dumps(context, sort_keys=True, default=str) if context else "")
         series = self._series.get(key)
         if series is None:
             # The context copied: recorders share context dicts.

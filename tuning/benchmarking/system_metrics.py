@@ -58,10 +58,9 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
     uuids = [nvml_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
     handles: dict[str, Any] = {}  # by UUID, in CUDA's order
     for item in (part.strip() for part in visible.split(",")):
-        if item.isdigit():
-            matches = [int(item)] if int(item) < len(gpus) else []
-        else:
-            matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
+        matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]  # UUIDs or prefixes
+        if item.isdigit() and int(item) < len(gpus):
+            matches = [int(item)]
         if len(matches) == 1:
             uuid, handle = uuids[matches[0]], gpus[matches[0]]
         else:  # a MIG UUID; else no GPU (no such index, an empty entry, a prefix of several UUIDs): NVML fails too
