@@ -71,8 +71,7 @@ def wrapper_flags(
     """Benchmark flags of bench_train.py. Every flag of tuning/sft_trainer.py is accepted too (listed below).
 
     Args:
-        metrics_path: The dump (JSON), written atomically when the run ends; default <output_dir>/benchmark.json. One
-            run at a time: a second run on the same path is refused.
+        metrics_path: The dump (JSON) written when the run ends; default <output_dir>/benchmark.json; one run at a time.
         metadata_path: JSON or YAML file holding an object of run metadata (nested objects allowed).
         metadata: Inline JSON object of run metadata; its keys override the file's, which override --exp_metadata's.
         system_metrics_interval: Seconds between system-metric samples (CPU, memory, GPUs); 0 turns sampling off.
@@ -83,9 +82,8 @@ def wrapper_flags(
         auto_stop_tolerance: Auto-stop when the last steps' time varies by at most this (standard deviation / mean).
         skip_warmup_steps: Steps left out of aggregates, summary and auto-stop, at least.
         skip_warmup_seconds: Seconds of training left out likewise, at least (the warmup ends when both are over).
-        stall_timeout: Seconds without training progress after which the run is reported as "hang" and ended.
-        callbacks: Extra transformers callbacks, "module:Name[,module:Name]"; Name is a class or factory taking no
-            arguments.
+        stall_timeout: Seconds without training progress after which the run is reported as "hang" and ended; 0: off.
+        callbacks: Extra transformers callbacks, "module:Name[,module:Name]", each a class or a no-argument factory.
     """
     return dict(locals())
 

@@ -29,8 +29,7 @@ def encode(record: dict[str, Any] | Point) -> str:
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
-    """Where the journal of ``metrics_path`` lives: ``run.json`` → ``run.journal.jsonl`` (``run.rank3.journal.jsonl``
-    for the system metrics of another node's local rank 0)."""
+    """``run.json`` → ``run.journal.jsonl``; ``run.rank3.journal.jsonl`` for another node's local rank 0."""
     stem = os.path.splitext(metrics_path)[0]
     return f"{stem}.journal.jsonl" if rank == 0 else f"{stem}.rank{rank}.journal.jsonl"
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+import torch
 
 from tuning.benchmarking.schema import PROCESS_RSS
 
@@ -154,8 +155,6 @@ def _version(distribution: str) -> str | None:
 
 def environment_info() -> dict[str, Any]:
     """Versions the numbers depend on; CUDA, driver and GPU names when there is a GPU."""
-    import torch
-
     info: dict[str, Any] = {
         "python": platform.python_version(),
         **{name: _version(name) for name in ("torch", "transformers", "trl", "peft", "aim")},
@@ -183,8 +182,6 @@ def peak_rss_bytes() -> int:
 def cuda_peak_memory() -> list[dict[str, int]] | None:
     """torch's peak allocated and reserved memory per device this process used (not other ranks' GPUs as zeros), or
     None without CUDA."""
-    import torch
-
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
     return [
