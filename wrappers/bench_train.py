@@ -1,19 +1,12 @@
 """bench_train.py: fine-tune exactly like sft_trainer, and leave a benchmark record that needs no Aim server.
 
-    python wrappers/bench_train.py <every tuning/sft_trainer.py flag> [--metrics_path run.json] \\
-        [--metadata_path meta.yaml] [--metadata '{"batch": 8}'] [--system_metrics_interval 5] \\
-        [--stop_after_seconds 600 | --auto_stop] [--stall_timeout 900] [--callbacks my.module:MyCallback]
+    python wrappers/bench_train.py <every tuning/sft_trainer.py flag> [--metrics_path run.json] [--auto_stop] ...
+    torchrun --nproc_per_node=8 wrappers/bench_train.py ...   # the same; --help lists both flag sets
 
-(also under ``torchrun``; ``--help`` lists both flag sets). Rank 0 leaves the dump at ``--metrics_path`` (default
-``<output_dir>/benchmark.json``) however the run ends, and the journal beside it, which ``python -m
-tuning.benchmarking.rebuild`` turns into a dump after a SIGKILL; with ``--tracker aim`` or ``mlflow``, a run there
-with the metadata and the benchmark's series; on failure, the error report (rank N > 0: in a file of its own), the
-``TUNING_ERROR`` line, the termination log and the category's exit code. In detail: README, "What a run leaves".
-
-Adapting it: this file is a template. Read it top to bottom: 1. flags, 2. metadata, 3. Aim and MLflow, 4. the job.
-Add a flag by adding a parameter (and its line in the docstring) to ``wrapper_flags``; add measurements with
-``--callbacks`` or a callback in ``BenchmarkJob.run``; the dump format itself lives in ``tuning.benchmarking`` so that
-every reader agrees on it.
+What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): README, "What a run leaves".
+This file is a template to copy: it reads top to bottom (1. flags, 2. metadata, 3. Aim and MLflow, 4. the job) and
+uses only ``tuning.benchmarking``. Add a flag as a parameter (and docstring line) of ``wrapper_flags``; add
+measurements with ``--callbacks`` or in ``BenchmarkJob.run``.
 """
 
 if __name__ == "__main__":
@@ -78,8 +71,7 @@ def wrapper_flags(
     """Benchmark flags of bench_train.py. Every flag of tuning/sft_trainer.py is accepted too (listed below).
 
     Args:
-        metrics_path: The dump (JSON), written atomically when the run ends; default <output_dir>/benchmark.json. One
-            run at a time: a second run on the same path is refused.
+        metrics_path: The dump (JSON) written when the run ends; default <output_dir>/benchmark.json; one run at a time.
         metadata_path: JSON or YAML file holding an object of run metadata (nested objects allowed).
         metadata: Inline JSON object of run metadata; its keys override the file's, which override --exp_metadata's.
         system_metrics_interval: Seconds between system-metric samples (CPU, memory, GPUs); 0 turns sampling off.
@@ -90,17 +82,14 @@ def wrapper_flags(
         auto_stop_tolerance: Auto-stop when the last steps' time varies by at most this (standard deviation / mean).
         skip_warmup_steps: Steps left out of aggregates, summary and auto-stop, at least.
         skip_warmup_seconds: Seconds of training left out likewise, at least (the warmup ends when both are over).
-        stall_timeout: Seconds without training progress after which the run is reported as "hang" and ended.
-        callbacks: Extra transformers callbacks, "module:Name[,module:Name]"; Name is a class or factory taking no
-            arguments.
+        stall_timeout: Seconds without training progress after which the run is reported as "hang" and ended; 0: off.
+        callbacks: Extra transformers callbacks, "module:Name[,module:Name]", each a class or a no-argument factory.
     """
     return dict(locals())
 
 
 _FLAG_TYPES = typing.get_type_hints(wrapper_flags)
 _FLAG_NAMES = set(_FLAG_TYPES) - {"return"}
-# fire's own one-letter aliases: the first letter of a flag no other flag starts with.
-_SHORT_FLAGS = {name[0]: name for name in _FLAG_NAMES if sum(other[0] == name[0] for other in _FLAG_NAMES) == 1}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -110,20 +99,14 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     while index < len(argv):
         token = argv[index]
         key = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
-        if token.startswith("-") and len(token) == 2 and token[1] in _SHORT_FLAGS:
-            key = _SHORT_FLAGS[token[1]]
-        if key is not None and key.startswith("no") and key[2:] in _FLAG_NAMES and _FLAG_TYPES[key[2:]] is bool:
-            wrapper.append(token)  # fire's --noauto_stop
-        elif key in _FLAG_NAMES:
-            wrapper.append(token)
-            takes_value = "=" not in token and index + 1 < len(argv)
-            if takes_value and _FLAG_TYPES[key] is bool:
-                takes_value = argv[index + 1].lower() in ("true", "false")
-            if takes_value:
-                index += 1
-                wrapper.append(argv[index])
-        else:
+        if key not in _FLAG_NAMES:
             trainer.append(token)
+        else:
+            wrapper.append(token)
+            value = argv[index + 1] if "=" not in token and index + 1 < len(argv) else None
+            if value is not None and (_FLAG_TYPES[key] is not bool or value.lower() in ("true", "false")):
+                wrapper.append(value)
+                index += 1
         index += 1
     return wrapper, trainer
 
@@ -161,26 +144,22 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, benchmarking.P
 
 def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | None) -> dict[str, Any]:
     metadata = dict(exp_metadata or {})
-    sources: list[tuple[str, Any]] = []
+    sources = []  # (flag, its text, its parser, what the text must be)
     if path is not None:
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
-            sources.append(
-                (f"--metadata_path {path}", json.loads(text) if path.endswith(".json") else yaml.safe_load(text))
-            )
         except OSError as exc:
             raise benchmarking.UserInputError(f"cannot read --metadata_path {path}: {exc.strerror or exc}") from exc
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise benchmarking.UserInputError(
-                f"--metadata_path {path} is not valid JSON/YAML: {' '.join(str(exc).split())}"
-            ) from exc
+        parse = json.loads if path.endswith(".json") else yaml.safe_load
+        sources.append((f"--metadata_path {path}", text, parse, "JSON/YAML"))
     if inline is not None:
+        sources.append(("--metadata", inline, json.loads, "JSON"))
+    for source, text, parse, kind in sources:
         try:
-            sources.append(("--metadata", json.loads(inline)))
-        except json.JSONDecodeError as exc:
-            raise benchmarking.UserInputError(f"--metadata is not valid JSON: {exc}") from exc
-    for source, value in sources:
+            value = parse(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise benchmarking.UserInputError(f"{source} is not valid {kind}: {' '.join(str(exc).split())}") from exc
         if not isinstance(value, dict):
             raise benchmarking.UserInputError(
                 f"{source} must hold an object (key: value pairs), got {type(value).__name__}"
@@ -199,15 +178,11 @@ MIRRORED_TRACKERS = (benchmarking.AIMSTACK_TRACKER, benchmarking.MLFLOW_TRACKER)
 def benchmark_trackers(
     names: list[str], configs: Any, params: dict[str, Any]
 ) -> tuple[list[benchmarking.Tracker], list[benchmarking.Tracker]]:
-    """(the other trackers, Aim and MLflow). The callbacks of Aim and MLflow isolate every call (a dead server costs a
-    warning, never the job) and their ``track_many`` receives the step-time, throughput and system series; train()
-    hands them model_load_time and the metadata (``run.experiment_metadata.<key>`` in Aim, ``params.<key>`` in
-    MLflow). Each library is imported only when its tracker is asked for."""
+    """(the other trackers, Aim and MLflow). Aim's and MLflow's callbacks isolate every call (a dead server costs a
+    warning, never the job) and also receive the benchmark's series; each library is imported only when asked for."""
     trackers = [benchmarking.get_tracker(name, configs) for name in names]
     mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
-    for tracker in mirrored:
-        # The benchmark flags as the run's "benchmark" params, now: the first call opens the run while the job loads
-        # its data and model, not beside the first training steps.
+    for tracker in mirrored:  # the flags as "benchmark" params now: the run opens while the job loads its model
         tracker.set_params(params, "benchmark")
     return [tracker for tracker in trackers if tracker not in mirrored], mirrored
 
@@ -217,14 +192,9 @@ def benchmark_trackers(
 
 
 def check_flags(flags: SimpleNamespace) -> None:
-    if flags.system_metrics_interval < 0 or flags.skip_warmup_steps < 0 or flags.skip_warmup_seconds < 0:
-        raise benchmarking.UserInputError(
-            "--system_metrics_interval, --skip_warmup_steps and --skip_warmup_seconds must be >= 0"
-        )
-    if flags.stall_timeout is not None and flags.stall_timeout <= 0:
-        raise benchmarking.UserInputError(
-            f"--stall_timeout must be a positive number of seconds, got {flags.stall_timeout}"
-        )
+    for name in ("system_metrics_interval", "skip_warmup_steps", "skip_warmup_seconds", "stall_timeout"):
+        if (getattr(flags, name) or 0) < 0:
+            raise benchmarking.UserInputError(f"--{name} must not be negative, got {getattr(flags, name)}")
 
 
 def check_writable(path: str) -> None:
@@ -251,19 +221,14 @@ def claim_metrics_path(path: str) -> int:
     """Own ``path`` for the run's lifetime: an exclusive ``flock`` on ``<path>.lock`` (which names its holder), held by
     the returned descriptor and released by the kernel when the process ends, however it ends."""
     lock_path = f"{path}.lock"
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise benchmarking.UserInputError(
-            f"cannot write --metrics_path {path}: {lock_path}: {exc.strerror or exc}"
-        ) from exc
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # its directory is known to be writable
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         try:
             holder = json.loads(os.pread(fd, 4096, 0))
             who = f"pid {holder['pid']} on host {holder['host']}"
-        except (ValueError, TypeError, KeyError):  # the holder has not written its name yet
+        except ValueError:  # the holder has not written its name yet
             who = "a process that is starting"
         os.close(fd)
         raise benchmarking.UserInputError(
@@ -277,8 +242,7 @@ def claim_metrics_path(path: str) -> int:
 
 
 def load_callbacks(spec: str | None) -> list[TrainerCallback]:
-    """``module:Name`` entries, each a callback class or a factory returning one: the extension point for third
-    parties' measurements (and for the tests' fault injection)."""
+    """``module:Name`` entries, each a callback class or a factory returning one."""
     callbacks = []
     for entry in filter(None, (part.strip() for part in (spec or "").split(","))):
         module_name, _, name = entry.partition(":")
@@ -304,7 +268,6 @@ class BenchmarkJob:
         self.metrics_path: str | None = None  # set once known to be writable and owned by this run
         self.output_dir: str | None = None
         self.metrics_path_lock: int | None = None
-        self.stall_timeout: float | None = None
         self.record: benchmarking.RunRecord | None = None
         self.mirrored: list[benchmarking.Tracker] = []  # Aim and MLflow
         self.bench: benchmarking.BenchmarkCallback | None = None
@@ -320,11 +283,11 @@ class BenchmarkJob:
         metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
         check_writable(metrics_path)
         sampling = flags.system_metrics_interval > 0 and LOCAL_RANK == 0
-        if RANK == 0 or sampling:  # the ranks that write files at the metrics path: the dump, their journal
+        writes_files = RANK == 0 or sampling  # at the metrics path: the dump, or a journal of its own
+        if writes_files:
             self.metrics_path_lock = claim_metrics_path(metrics_path if RANK == 0 else f"{metrics_path}.rank{RANK}")
-        self.metrics_path, self.stall_timeout = metrics_path, flags.stall_timeout
-        self.output_dir = os.path.abspath(train_args.output_dir)
-        if RANK == 0 or sampling:
+        self.metrics_path, self.output_dir = metrics_path, os.path.abspath(train_args.output_dir)
+        if writes_files:
             header = {
                 "time": self.started,
                 "experiment": args.aim_config.experiment,
@@ -421,7 +384,9 @@ class BenchmarkJob:
             tracker.get_hf_callback().close()
 
     def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
-        """End the record and write the dump; returns what went wrong writing it where asked (None when nothing)."""
+        """End the record and write the dump at --metrics_path or, when it cannot be written there (disk full), whole
+        at a fallback: the output directory, else the system's temporary directory. Returns None, or the line saying
+        where it went, also printed on stderr."""
         if self.record is None:
             return None
         for tracker in self.mirrored:
@@ -436,12 +401,6 @@ class BenchmarkJob:
         )
         if dump is None or RANK != 0:
             return None
-        return self.write_dump(dump)
-
-    def write_dump(self, dump: dict[str, Any]) -> str | None:
-        """The dump at --metrics_path or, when it cannot be written there (disk full), whole at a fallback: the
-        output directory, else the system's temporary directory. Returns None, or the line saying where it went,
-        also printed on stderr."""
         name = os.path.basename(self.metrics_path)
         fallbacks = [os.path.join(self.output_dir, name), os.path.join(tempfile.gettempdir(), f"{os.getpid()}-{name}")]
         failures = []  # "path: reason", --metrics_path first
@@ -476,7 +435,7 @@ class BenchmarkJob:
         """Called by the watchdog thread while the main thread is stuck: report ``hang``, then end the process."""
         faulthandler.dump_traceback(all_threads=True)  # the stacks on stderr as well, for whoever reads the log
         stalled = benchmarking.TrainingStalled(
-            f"no training progress for {idle:.0f}s (--stall_timeout {self.stall_timeout:g}), "
+            f"no training progress for {idle:.0f}s (--stall_timeout {self.bench.watchdog.timeout:g}), "
             f"last completed step {self.global_step()}"
         )
         report = benchmarking.build_error_report(

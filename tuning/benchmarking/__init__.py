@@ -1,17 +1,9 @@
 """Benchmark runs: everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) needs, in one place.
 
-``__all__`` is the public surface, by module in ``_EXPORTS`` below: training (``train`` and its parser), trackers,
-errors (``run_with_error_reporting`` gives the classified exit codes; ``install_early_signal_handlers`` covers the
-imports), stopping (``GracefulStopCallback`` turns SIGTERM/SIGINT into a stop at a step boundary; its
-``StopAgreement``, shared with ``BenchmarkCallback``, makes one stop decision per step for every rank), measuring
-(``BenchmarkCallback``: per-step series, stop rules, sampler and watchdog lifetimes) and recording (``RunRecord``, the
-crash-safe ``Journal``, ``write_dump``, ``validate_dump``).
-Each name is imported from its module on first use, so that light users (the rebuild command, ``bench_report``)
-never import torch or transformers.
-
-Modules: ``schema`` (the dump's models), ``journal``, ``dump`` (journal records → dump), ``record``, ``callback``,
-``tokens`` (non-padding tokens per step without a device sync), ``system_metrics``, ``stopping``, ``watchdog``,
-``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
+``__all__`` is the public surface, listed by module in ``_EXPORTS``. Each name is imported from its module on first
+use, so that light users (the rebuild command, ``bench_report``) never import torch or transformers. Modules:
+``schema`` (the dump's models), ``journal``, ``dump`` (journal records → dump), ``record``, ``callback``, ``tokens``,
+``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
 """
 
 import importlib

@@ -1,18 +1,12 @@
 """The training-loop side of a benchmark: one transformers callback that measures every optimizer step.
 
-Per step, recorded by global rank 0 (series in ``tuning.benchmarking.schema``): the wall time since the previous step
-ended (so data loading, logging, evaluation and checkpoints in between count), the global batch, the non-padding
-tokens of all ranks (``tokens.StepTokenCounter``, no device sync) and their throughput. Trainer logs are recorded as
-every tracker names them (``tuning.trackers.tracker.log_series``), by a callback of their own, ``log_recorder``, that
-goes after every callback adding numbers to the logs, while the step hooks go before them.
-
-A step's end only notes its time: the points are built and recorded every ``RECORD_INTERVAL_S``, several steps
-together, so that batched work does not run on caches the training step just flushed. Trackers (the ``mirror``) get
-the step time and throughput at most every ``MIRROR_INTERVAL_S``, as the mean since their previous point: each
-tracked point costs the tracker's library real work beside training, and the dump keeps every step.
-
-It also owns the background helpers whose life is training's (system-metrics sampler, stall watchdog) and votes its
-``StopRule``'s decisions through the ``StopAgreement`` it shares with the ``GracefulStopCallback``.
+Per step, on global rank 0: the wall time since the previous step ended (data loading, logging, evaluation and
+checkpoints in between count), the global batch, the non-padding tokens of all ranks and their throughput; trainer
+logs as every tracker names them, noted by ``log_recorder``, a callback of its own that goes after every callback
+adding numbers to the logs. A step's end only notes its time: points are built and recorded every
+``RECORD_INTERVAL_S``, several steps together, off the caches the step just used. Trackers (the ``mirror``) get the
+step time and throughput at most every ``MIRROR_INTERVAL_S``, as the mean since their previous point: each tracked
+point costs the tracker's library real work beside training, and the dump keeps every step.
 """
 
 import math
@@ -20,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl
@@ -34,18 +27,16 @@ from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 from tuning.utils.graceful_stop import StopAgreement, Vote
 
-Mirror = Callable[[Points], None]
 RECORD_INTERVAL_S = 0.1
 MIRROR_INTERVAL_S = 1.0
 
 
 class BenchmarkCallback(TrainerCallback):
-    """Measures steps into ``record`` (None on ranks that record nothing) and decides when to stop.
+    """Measures steps into ``record`` (None on ranks that record nothing), owns the system-metrics sampler and stall
+    watchdog, and votes its ``StopRule`` through ``stop_agreement`` (the run's ``GracefulStopCallback``'s).
 
-    ``mirror(points)`` also receives the step time, token throughput and system series as ``(name, value, step,
-    context)`` points (not the trainer logs, which trackers see themselves): per series the mean since its previous
-    point every ``mirror_interval`` seconds, and a last one at train end or ``close``; system samples with step None.
-    Pass as ``stop_agreement`` the one the run's ``GracefulStopCallback`` uses.
+    ``mirror(points)`` gets ``(name, value, step, context)`` points of the step time, throughput (per series the mean
+    since its previous point, every ``mirror_interval`` seconds and at the end) and system series (step None).
     """
 
     def __init__(
@@ -56,7 +47,7 @@ class BenchmarkCallback(TrainerCallback):
         warmup_seconds: float = 0.0,
         system_metrics_interval: float | None = None,
         watchdog: StallWatchdog | None = None,
-        mirror: Mirror | None = None,
+        mirror: Callable[[Points], None] | None = None,
         stop_agreement: StopAgreement | None = None,
         mirror_interval: float = MIRROR_INTERVAL_S,
     ):
@@ -65,6 +56,7 @@ class BenchmarkCallback(TrainerCallback):
         self.warmup_steps = warmup_steps
         self.warmup_seconds = warmup_seconds
         self.watchdog = watchdog
+        self._beat: Callable[[], None] = watchdog.beat if watchdog is not None else lambda: None
         self.mirror = mirror
         self.mirror_interval = mirror_interval
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
@@ -142,8 +134,8 @@ class BenchmarkCallback(TrainerCallback):
         self.close()
 
     def close(self) -> None:
-        """Record what is left, stop the sampler, the watchdog and the token count; also called by the wrapper when
-        training raised or stalled (then without waiting for token counts still on a device, which may hang)."""
+        """Record what is left and stop the helpers; also the way out when training raised or stalled (then without
+        waiting for token counts still on a device, which may hang)."""
         self._record_unrecorded(time.time(), final=True)
         if self._tokens is not None:
             self._tokens.detach()
@@ -160,10 +152,9 @@ class BenchmarkCallback(TrainerCallback):
             self.mirror([(name, value, None, context)])
 
     def _record_unrecorded(self, now: float, wait: bool = False, final: bool = False) -> None:
-        """Record the steps and logs noted since the last call, and the token totals that have reached the host
-        (``wait``: all of them); mirror the step series when their interval is over (``final``: in any case). Every
-        rank calls it, to drain its token count; rank 0 records. The stall watchdog may call it (through ``close``)
-        while the training thread is stuck, hence the lock."""
+        """Record the steps and logs noted since the last call and the token totals on the host (``wait``: all);
+        mirror when the interval is over (``final``: in any case). Every rank drains its token count; rank 0 records.
+        The lock: the stall watchdog may get here (through ``close``) while the training thread is stuck."""
         with self._record_lock:
             self._recorded_at = now
             counted = self._tokens.ready(wait) if self._tokens is not None else []
@@ -192,7 +183,7 @@ class BenchmarkCallback(TrainerCallback):
                     (name, total / weight if weight > 0 else math.nan, step, None)
                     for name, (total, weight, step) in series.items()
                 ]
-                self.mirror(sorted(means, key=itemgetter(2)))
+                self.mirror(sorted(means, key=lambda point: point[2]))
 
     def _unmirrored_add(self, name: str, value: float, weight: float, step: int) -> None:
         if self.mirror is None:
@@ -201,10 +192,6 @@ class BenchmarkCallback(TrainerCallback):
         totals[0] += value
         totals[1] += weight
         totals[2] = step
-
-    def _beat(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.beat()
 
     def _end_warmup_if_over(self, step: int, elapsed: float) -> None:
         """Warmup ends with the first step at which both thresholds are passed; that step is its last."""
@@ -229,8 +216,6 @@ class _LogRecorder(TrainerCallback):
         self.bench = bench
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        """A trainer log, recorded with the next batch of points."""
         self.bench._beat()
-        if self.bench._main and self.bench.record is not None and logs:
-            # A copy: later callbacks may edit the logs.
+        if self.bench._main and self.bench.record is not None and logs:  # a copy: later callbacks may edit the logs
             self.bench._unrecorded.append((state.global_step, time.time(), dict(logs)))

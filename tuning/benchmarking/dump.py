@@ -1,16 +1,13 @@
-"""Journal records → the benchmark dump. The live run and the rebuild command share this one code path, so a dump
-rebuilt from a complete journal equals the dump the run wrote.
-
-A point belongs to the warmup when its ``step`` is at most the ``warmup_steps`` note (every step while the run never
-left warmup); points without a step (``model_load_time``) never do. Aggregates and the summary leave warmup points out,
-unless no step came after the warmup: then the summary covers every step and ``summary.measured_steps`` is 0.
+"""Journal records → the benchmark dump, one code path for the live run and the rebuild command (so a dump rebuilt from
+a complete journal equals the run's). Warmup points (step at most the ``warmup_steps`` note; never a point without a
+step) are left out of aggregates and summary, unless no step came after the warmup: then the summary covers every step
+and ``summary.measured_steps`` is 0.
 """
 
 import json
 import math
 import statistics
 from array import array
-from collections.abc import Hashable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -40,25 +37,8 @@ def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def deciles(values: list[float]) -> list[float | None]:
-    """The 10th to 90th percentiles, interpolated between closest ranks as numpy's default; None without values."""
-    if len(values) < 2:
-        return (values or [None]) * 9
-    return statistics.quantiles(values, n=10, method="inclusive")
-
-
-def _context_key(context: dict[str, Any]) -> Hashable:
-    """A context's identity: a tuple of its items for the usual flat contexts, JSON for nested ones."""
-    key = tuple(sorted(context.items()))
-    try:
-        hash(key)
-    except TypeError:
-        return json.dumps(context, sort_keys=True)
-    return key
-
-
 class _Series(NamedTuple):
-    """One series' points: values (NaN for null) and, per point, the index of its moment in ``RunData``."""
+    """One series' values (NaN for null) and, per point, the index of its moment in ``RunData``."""
 
     name: str
     context: dict[str, Any]
@@ -75,11 +55,11 @@ class RunData:
         self.notes: dict[str, Any] = {}
         self.end: dict[str, Any] | None = None
         self.latest = 0.0  # the latest record's time apart from points
-        self._series: dict[tuple[str, Hashable], _Series] = {}
+        self._series: dict[tuple[str, str], _Series] = {}  # by name and context (as JSON: contexts may nest)
         self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
 
     def add(self, record: dict[str, Any] | Point) -> None:
-        """A journal record: a dict as read from a journal, or a ``Point`` tuple as a live run records it."""
+        """A journal record as read from a journal, or a ``Point`` as a live run records it."""
         if type(record) is tuple:
             self.add_point(*record)
             return
@@ -94,7 +74,7 @@ class RunData:
             self.end = record
 
     def add_point(self, name: str, context: dict[str, Any], step: int | None, value: float | None, at: float) -> None:
-        key = (name, _context_key(context) if context else ())
+        key = (name, json.dumps(context, sort_keys=True, default=str) if context else "")
         series = self._series.get(key)
         if series is None:
             # The context copied: recorders share context dicts.
@@ -107,8 +87,7 @@ class RunData:
         series.moments.append(len(self._times) - 1)
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The dump's ``metrics``: ``{name, context, steps, values, timestamps}`` per series, in order of first
-        appearance."""
+        """The dump's ``metrics``, in order of first appearance."""
         times, steps = self._times, self._steps
         return [
             {
@@ -156,9 +135,7 @@ def _values(series: list[dict[str, Any]], name: str) -> list[float]:
     return [value for one in series if one["name"] == name for value in one["values"] if value is not None]
 
 
-def _summary(
-    series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any] | None, warmup_steps: int, last_time: float
-) -> dict[str, Any]:
+def _summary(series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any], warmup_steps: int) -> dict:
     step_times = _per_step(series, STEP_TIME)
     measured = [step for step in step_times if step > warmup_steps]
     steps = measured or list(step_times)
@@ -171,17 +148,18 @@ def _summary(
         return sum(counts.get(step, 0.0) for step in steps) / busy
 
     train_start = notes.get("train_start")
-    train_end = notes.get("train_end", last_time)
+    train_end = notes.get("train_end", end["time"])
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
-    step_deciles = deciles([step_times[step] for step in steps])
-    end = end or {}
+    durations = [step_times[step] for step in steps]
+    # Deciles interpolated between closest ranks, as numpy's default.
+    step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": throughput(STEP_TOKENS),
         "samples_per_second": throughput(STEP_SAMPLES),
-        "step_time_p50": step_deciles[4],
-        "step_time_p90": step_deciles[8],
+        "step_time_p50": step_deciles[4] if step_deciles else None,
+        "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "cuda": end.get("cuda"),
@@ -189,7 +167,7 @@ def _summary(
 
 
 def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump (schema in ``tuning.benchmarking.schema``) described by a run's journal records."""
+    """The dump a run's journal records describe."""
     run = RunData(records[0])
     for record in records[1:]:
         run.add(record)
@@ -197,22 +175,17 @@ def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False
 
 
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    """The dump of what ``run`` holds."""
-    header, notes, end = run.header, run.notes, run.end
-    series = run.metrics()
-    training_steps = end["training_steps"] if end else max(_per_step(series, STEP_TIME), default=0)
+    header, notes, series, end = run.header, run.notes, run.metrics(), run.end
+    if end is None:  # the run died before its end record
+        steps = max(_per_step(series, STEP_TIME), default=0)
+        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": steps}
+        end = {"time": run.last_time(), "status": "error", "training_steps": steps, "error": error}
+    training_steps = end["training_steps"]
     warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
-    if end is None:
-        last_time = run.last_time()
-        status, stop_reason = "error", None
-        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": training_steps}
-    else:
-        last_time = end["time"]
-        status, stop_reason, error = end["status"], end.get("stop_reason"), end.get("error")
     return {
         "schema_version": SCHEMA_VERSION,
-        "status": status,
-        "stop_reason": stop_reason,
+        "status": end["status"],
+        "stop_reason": end.get("stop_reason"),
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
@@ -220,14 +193,14 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "rank": header["rank"],
         "world_size": header["world_size"],
         "start_time": utc_iso(header["time"]),
-        "stop_time": utc_iso(last_time or header["time"]),
+        "stop_time": utc_iso(end["time"] or header["time"]),
         "training_steps": training_steps,
         "warmup_steps": warmup_steps,
-        "summary": _summary(series, notes, end, warmup_steps, last_time),
+        "summary": _summary(series, notes, end, warmup_steps),
         "metrics": series,
         "aggregates": aggregate(series, warmup_steps),
         "environment": header["environment"],
-        "error": error,
+        "error": end.get("error"),
         "aim_degraded_reason": notes.get("aim_degraded_reason"),
         "mlflow_run_id": notes.get("mlflow_run_id"),
         "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),

@@ -1,12 +1,9 @@
-"""The journal: an append-only JSON-lines file that holds every point of a run while it trains, because the dump is
-written once, at the end, which a run killed with SIGKILL (or by the OOM killer) never reaches.
-
-``write`` only queues records; a background thread writes and flushes what is queued every ``flush_interval``
-seconds, so a SIGKILL loses at most the last interval's records, and fsyncs at most every ``sync_interval`` seconds
-and at ``close``. Records (``start``, ``point``, ``note``, ``end``) are listed in the README ("Journal and rebuilding
-a dump"); ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
+"""The journal: an append-only JSON-lines file holding every point of a run while it trains, since the dump is
+written at the end, which a run killed by SIGKILL or the OOM killer never reaches. Its records: README, "Journal and
+rebuilding a dump"; ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -20,13 +17,11 @@ from tuning.utils.file_utils import read_json_lines
 logger = logging.getLogger(__name__)
 _ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
-# A ``point`` record as the training process hands it over, without building its dict: (name, context, step, value,
-# time), value None for NaN/inf.
+# A ``point`` record as the training process hands it over, without building its dict; value None for NaN/inf.
 Point = tuple[str, dict[str, Any], int | None, float | None, float]
 
 
 def encode(record: dict[str, Any] | Point) -> str:
-    """One journal line (without its newline)."""
     if type(record) is tuple:
         name, context, step, value, at = record
         record = {"type": "point", "name": name, "context": context, "step": step, "value": value, "time": at}
@@ -34,18 +29,15 @@ def encode(record: dict[str, Any] | Point) -> str:
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
-    """Where the journal of ``metrics_path`` lives: ``run.json`` → ``run.journal.jsonl`` (``run.rank3.journal.jsonl``
-    for the system metrics of another node's local rank 0)."""
+    """``run.json`` → ``run.journal.jsonl``; ``run.rank3.journal.jsonl`` for another node's local rank 0."""
     stem = os.path.splitext(metrics_path)[0]
     return f"{stem}.journal.jsonl" if rank == 0 else f"{stem}.rank{rank}.journal.jsonl"
 
 
 class Journal:
-    """Thread-safe JSON-lines writer; a new run truncates what an earlier run left at the same path.
-
-    Opening fails loudly (the caller checks its output location before training); a write that fails later (disk
-    full) is logged once and ends journaling, not training.
-    """
+    """Thread-safe; ``write`` only queues, a background thread writes and flushes every ``flush_interval`` seconds
+    (a SIGKILL loses at most that) and fsyncs every ``sync_interval`` and at ``close``. A new run truncates the file;
+    a write that fails (disk full) is reported once and ends journaling, not training."""
 
     def __init__(self, path: str, sync_interval: float = 5.0, flush_interval: float = 0.2):
         self.path = path
@@ -59,29 +51,23 @@ class Journal:
         self._writer.start()
 
     def write(self, *records: dict[str, Any] | Point) -> None:
-        """Queue records (dicts, or ``Point`` tuples), appended one line each, in order; dropped once closed."""
+        """Queue records, one line each, in order; dropped once closed."""
         with self._lock:
             if not self._closing.is_set():
                 self._queued.extend(records)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write everything queued, fsync and close; later writes are dropped. A writer not done within ``timeout``
-        seconds (stuck on a hung filesystem) is abandoned, so that the end of a job never waits on it: the journal
-        keeps what was written, the dump gets every point anyway."""
+        """Write everything queued, fsync and close. A writer not done within ``timeout`` seconds (a hung
+        filesystem) is left behind: the end of a job never waits on it, and the dump gets every point anyway."""
         with self._lock:
             if self._closing.is_set():
                 return
             self._closing.set()
         self._writer.join(timeout)
         if self._writer.is_alive():
-            logger.warning(
-                "journal %s: its writer did not finish within %g s; left behind (the dump still gets every point)",
-                self.path,
-                timeout,
-            )
+            logger.warning("journal %s: its writer did not finish within %g s; left behind", self.path, timeout)
 
     def _write_queued(self) -> None:
-        """The writer thread: every ``flush_interval``, everything queued, then once more after ``close``."""
         last_sync = time.monotonic()
         closing = False
         while not closing:
@@ -100,15 +86,12 @@ class Journal:
                 print_own_line(f"journal {self.path} stopped: {exc}; the dump at the end still gets every point")
                 self._closing.set()  # later writes are dropped
                 break
-        try:
+        with contextlib.suppress(OSError):  # after a failed write, which said so already
             self._file.close()
-        except OSError as exc:
-            print_own_line(f"journal {self.path} could not be closed cleanly: {exc}")
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:
-    """The records of a journal. A torn last line (the process died while writing it) is dropped; damage anywhere
-    else means the file is not a journal and raises ``ValueError``."""
+    """The records of a journal, a torn last line dropped; ``ValueError`` if the file is not a journal."""
     records = []
     for number, record in read_json_lines(path, "a journal record"):
         if not isinstance(record, dict) or "type" not in record:

@@ -3,8 +3,7 @@
     python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl            # → out/benchmark.rebuilt.json
     python -m tuning.benchmarking.rebuild out/benchmark.journal.jsonl -o x.json
 
-A journal without an ``end`` record gives a dump with ``status: error`` and everything logged before the run died
-(README, "Journal and rebuilding a dump"). Needs neither torch nor Aim.
+A journal without an ``end`` record gives a dump with ``status: error`` and everything logged before the run died.
 """
 
 import argparse

@@ -21,11 +21,8 @@ def _point(name: str, value: float, step: int | None, context: dict | None, now:
 
 
 class RunRecord(Tracker):
-    """Journal records of one run (format in ``tuning.benchmarking.journal``); thread-safe.
-
-    It is also a ``Tracker``, so ``train(trackers=[record])`` delivers ``model_load_time`` straight into it. The
-    points are kept in a compact ``RunData`` until the dump is built at ``finish``.
-    """
+    """One run's records, journaled and kept in a compact ``RunData`` for the dump built at ``finish``; thread-safe.
+    A ``Tracker`` too, so that ``train(trackers=[record])`` delivers ``model_load_time`` into it."""
 
     name = "benchmark_record"
 
@@ -38,8 +35,8 @@ class RunRecord(Tracker):
         journal.write(start)
 
     def _append(self, *records: dict[str, Any] | Point, last: bool = False) -> bool:
-        """Add records, the ``last`` ones closing the journal; False once finished (nothing added then: e.g. a last
-        system-metrics sample racing the end of the run)."""
+        """Add records, the ``last`` ones closing the journal; False once finished (e.g. a last system sample
+        racing the end of the run: dropped)."""
         with self._lock:
             if self._finished:
                 return False
@@ -56,12 +53,11 @@ class RunRecord(Tracker):
         self.record_many([(name, value, step, context)])
 
     def record_many(self, points: Points, at: float | None = None) -> None:
-        """Several ``(name, value, step, context)`` points measured together (at ``at``, default now), journaled
-        with one write."""
+        """Points measured together, at ``at`` (default now)."""
         self.record_batches([(time.time() if at is None else at, points)])
 
     def record_batches(self, batches: list[tuple[float, Points]]) -> None:
-        """Points measured at different times, as ``(time, points)`` pairs in time order, journaled with one write."""
+        """``(time, points)`` pairs in time order, journaled with one write."""
         self._append(
             *[_point(name, value, step, context, at) for at, points in batches for name, value, step, context in points]
         )
@@ -82,8 +78,8 @@ class RunRecord(Tracker):
         peak_rss_bytes: int | None = None,
         cuda: list[dict[str, int]] | None = None,
     ) -> dict[str, Any] | None:
-        """Close the journal with an ``end`` record and return the dump; None if the run was already finished
-        (a stall report and the main thread can both get here)."""
+        """Close the journal with an ``end`` record and return the dump; None if already finished (a stall report and
+        the main thread can both get here)."""
         end = {
             "type": "end",
             "time": time.time(),

@@ -1,12 +1,8 @@
-"""The benchmark dump's schema, declared once as typed models: the writer (bench_train), the journal rebuild and
-readers (bench_report) agree on it, ``validate_dump`` checks a dump against it and the README's JSON Schema is
-generated from it:
+"""The benchmark dump's schema as typed models, shared by writer, rebuild, readers and ``validate_dump``. Every object
+allows more keys than it declares (keys may be added); renaming or dropping one bumps ``SCHEMA_VERSION``.
 
     python -m tuning.benchmarking.schema                    # print the JSON Schema
     python -m tuning.benchmarking.schema --readme README.md # rewrite the README's schema block
-
-Keys may be added in later versions (every object allows more keys than it declares); renaming or dropping one bumps
-``SCHEMA_VERSION``.
 """
 
 import argparse
@@ -159,7 +155,7 @@ class Dump(_Model):
 
 
 def validate_dump(dump: Any) -> list[str]:
-    """Every way ``dump`` departs from the schema (empty when it conforms), as ``$.path: problem`` lines."""
+    """Every way ``dump`` departs from the schema, as ``$.path: problem`` lines."""
     try:
         Dump.model_validate(dump)
     except ValidationError as exc:
@@ -168,16 +164,12 @@ def validate_dump(dump: Any) -> list[str]:
 
 
 def _problem(error: Any) -> str:
-    location = error["loc"]
+    location, message = error["loc"], error["msg"]
     if error["type"] == "missing":
-        return f"{_path(location[:-1])}: missing key {location[-1]!r}"
-    if error["type"] in ("lengths", "status"):  # the rules of the models' own validators
-        return f"{_path(location)}: {error['msg']}"
-    return f"{_path(location)}: {error['msg']}, got {type(error['input']).__name__}"
-
-
-def _path(location: tuple[str | int, ...]) -> str:
-    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location)
+        location, message = location[:-1], f"missing key {location[-1]!r}"
+    elif error["type"] not in ("lengths", "status"):  # not a rule of the models' own validators
+        message += f", got {type(error['input']).__name__}"
+    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location) + f": {message}"
 
 
 class _CompactSchema(GenerateJsonSchema):
@@ -194,7 +186,6 @@ class _CompactSchema(GenerateJsonSchema):
 
 
 def json_schema() -> dict[str, Any]:
-    """The dump's JSON Schema (draft 2020-12)."""
     return Dump.model_json_schema(schema_generator=_CompactSchema)
 
 
@@ -219,10 +210,10 @@ _README_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?^```$", re.DOTA
 
 def readme_with_schema(readme: str) -> str:
     """``readme`` with the JSON Schema in its ``<!-- dump-schema -->`` block."""
-    schema = schema_text()
-    if not _README_BLOCK.search(readme):
+    updated, found = _README_BLOCK.subn(lambda match: f"{match.group(1)}{schema_text()}\n```", readme)
+    if not found:
         raise ValueError("no <!-- dump-schema --> block followed by a ```json fence")
-    return _README_BLOCK.sub(lambda match: f"{match.group(1)}{schema}\n```", readme)
+    return updated
 
 
 if __name__ == "__main__":

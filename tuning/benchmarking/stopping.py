@@ -32,16 +32,12 @@ class StopRule:
     def reason(
         self, elapsed: float, measured_steps: int, measured_seconds: float, recent: Sequence[float]
     ) -> str | None:
-        """Why training should stop now (one of ``schema.STOP_REASONS``), or None to go on.
-
-        ``measured_steps``/``measured_seconds`` count the steps after the warmup; ``recent`` holds the last step
-        times (at least ``min_steps`` of them once there are that many).
-        """
+        """Why training should stop now (one of ``schema.STOP_REASONS``), or None. ``measured_*`` count the steps after
+        the warmup; ``recent`` holds the last ``min_steps`` step times."""
         if self.stop_after_seconds is not None and elapsed >= self.stop_after_seconds:
             return "stop_after_seconds"
         if self.auto_stop and measured_steps >= self.min_steps and measured_seconds >= self.min_seconds:
-            window = list(recent)[-self.min_steps :]
-            mean = statistics.fmean(window)
-            if mean > 0 and statistics.pstdev(window) / mean <= self.tolerance:
+            mean = statistics.fmean(recent)
+            if mean > 0 and statistics.pstdev(recent) / mean <= self.tolerance:
                 return "auto_stop"
         return None

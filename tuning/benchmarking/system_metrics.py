@@ -1,9 +1,6 @@
-"""System metrics sampled by the benchmark itself, in a background thread, independent of any tracker.
-
-The series and their contexts are listed in the README's "Dump schema" section ("Series: ..."). NVML comes from
-``nvidia-ml-py`` (``pip install 'tuning-bench[nvml]'``), imported only through ``init_nvml`` and only when needed;
-without it, or without a driver, the GPU series are simply absent. A sample that fails is logged once and skipped:
-measuring must never stop training.
+"""System metrics sampled in a background thread (series: README, "Dump schema"). NVML (``nvidia-ml-py``, extra
+``nvml``) is imported only by ``init_nvml``; without it or a driver the GPU series are absent. A sample that fails is
+logged once and skipped: measuring must never stop training.
 """
 
 import contextlib
@@ -18,13 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+import torch
 
 from tuning.benchmarking.schema import PROCESS_RSS
 
 logger = logging.getLogger(__name__)
-
-Sink = Callable[[str, float, dict[str, Any]], None]
-
 
 GPU_UTILIZATION = "gpu_utilization_percent"
 GPU_MEMORY_USED = "gpu_memory_used_bytes"
@@ -53,10 +48,9 @@ def nvml_text(value: str | bytes) -> str:
 def visible_gpu_handles(nvml: Any) -> list[Any]:
     """NVML handles of the GPUs this process's CUDA sees, in CUDA's order: item ``i`` is ``cuda:i``.
 
-    ``CUDA_VISIBLE_DEVICES`` names GPUs by NVML index or by UUID, whole (``GPU-8932f937-d72c-4106-...``) or by a
-    prefix that only one GPU's UUID starts with (``GPU-8932f937``), as CUDA accepts them; a MIG instance's UUID is
-    looked up by NVML itself. Like CUDA, the list ends before the first entry that names no GPU (or one already named).
-    Unset: every GPU in NVML's order, which is CUDA's on machines with one GPU model.
+    ``CUDA_VISIBLE_DEVICES`` entries are NVML indices, UUIDs or prefixes only one GPU's UUID starts with (MIG UUIDs:
+    NVML's own lookup); like CUDA, the list ends before the first entry naming no GPU or one already named. Unset:
+    NVML's order, which is CUDA's on machines with one GPU model.
     """
     gpus = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -65,15 +59,12 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
     uuids = [nvml_text(nvml.nvmlDeviceGetUUID(handle)) for handle in gpus]
     handles: dict[str, Any] = {}  # by UUID, in CUDA's order
     for item in (part.strip() for part in visible.split(",")):
-        if item.isdigit():
-            matches = [int(item)] if int(item) < len(gpus) else []
-        else:
-            matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]
+        matches = [index for index, uuid in enumerate(uuids) if item and uuid.startswith(item)]  # UUIDs or prefixes
+        if item.isdigit() and int(item) < len(gpus):
+            matches = [int(item)]
         if len(matches) == 1:
             uuid, handle = uuids[matches[0]], gpus[matches[0]]
-        elif matches or not item or item.isdigit():  # a prefix of several GPUs' UUIDs, an empty entry, no such GPU
-            break
-        else:
+        else:  # a MIG UUID; else no GPU (no such index, an empty entry, a prefix of several UUIDs): NVML fails too
             try:
                 uuid, handle = item, nvml.nvmlDeviceGetHandleByUUID(item.encode())  # bytes: every pynvml takes them
             except Exception:  # noqa: BLE001 - NVML knows no such UUID either
@@ -87,7 +78,7 @@ def visible_gpu_handles(nvml: Any) -> list[Any]:
 class SystemMetricsSampler:
     """Calls ``sink(name, value, context)`` for every series every ``interval`` seconds, and once more at ``stop()``."""
 
-    def __init__(self, interval: float, sink: Sink):
+    def __init__(self, interval: float, sink: Callable[[str, float, dict[str, Any]], None]):
         self.interval = interval
         self.sink = sink
         self._process = psutil.Process()
@@ -109,7 +100,7 @@ class SystemMetricsSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        """End sampling with one last sample, so that even a run shorter than the interval has one."""
+        """End sampling with one last sample: even a run shorter than the interval has one."""
         if self._thread is None or self._stop.is_set():
             return
         self._stop.set()
@@ -142,14 +133,14 @@ class SystemMetricsSampler:
         self._read(GPU_TEMPERATURE, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), context)
 
     def _read(self, name: str, read: Callable[[], float], context: dict[str, Any] | None = None) -> float | None:
-        """Sample one series; the value, or None when it could not be read (warned about once per series)."""
+        """Sample one series; None when it could not be read (warned about once per series)."""
         try:
             value = float(read())
         except Exception as exc:  # noqa: BLE001 - e.g. a GPU without power readings: skip that series
             key = f"{name}{context or ''}"
             if key not in self._failed:
                 self._failed.add(key)
-                logger.warning("system metric %s%s unavailable: %s", name, context or "", exc)
+                logger.warning("system metric %s unavailable: %s", key, exc)
             return None
         self.sink(name, value, context or {})
         return value
@@ -164,8 +155,6 @@ def _version(distribution: str) -> str | None:
 
 def environment_info() -> dict[str, Any]:
     """Versions the numbers depend on; CUDA, driver and GPU names when there is a GPU."""
-    import torch
-
     info: dict[str, Any] = {
         "python": platform.python_version(),
         **{name: _version(name) for name in ("torch", "transformers", "trl", "peft", "aim")},
@@ -184,22 +173,15 @@ def environment_info() -> dict[str, Any]:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size, from the kernel rather than sampled.
-
-    The kernel updates its high-water mark lazily, so the current RSS can be a little above it: take the larger.
-    """
+    """This process's peak resident set size from the kernel, which updates it lazily (the current RSS may be more)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
     return max(peak, psutil.Process().memory_info().rss)
 
 
 def cuda_peak_memory() -> list[dict[str, int]] | None:
-    """torch's peak allocated and reserved memory on each device this process used, or None without CUDA.
-
-    Devices the process never allocated on (other ranks' GPUs) are left out rather than reported as zeros.
-    """
-    import torch
-
+    """torch's peak allocated and reserved memory per device this process used (not other ranks' GPUs as zeros), or
+    None without CUDA."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
     return [

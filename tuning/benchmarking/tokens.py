@@ -1,8 +1,6 @@
-"""Non-padding tokens per optimizer step, counted without a device sync or a collective per micro-batch.
-
-The trainer's own count (``include_num_input_tokens_seen``) costs a collective and a device sync per micro-batch.
-Here a forward pre-hook sums each training micro-batch's attention mask where it lies; at the step's end the sums are
-all-reduced once and copied to the host without blocking, to be read once there (``ready``) or when training ends.
+"""Non-padding tokens per optimizer step, without the trainer's device sync and collective per micro-batch: a forward
+pre-hook sums each training micro-batch's attention mask where it lies; at the step's end the sums are all-reduced
+once and copied to the host without blocking, to be read once there (``ready``) or when training ends.
 """
 
 from collections import deque

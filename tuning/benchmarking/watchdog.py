@@ -1,8 +1,6 @@
-"""Stall watchdog: notices when training stops making progress, which no exception ever reports.
-
-A deadlocked collective, a wedged device or a dead data-loader worker leave the main thread waiting forever. The
-watchdog thread calls ``on_stall`` once when ``beat()`` was not called for ``timeout`` seconds while armed; the
-caller then reports the hang (with ``thread_stacks()``) and ends the process itself, since the main thread cannot.
+"""Stall watchdog: a deadlocked collective, a wedged device or a dead data-loader worker leave the main thread waiting
+forever, with no exception. The watchdog thread calls ``on_stall`` once when ``beat()`` was not called for ``timeout``
+seconds while armed; the caller reports the hang (with ``thread_stacks()``) and ends the process itself.
 """
 
 import sys
@@ -14,15 +12,13 @@ from collections.abc import Callable
 
 def thread_stacks() -> str:
     """The Python stack of every thread of this process, main thread first: where each one is stuck."""
-    names = {thread.ident: thread for thread in threading.enumerate()}
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
     frames = sorted(sys._current_frames().items(), key=lambda item: item[0] != threading.main_thread().ident)
-    blocks = []
-    for ident, frame in frames:
-        thread = names.get(ident)
-        name, daemon = (thread.name, ", daemon" if thread.daemon else "") if thread else ("?", "")
-        title = f"Thread {name} (ident {ident}{daemon})"
-        blocks.append(title + ":\n" + "".join(traceback.format_stack(frame)))
-    return "\n".join(blocks)
+    stacks = [
+        f"Thread {names.get(ident, '?')} (ident {ident}):\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in frames
+    ]
+    return "\n".join(stacks)
 
 
 class StallWatchdog:

@@ -26,9 +26,8 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def read_json_lines(path: str | os.PathLike[str], what: str = "JSON") -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of each non-empty line of a JSON-lines file. A torn last line (its writer died while
-    writing it, with or without the newline) is dropped; a bad line anywhere else raises ``ValueError`` saying that
-    line is not ``what``."""
+    """``(line number, value)`` of each non-empty line; a torn last line (its writer died) is dropped, a bad line
+    anywhere else raises ``ValueError`` saying it is not ``what``."""
     with open(path, encoding="utf-8") as handle:
         lines = handle.read().split("\n")
     for number, line in enumerate(lines, start=1):

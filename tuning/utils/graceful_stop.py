@@ -28,13 +28,10 @@ OnAgreed = Callable[[int, TrainerControl], None]
 
 
 class StopAgreement:
-    """One stop decision per optimizer step, agreed by all ranks with a single all-reduce: a rank that stopped alone
-    would leave the others blocked in their next collective.
-
-    Each callback that may stop training joins at train begin with its kind of vote and a handler, then votes at
-    every step end. Once every joined callback has voted (in whatever order), one all-reduce (MAX) of the votes on a
-    CPU (gloo) group, so no device sync, gives each handler the agreed value of its kind with the step's
-    ``TrainerControl``. In a single process the votes stand as they are.
+    """One stop decision per optimizer step, agreed by all ranks (a rank stopping alone would block the others in
+    their next collective). Each stopping callback joins at train begin with its kind of vote and a handler, then votes
+    at every step end; the step's last vote runs one all-reduce (MAX) of all votes on a CPU (gloo) group, so no device
+    sync, and gives each handler the agreed value of its kind. In a single process the votes stand as they are.
     """
 
     def __init__(self) -> None:
@@ -68,15 +65,12 @@ class StopAgreement:
 
 
 class GracefulStopCallback(TrainerCallback):
-    """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary, on every rank (through ``agreement``).
-
-    The trainer then returns normally, so trackers flush in ``on_train_end``; the caller checks ``received_signal``
-    and raises ``TrainingInterrupted``. A second signal before the stop gets the previous handler, so the user can
-    still force a stop. Once the stop is agreed, a repeated SIGTERM is ignored and the handlers stay installed until
-    the caller's ``restore_signal_handlers()``: torchrun sends SIGTERM to every worker as soon as one exits, and it
-    must not cut a report short. Checkpoints and evaluations are skipped once stopping: the grace period before
-    SIGKILL (30 s by default on Kubernetes) is short and half a checkpoint is worse than none. Also records the
-    global step for error reports.
+    """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary on every rank; the trainer returns normally
+    (trackers flush) and the caller raises ``TrainingInterrupted`` from ``received_signal``. A second signal before
+    the stop gets the previous handler (the user can still force it). Once the stop is agreed, a repeated SIGTERM
+    (torchrun's to every worker once one exits) is ignored until ``restore_signal_handlers()``, so that it cannot cut
+    a report short; checkpoints and evaluations are skipped: half a checkpoint in the grace period is worse than none.
+    Also records the global step for error reports.
     """
 
     signals = (signal.SIGTERM, signal.SIGINT)
