@@ -33,7 +33,7 @@ from tuning.utils.error_logging import (
     exit_code_for,
     install_early_signal_handlers,
     run_with_error_reporting,
-    termination_log_path,
+    write_termination_log,
 )
 
 if TYPE_CHECKING:
@@ -128,18 +128,6 @@ def termination_message(failures: list[RankFailure]) -> str:
     return text
 
 
-def _write_termination_log(text: str) -> None:
-    """Replace the pod's termination log with ``text``; never raises."""
-    path = termination_log_path()
-    if path is None:
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        logger.warning("Could not write the termination log %s: %s", path, exc)
-
-
 def _process_count(job_config: dict) -> int:
     launch_args = job_config.get(LAUNCH_ARGS_KEY) or {}
     if not isinstance(launch_args, dict):
@@ -203,7 +191,7 @@ def launch(args: argparse.Namespace) -> int:
                 os.environ.pop(TERMINATION_LOG_ENV, None)
             else:
                 os.environ[TERMINATION_LOG_ENV] = pod_log
-    _write_termination_log(termination_message(failed))
+    write_termination_log(termination_message(failed), replace=True)
     root = failed[0]
     more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""
     print(f"tuning.launch: exit {root.exit_code}, root cause: {root.line}{more}", file=sys.stderr, flush=True)

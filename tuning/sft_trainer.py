@@ -38,7 +38,7 @@ from tuning.data.masking import tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
-from tuning.utils.config_utils import get_json_config
+from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
@@ -104,13 +104,8 @@ def _exp_metadata_json(value: Any) -> str | None:
     """``exp_metadata`` as a JSON string, as fms-hf-tuning hands it on (a job config may hold an object)."""
     if value is None:
         return None
-    try:
-        text = value if isinstance(value, str) else json.dumps(value)
-        metadata = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise UserInputError(f"--exp_metadata is not valid JSON: {exc}") from exc
-    if not isinstance(metadata, dict):
-        raise UserInputError(f"--exp_metadata must be a JSON object, got {type(metadata).__name__}")
+    text = value if isinstance(value, str) else json.dumps(value)
+    json_object(text, "--exp_metadata")
     return text
 
 

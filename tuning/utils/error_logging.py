@@ -264,16 +264,16 @@ def termination_log_path(log_file: str | None = None) -> str | None:
     return os.environ.get(TERMINATION_LOG_ENV) or log_file or (K8S_TERMINATION_LOG if kubernetes else None)
 
 
-def write_termination_log(text: str, log_file: str | None = None) -> str | None:
-    """Append ``text`` to the termination log as one line of at most 1 KiB; return the path, or None if none was
-    written. Never raises: it must not mask the error being reported."""
+def write_termination_log(text: str, log_file: str | None = None, *, replace: bool = False) -> str | None:
+    """Append ``text`` to the termination log as one line of at most 1 KiB (``replace``: make ``text`` the whole
+    file); return the path, or None if none was written. Never raises: it must not mask the error being reported."""
     path = termination_log_path(log_file)
     if path is None:
         return None
     try:
         # One write of a short line in append mode: lines of ranks sharing the file do not interleave.
-        with open(path, "a", encoding="utf-8", errors="replace") as handle:
-            handle.write(_one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
+        with open(path, "w" if replace else "a", encoding="utf-8", errors="replace") as handle:
+            handle.write(text if replace else _one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
     except Exception as exc:
         logger.warning("Could not write the termination log %s: %s", path, exc)
         return None
