@@ -18,9 +18,8 @@ import signal
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import (
@@ -50,8 +49,7 @@ _NO_SCRIPT = "\0"  # appended to argv to learn whether it named a script (no rea
 _TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )?")
 
 
-@dataclass(frozen=True)
-class RankFailure:
+class RankFailure(NamedTuple):
     rank: int
     exit_code: int  # as a shell sees it: 128+N for signal N
     line: str  # its termination-log line: its own, or one composed for a rank that wrote none
