@@ -230,23 +230,16 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     if not train_args.packing and not data_args.response_template:
         raise UserInputError("--response_template is required unless --packing is on")
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
-    if train_args.max_steps <= 0 and (not _is_number(epochs, float) or epochs <= 0):
+    # bools are ints to isinstance, but no numbers here
+    if train_args.max_steps <= 0 and (isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
-    if not _is_number(accumulation, int) or accumulation <= 0:
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation <= 0:
         raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
     for flag in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(train_args, flag) <= 0:
             raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
-        raise UserInputError(
-            f"--max_steps must be a number of steps, or -1 to train --num_train_epochs; got {train_args.max_steps}"
-        )
-
-
-def _is_number(value: Any, kind: type) -> bool:
-    """An int (or, for ``float``, an int or a float), not a bool."""
-    kinds = (int, float) if kind is float else (int,)
-    return isinstance(value, kinds) and not isinstance(value, bool)
+        raise UserInputError(f"--max_steps must be a number of steps or -1 (all epochs), got {train_args.max_steps}")
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):

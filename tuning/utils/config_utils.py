@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+from pathlib import Path
 
 from tuning.utils.error_logging import UserInputError
 
@@ -34,8 +35,7 @@ def get_json_config() -> dict:
     path = os.environ.get(CONFIG_PATH_ENV)
     if path:
         try:
-            with open(path, encoding="utf-8") as handle:
-                return json_object(handle.read(), f"job config from {path}")
+            return json_object(Path(path).read_text(encoding="utf-8"), f"job config from {path}")
         except OSError as exc:
             raise UserInputError(f"cannot read job config {path} ({CONFIG_PATH_ENV}): {exc}") from exc
     return {}

@@ -32,9 +32,7 @@ class InputFileNotFoundError(UserInputError, FileNotFoundError):
 class InputKeyError(UserInputError, KeyError):
     """A key the user named (a text field, a template placeholder) is missing from the data; a ``KeyError``."""
 
-    def __str__(self) -> str:
-        # KeyError's own str() quotes its argument, as it is meant to be a bare key; ours is a sentence.
-        return str(self.args[0]) if self.args else ""
+    __str__ = Exception.__str__  # KeyError's quotes its argument, meant to be a bare key; ours is a sentence
 
 
 class TrainingInterrupted(Exception):
