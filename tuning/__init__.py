@@ -2,8 +2,7 @@
 
 
 def __getattr__(name: str):
-    # `train` pulls in torch, transformers and TRL: import it only when asked, so that light users of the package
-    # (error reporting, trackers' configs, report tools) start fast.
+    # `train` pulls in torch, transformers and TRL: imported when asked, so that light users of the package start fast.
     if name == "train":
         from tuning.sft_trainer import train
 

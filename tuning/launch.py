@@ -3,11 +3,9 @@
     python -m tuning.launch [torchrun flags] tuning/sft_trainer.py [trainer flags]
     python -m tuning.launch [torchrun flags]    # container entrypoint: the job config from SFT_TRAINER_CONFIG_JSON_*
 
-torchrun's own parser and elastic agent run the workers (flags, ``PET_*`` variables, rendezvous, restarts, signal
-forwarding); this adds how the job ends: the exit code of the rank that failed first, a termination log composed
-from the lines the workers write to a temporary file, and the container entrypoint. The README's "Running on
-Kubernetes" section describes each. Torch is imported only once the signal handlers are installed, which is why the
-``sft_trainer`` console script lives here too.
+torchrun's own parser and elastic agent run the workers; this adds how the job ends (the exit code of the rank that
+failed first, a termination log composed from the workers' lines) and the container entrypoint (README: "Running on
+Kubernetes"). Torch is imported only after the signal handlers are installed, hence the ``sft_trainer`` script here.
 """
 
 import argparse
@@ -20,9 +18,8 @@ import signal
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import (
@@ -35,7 +32,7 @@ from tuning.utils.error_logging import (
     exit_code_for,
     install_early_signal_handlers,
     run_with_error_reporting,
-    termination_log_path,
+    write_termination_log,
 )
 
 if TYPE_CHECKING:
@@ -52,10 +49,7 @@ _NO_SCRIPT = "\0"  # appended to argv to learn whether it named a script (no rea
 _TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )?")
 
 
-@dataclass(frozen=True)
-class RankFailure:
-    """One failed rank, as the pod reports it."""
-
+class RankFailure(NamedTuple):
     rank: int
     exit_code: int  # as a shell sees it: 128+N for signal N
     line: str  # its termination-log line: its own, or one composed for a rank that wrote none
@@ -102,12 +96,9 @@ def failures_in_order(
 ) -> list[RankFailure]:
     """The failed ranks of torch's ``ChildFailedError.failures`` (global rank → ``ProcessFailure``), root cause first.
 
-    torch's agent stamps each failure with the second in which it saw the process end, and stops the other workers
-    only after that: a later second is a later failure. Within one second, ranks that wrote a line come in the order
-    they wrote it: a rank writes its report before it exits, and its peers fail only after that, losing it in a
-    collective or stopped by the agent's SIGTERM. A rank that a signal other than that SIGTERM ended without a line
-    (SIGKILL, SIGSEGV) comes before them, since they reacted to its death; one that SIGTERM ended without a line, or
-    that exited without writing one, after them. Ties keep torch's order (``get_first_failure``'s).
+    By the second torch's agent saw each end; within one, ranks that wrote a line in the order they wrote it (peers
+    fail only after the root cause reported). A rank killed without a line by another signal than the agent's SIGTERM
+    (SIGKILL, SIGSEGV) comes before them, one stopped by that SIGTERM or that exited without a line after them.
     """
 
     def order(item: tuple[int, "ProcessFailure"]) -> tuple[int, int, int]:
@@ -133,18 +124,6 @@ def termination_message(failures: list[RankFailure]) -> str:
             break
         text += line
     return text
-
-
-def _write_termination_log(text: str) -> None:
-    """Replace the pod's termination log with ``text`` (which must come first); never raises."""
-    path = termination_log_path()
-    if path is None:
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        logger.warning("Could not write the termination log %s: %s", path, exc)
 
 
 def _process_count(job_config: dict) -> int:
@@ -210,7 +189,7 @@ def launch(args: argparse.Namespace) -> int:
                 os.environ.pop(TERMINATION_LOG_ENV, None)
             else:
                 os.environ[TERMINATION_LOG_ENV] = pod_log
-    _write_termination_log(termination_message(failed))
+    write_termination_log(termination_message(failed), replace=True)
     root = failed[0]
     more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""
     print(f"tuning.launch: exit {root.exit_code}, root cause: {root.line}{more}", file=sys.stderr, flush=True)

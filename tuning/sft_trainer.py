@@ -1,7 +1,5 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (``get_parser``, ``parse_arguments``, ``get_json_config``, ``train``; see the README's "Python API").
-``main()`` builds the trackers itself and hands them to ``train(trackers=...)``, as wrappers with their own do.
-"""
+Python API (README: "Python API"). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
 
 import argparse
 import dataclasses
@@ -14,15 +12,13 @@ import time
 from typing import Any, NamedTuple
 
 if __package__ in (None, ""):
-    # Run as `python tuning/sft_trainer.py`: import the package from the repository, not the script's folder
-    # (whose `config`, `data` and `utils` would otherwise shadow top-level modules).
+    # `python tuning/sft_trainer.py`: import from the repository; the script's folder would shadow `config`, `data`...
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
 if __name__ == "__main__":
-    # Before the heavy imports below: a SIGTERM (preemption) or Ctrl-C while they load still ends the job as
-    # `interrupted`, with its termination-log line. The `sft_trainer` console script does this in tuning.launch.
+    # Before the heavy imports: a SIGTERM or Ctrl-C while they load still ends the job as `interrupted`.
     from tuning.utils.error_logging import install_early_signal_handlers
 
     install_early_signal_handlers()
@@ -42,7 +38,7 @@ from tuning.data.masking import tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
-from tuning.utils.config_utils import get_json_config
+from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
@@ -75,10 +71,8 @@ class _UpstreamValues(NamedTuple):
 
 
 class ParsedArguments(_UpstreamValues):
-    """fms-hf-tuning's ten values of ``parse_arguments`` in its order (``None`` for the features this package does
-    not have), plus ``tracker_configs`` (every registered tracker's, set by ``parse_arguments``) and
-    ``experiment_metadata`` (a dict), by name.
-    """
+    """fms-hf-tuning's ten values of ``parse_arguments`` in its order, plus ``tracker_configs`` and
+    ``experiment_metadata`` (a dict) by name."""
 
     tracker_configs: TrackerConfigFactory
 
@@ -107,23 +101,16 @@ def get_parser() -> HfArgumentParser:
 
 
 def _exp_metadata_json(value: Any) -> str | None:
-    """``exp_metadata`` as fms-hf-tuning hands it on, a JSON string (a job config may hold an object), checked to
-    be a JSON object."""
+    """``exp_metadata`` as a JSON string, as fms-hf-tuning hands it on (a job config may hold an object)."""
     if value is None:
         return None
-    try:
-        text = value if isinstance(value, str) else json.dumps(value)
-        metadata = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise UserInputError(f"--exp_metadata is not valid JSON: {exc}") from exc
-    if not isinstance(metadata, dict):
-        raise UserInputError(f"--exp_metadata must be a JSON object, got {type(metadata).__name__}")
+    text = value if isinstance(value, str) else json.dumps(value)
+    json_object(text, "--exp_metadata")
     return text
 
 
 def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, argparse.Namespace]:
-    """The dataclasses and the plain flags of a JSON job config, as ``parse_args_into_dataclasses`` gives them; keys
-    that are no flag (a launcher's own, e.g. ``accelerate_launch_args``) are ignored with one warning naming them."""
+    """The dataclasses and plain flags of a JSON job config; keys that are no flag are ignored with one warning."""
     config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
     flags = {name: config.pop(name, parser.get_default(name)) for name in ("peft_method", "use_peft", "exp_metadata")}
     if isinstance(config.get("trackers"), str):
@@ -177,19 +164,12 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
 
 
 def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
-    """Name the PEFT flags set away from their defaults that the chosen method ignores (LoRA flags without
-    ``--peft_method lora``, prompt-tuning flags without ``pt``): training goes on, without them."""
+    """Warn about the PEFT flags set away from their defaults that the chosen method ignores."""
     for method, config in (("lora", lora_config), ("pt", prompt_config)):
         defaults = vars(type(config)())
-        ignored = [f"--{name}" for name, value in vars(config).items() if value != defaults[name]]
+        ignored = " ".join(f"--{name}" for name, value in vars(config).items() if value != defaults[name])
         if ignored and method != peft_method:
-            logger.warning(
-                "ignoring %s: %s only applies with --peft_method %s, and this run has --peft_method %s",
-                " ".join(ignored),
-                "it" if len(ignored) == 1 else "they",
-                method,
-                peft_method,
-            )
+            logger.warning("ignoring %s: only for --peft_method %s; this run has %s", ignored, method, peft_method)
 
 
 def check_output_dir(path: str) -> None:
@@ -198,13 +178,12 @@ def check_output_dir(path: str) -> None:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        where = "is" if existing == os.path.abspath(path) else f"is under {existing}, which is"
-        raise UserInputError(f"--output_dir {path} {where} a file, not a directory")
+        raise UserInputError(f"--output_dir {path}: {existing} is a file, not a directory")
 
 
 def check_model_files(flag: str, path: str) -> None:
-    """A local model or tokenizer directory whose JSON files or safetensors weights are damaged (a cut-short copy
-    or download) is the user's input: name the file now. Reads the JSON files and the safetensors headers only."""
+    """Name a damaged JSON file or safetensors file (a cut-short copy) of a local model directory; reads the JSON
+    files and the safetensors headers only."""
     if not os.path.isdir(path):
         return
     for json_file in sorted(glob.glob(os.path.join(path, "*.json"))):
@@ -251,23 +230,16 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     if not train_args.packing and not data_args.response_template:
         raise UserInputError("--response_template is required unless --packing is on")
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
-    if train_args.max_steps <= 0 and (not _is_number(epochs, float) or epochs <= 0):
+    # bools are ints to isinstance, but no numbers here
+    if train_args.max_steps <= 0 and (isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
-    if not _is_number(accumulation, int) or accumulation <= 0:
+    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation <= 0:
         raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
     for flag in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(train_args, flag) <= 0:
             raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
-        raise UserInputError(
-            f"--max_steps must be a number of steps, or -1 to train --num_train_epochs; got {train_args.max_steps}"
-        )
-
-
-def _is_number(value: Any, kind: type) -> bool:
-    """An int (or, for ``float``, an int or a float); bools are no numbers here."""
-    kinds = (int, float) if kind is float else (int,)
-    return isinstance(value, kinds) and not isinstance(value, bool)
+        raise UserInputError(f"--max_steps must be a number of steps or -1 (all epochs), got {train_args.max_steps}")
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
@@ -312,10 +284,8 @@ def train(
     callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
-    """Fine-tune and save the model (or adapter) into ``output_dir``, with fms-hf-tuning's signature; returns the
-    train output and the additional metrics. The trackers, ``trackers=`` and the rejected inputs (``UserInputError``,
-    before the model loads) are described in the README's "Python API".
-    """
+    """Fine-tune and save the model (or adapter) into ``output_dir``; returns the train output and the additional
+    metrics (README: "Python API")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -401,7 +371,6 @@ def main() -> int:
             args.data_args,
             args.training_args,
             args.tune_config,
-            tracker_configs=args.tracker_configs,
             additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
             exp_metadata=args.experiment_metadata,
             trackers=trackers,

@@ -1,8 +1,5 @@
-"""Argument dataclasses of the sft_trainer CLI.
-
-Field names, defaults and aliases follow fms-hf-tuning's ``sft_trainer`` so that existing job scripts keep
-working; every transformers ``TrainingArguments`` flag is available through the subclass below.
-"""
+"""Argument dataclasses of the sft_trainer CLI, with fms-hf-tuning's field names, defaults and aliases; every
+transformers ``TrainingArguments`` flag is available through the subclass below."""
 
 import logging
 from dataclasses import dataclass, field
@@ -21,17 +18,13 @@ class ModelArguments:
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Local path (or hub id, when online) of the causal LM to tune."}
     )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer path; defaults to --model_name_or_path."}
-    )
+    tokenizer_name_or_path: str | None = field(default=None, metadata={"help": "Tokenizer; defaults to the model's."})
     use_flash_attn: bool = field(
         default=True,
         metadata={"help": "Use flash attention 2 when installed on a GPU; falls back to sdpa with a warning."},
     )
     # A string on the command line; Python callers may give a torch.dtype as well.
-    torch_dtype: str = field(
-        default="bfloat16", metadata={"help": "dtype the model is loaded in: bfloat16, float16 or float32."}
-    )
+    torch_dtype: str = field(default="bfloat16", metadata={"help": "Model dtype: bfloat16, float16 or float32."})
     embedding_size_multiple_of: int = field(
         default=8, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
     )
@@ -47,12 +40,8 @@ class DataArguments:
         default=None,
         metadata={"help": "Training data: a JSON array or JSON lines file.", "aliases": ["--data_path"]},
     )
-    validation_data_path: str | None = field(
-        default=None, metadata={"help": "Validation data, same formats as the training data."}
-    )
-    dataset_text_field: str | None = field(
-        default=None, metadata={"help": "Record field holding the full training text."}
-    )
+    validation_data_path: str | None = field(default=None, metadata={"help": "Validation data (same formats)."})
+    dataset_text_field: str | None = field(default=None, metadata={"help": "Record field holding the training text."})
     data_formatter_template: str | None = field(
         default=None,
         metadata={"help": "Template building the text from record fields, e.g. '### Input: {{input}}'."},
@@ -71,16 +60,10 @@ class TrainingArguments(transformers.TrainingArguments):
         metadata={"help": "Evaluation strategy: no, steps or epoch.", "aliases": ["--evaluation_strategy"]},
     )
     # fms-hf-tuning logs and saves once per epoch unless told otherwise.
-    logging_strategy: IntervalStrategy | str = field(
-        default="epoch", metadata={"help": "Logging strategy: no, steps or epoch."}
-    )
-    save_strategy: SaveStrategy | str = field(
-        default="epoch", metadata={"help": "Checkpoint strategy: no, steps, epoch or best."}
-    )
+    logging_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": "Logging: no, steps or epoch."})
+    save_strategy: SaveStrategy | str = field(default="epoch", metadata={"help": "Saving: no, steps, epoch or best."})
     cache_dir: str | None = field(default=None, metadata={"help": "Cache directory for model loading."})
-    max_seq_length: int = field(
-        default=4096, metadata={"help": "Maximum sequence length; capped at the tokenizer's maximum."}
-    )
+    max_seq_length: int = field(default=4096, metadata={"help": "Max sequence length, capped at the tokenizer's."})
     packing: bool = field(default=False, metadata={"help": "Pack several examples into each sequence."})
     # transformers 5 folded warmup_ratio into warmup_steps (a float below 1 is a ratio); keep the old flag.
     warmup_ratio: float | None = field(

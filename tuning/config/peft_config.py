@@ -26,10 +26,8 @@ class PromptTuningConfig:
     )
 
 
-def to_peft_config(config: LoraConfig | PromptTuningConfig | None, tokenizer_name_or_path: str | None):
-    """Translate our CLI dataclass into the peft library's config (None for full fine-tuning)."""
-    if config is None:
-        return None
+def to_peft_config(config: LoraConfig | PromptTuningConfig, tokenizer_name_or_path: str | None):
+    """Translate our CLI dataclass into the peft library's config."""
     import peft
 
     task = peft.TaskType.CAUSAL_LM

@@ -1,8 +1,5 @@
-"""Turning records into training texts: a text field or a ``{{key}}`` template, each followed by EOS.
-
-A placeholder's key is whatever stands between the braces, spaces included (``{{Tweet text}}``); spaces around it
-are ignored unless the data has a key with them. A key the record lacks is a ``KeyError`` naming it.
-"""
+"""Turning records into training texts: a text field or a ``{{key}}`` template (the key as written between the
+braces, else stripped), each followed by EOS. A key the record lacks is a ``KeyError`` naming it."""
 
 import re
 from collections.abc import Iterable, Iterator

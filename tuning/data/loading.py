@@ -1,9 +1,7 @@
 """Reading training records from JSON arrays or JSON lines, one record at a time.
 
-Memory is bounded by a record (plus a read buffer of 1 MiB), not by the file. Every error names the file and the line:
-a missing file or a directory is a ``FileNotFoundError``, bytes that are not UTF-8 and malformed, empty or non-object
-data are ``datasets``' ``DatasetGenerationError``, as ``datasets.load_dataset("json")`` raises in fms-hf-tuning; all
-of them are also our ``UserInputError``.
+Memory is bounded by a record plus a 1 MiB read, not by the file. Every error names the file and the line, with
+fms-hf-tuning's types (``FileNotFoundError``, else ``datasets``' ``DatasetGenerationError``), also ``UserInputError``.
 """
 
 import codecs
@@ -37,11 +35,8 @@ def check_data_file(path: str) -> None:
 
 
 class _Reader:
-    """Decodes JSON values one by one from a text buffer refilled 1 MiB at a time.
-
-    ``text[position:]`` is what is left to parse; ``line`` is the line of ``position`` and ``text_column`` the column
-    of ``text[0]``, so that errors name where they are however long the lines.
-    """
+    """Decodes JSON values one by one from a text buffer refilled 1 MiB at a time. ``text[position:]`` is left to
+    parse; ``line`` is the line of ``position``, ``text_column`` the column of ``text[0]`` (lines may be long)."""
 
     def __init__(self, path: str, handle):
         self.path, self.handle = path, handle

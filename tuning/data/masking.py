@@ -1,10 +1,9 @@
 """Tokenisation with loss masking: only the response (what follows the response template) is trained on.
 
-TRL 1.16 has no ``DataCollatorForCompletionOnlyLM``; we mask once, while tokenising, by character offsets: a token
-is part of the response when it starts at or after the end of the template in the text, which cannot miss a
-template that tokenises differently in context. The ``input_ids``/``labels`` rows are written, a batch at a time,
-to an Arrow file (``Dataset.from_generator``) in a directory of its own under ``HF_DATASETS_CACHE``, removed at exit:
-memory is bounded by a batch, not by the data; TRL pads (labels with -100) and packs the dataset as it is.
+TRL 1.16 has no ``DataCollatorForCompletionOnlyLM``; we mask while tokenising, by character offsets (a token is in
+the response when it starts at or after the template's end), which cannot miss a template that tokenises differently
+in context. Rows go a batch at a time to an Arrow file in a directory of its own under ``HF_DATASETS_CACHE``, removed
+at exit: memory is bounded by a batch, not by the data.
 """
 
 import atexit
@@ -23,8 +22,7 @@ from datasets.exceptions import DatasetGenerationError
 from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
-# A batch is tokenised at once and takes ~300 bytes per token until it is written (Python lists of ids and offsets):
-# at most this many texts or characters, whichever comes first, keeps it near 10 MB.
+# A batch takes ~300 bytes per token until written: at most this many texts or characters keeps it near 10 MB.
 BATCH_TEXTS = 1000
 BATCH_CHARACTERS = 1 << 16
 # Rows the Arrow writer buffers before writing them out; a row holds up to max_seq_length tokens.
@@ -98,11 +96,8 @@ def _rows(
 def tokenize_and_mask(
     texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str = "data"
 ) -> Dataset:
-    """Tokenise texts; with a response template, label every prompt token -100 and drop texts lacking it.
-
-    ``texts`` may be a generator (e.g. ``format_file``): it is read once, a batch at a time. Our errors raised while
-    reading it (bad data, a missing key) come out as they were raised, not wrapped by ``datasets``.
-    """
+    """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
+    drop texts lacking it. Our errors raised while reading ``texts`` come out unwrapped by ``datasets``."""
     os.makedirs(datasets.config.HF_DATASETS_CACHE, exist_ok=True)
     cache_dir = tempfile.mkdtemp(prefix="tuning-data-", dir=datasets.config.HF_DATASETS_CACHE)
     atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)

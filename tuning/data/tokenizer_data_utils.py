@@ -4,13 +4,10 @@ import math
 
 
 def tokenizer_and_embedding_resize(special_tokens_dict: dict, tokenizer, model, multiple_of: int = 8) -> dict:
-    """Add ``special_tokens_dict`` to the tokenizer and resize the model's embeddings to ``len(tokenizer)`` rounded up
-    to a multiple of ``multiple_of``.
+    """Add ``special_tokens_dict`` and resize the embeddings to ``len(tokenizer)`` rounded up to ``multiple_of``.
 
-    Rows the resize adds (for new tokens and for the rounding) start as the mean of the existing rows, in the input
-    and the output embeddings: a new token's logit is then the mean of the others, so greedy decoding is unchanged.
-    Every row beyond the model's old size is new, also for tokens added to the tokenizer before this call. Returns
-    the number of tokens added here and the new embedding size.
+    Every row beyond the model's old size (also for tokens added before this call) starts as the mean of the existing
+    rows, input and output: greedy decoding is unchanged. Returns the tokens added here and the new embedding size.
     """
     num_new_tokens = tokenizer.add_special_tokens(special_tokens_dict)
     old_size = model.get_input_embeddings().weight.shape[0]

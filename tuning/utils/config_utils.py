@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+from pathlib import Path
 
 from tuning.utils.error_logging import UserInputError
 
@@ -10,14 +11,15 @@ CONFIG_PATH_ENV = "SFT_TRAINER_CONFIG_JSON_PATH"
 CONFIG_BASE64_ENV = "SFT_TRAINER_CONFIG_JSON_ENV_VAR"
 
 
-def _as_object(text: str, source: str) -> dict:
+def json_object(text: str, what: str) -> dict:
+    """``text`` parsed as a JSON object; otherwise a ``UserInputError`` saying what ``what`` is not."""
     try:
-        config = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserInputError(f"job config from {source} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise UserInputError(f"job config from {source} must be a JSON object, got {type(config).__name__}")
-    return config
+        raise UserInputError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise UserInputError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def get_json_config() -> dict:
@@ -29,12 +31,11 @@ def get_json_config() -> dict:
             text = base64.b64decode(encoded, validate=True).decode("utf-8")
         except ValueError as exc:  # binascii.Error, UnicodeDecodeError
             raise UserInputError(f"{CONFIG_BASE64_ENV} is not base64-encoded UTF-8 JSON: {exc}") from exc
-        return _as_object(text, CONFIG_BASE64_ENV)
+        return json_object(text, f"job config from {CONFIG_BASE64_ENV}")
     path = os.environ.get(CONFIG_PATH_ENV)
     if path:
         try:
-            with open(path, encoding="utf-8") as handle:
-                return _as_object(handle.read(), path)
+            return json_object(Path(path).read_text(encoding="utf-8"), f"job config from {path}")
         except OSError as exc:
             raise UserInputError(f"cannot read job config {path} ({CONFIG_PATH_ENV}): {exc}") from exc
     return {}

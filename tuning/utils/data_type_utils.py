@@ -6,8 +6,7 @@ from tuning.utils.error_logging import UserInputError
 
 
 def str_to_torch_dtype(dtype_str: str) -> torch.dtype:
-    """The torch dtype named ``dtype_str`` (an attribute of ``torch``: ``bfloat16``, ``float32``...); a
-    ``ValueError`` (a user error) for anything else."""
+    """The torch dtype named ``dtype_str`` (``bfloat16``, ``float32``...); a ``UserInputError`` for anything else."""
     dtype = getattr(torch, dtype_str, None) if isinstance(dtype_str, str) else None
     if not isinstance(dtype, torch.dtype):
         raise UserInputError(

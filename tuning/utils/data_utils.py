@@ -6,11 +6,8 @@ FORMATTED_DATA_FIELD = "formatted_data_field"
 
 
 def apply_custom_formatting_template(dataset, template: str, eos_token: str = ""):
-    """Add a column holding each record's ``template`` filled from its fields (``{{key}}``), plus ``eos_token``.
-
-    ``dataset`` is a ``Dataset`` or ``DatasetDict``. Returns the mapped dataset and the new column's name. A key that
-    a record lacks raises a ``KeyError`` naming it and the record.
-    """
+    """Add a column holding each record's filled ``template`` plus ``eos_token`` to a ``Dataset`` or
+    ``DatasetDict``; returns the mapped dataset and the column's name. A missing key is a ``KeyError`` naming it."""
     formatter = TextFormatter(eos_token, template=template)
 
     def format_record(record: dict, index: int) -> dict[str, str]:

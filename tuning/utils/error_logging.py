@@ -1,11 +1,8 @@
 """Error reporting shared by sft_trainer and every wrapper: classification, exit codes, termination log, report.
 
-A failed run must be diagnosable by a machine without grepping logs: every failure gets a stable category with its
-own exit code, one line in the Kubernetes termination log, one greppable ``TUNING_ERROR`` stderr line and, for
-wrappers, a JSON report. The categories, exit codes (and their ``TUNING_EXIT_CODE_<CATEGORY>`` overrides), the line
-formats and the report's keys are documented in the README's "Errors, exit codes and reports" section; the report
-is an on-disk interface (keys may be added, never renamed or dropped). This module imports neither torch nor
-transformers, so a supervisor process can use it cheaply; torch exceptions are recognised by class name.
+Every failure gets a stable category and exit code, one termination-log line, one greppable ``TUNING_ERROR`` stderr
+line and, for wrappers, a JSON report (README: "Errors, exit codes and reports"). Imports neither torch nor
+transformers, so a supervisor can use it cheaply: torch exceptions are recognised by class name.
 """
 
 import enum
@@ -35,9 +32,7 @@ class InputFileNotFoundError(UserInputError, FileNotFoundError):
 class InputKeyError(UserInputError, KeyError):
     """A key the user named (a text field, a template placeholder) is missing from the data; a ``KeyError``."""
 
-    def __str__(self) -> str:
-        # KeyError's own str() quotes its argument, as it is meant to be a bare key; ours is a sentence.
-        return str(self.args[0]) if self.args else ""
+    __str__ = Exception.__str__  # KeyError's quotes its argument, meant to be a bare key; ours is a sentence
 
 
 class TrainingInterrupted(Exception):
@@ -49,11 +44,8 @@ class TrainingInterrupted(Exception):
 
 
 class SignalInterrupt(BaseException):
-    """A stop signal turned into an exception in the main thread by ``install_early_signal_handlers``.
-
-    A ``BaseException``, as ``KeyboardInterrupt`` is, so that a library's ``except Exception`` around model loading or
-    tokenization cannot swallow the stop. Category ``interrupted``, exit code 128+signal.
-    """
+    """A stop signal raised in the main thread by ``install_early_signal_handlers``; a ``BaseException``, as
+    ``KeyboardInterrupt`` is, so that a library's ``except Exception`` cannot swallow the stop."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -69,11 +61,8 @@ class StorageError(OSError):
 
 
 class ErrorCategory(enum.StrEnum):
-    """Why a run failed; the values are stable strings that reports and termination logs carry.
-
-    Declared in order of priority: when several exceptions of a chain match, the most specific root cause wins, and
-    any system fault beats a user error (an OOM wrapped in a ValueError is still an OOM).
-    """
+    """Why a run failed, as reports and termination logs carry it. In order of priority: when several exceptions of
+    a chain match, the most specific root cause wins (an OOM wrapped in a ValueError is still an OOM)."""
 
     GPU_OOM = "gpu_oom"
     HOST_OOM = "host_oom"
@@ -190,7 +179,7 @@ _last_global_step: int | None = None
 
 
 def _safe_str(exc: BaseException) -> str:
-    """str(exc), which a broken ``__str__`` must not turn into a second error while reporting the first."""
+    """str(exc); a broken ``__str__`` must not become a second error while reporting the first."""
     try:
         return str(exc)
     except Exception:
@@ -198,8 +187,7 @@ def _safe_str(exc: BaseException) -> str:
 
 
 def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
-    """The exception, then what it was raised from or while handling and a group's members, each once (chains can
-    be cyclic). A context hidden with ``raise ... from None`` is skipped, as in tracebacks: the author replaced it."""
+    """The exception, its cause, context (unless hidden by ``from None``) and a group's members, each once."""
     seen = set() if seen is None else seen
     if id(exc) not in seen:
         seen.add(id(exc))
@@ -212,8 +200,7 @@ def _chain(exc: BaseException, seen: set[int] | None = None) -> Iterator[BaseExc
 
 def _categories(exc: BaseException) -> set[ErrorCategory]:
     """Every category a single exception (not its chain) gives evidence of."""
-    if isinstance(exc, UserInputError):
-        # Our own code decided; a quoted path or value in its message is no evidence of anything else.
+    if isinstance(exc, UserInputError):  # our code decided; a value quoted in its message is no evidence
         return {_C.USER_ERROR}
     if isinstance(exc, SystemExit):
         # argparse exits with 2 after printing its usage error; other exits carry no diagnosis.
@@ -248,10 +235,7 @@ def _signal_number(exc: BaseException) -> int | None:
 
 
 def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> int:
-    """The exit status for a category: ``TUNING_EXIT_CODE_<CATEGORY>`` if valid, else the documented default.
-
-    ``signum`` only matters for ``interrupted``, whose default follows the shell convention 128+signal.
-    """
+    """``TUNING_EXIT_CODE_<CATEGORY>`` if valid, else the default (128+``signum`` for ``interrupted``)."""
     category = ErrorCategory(category)
     low, high = (1, 127) if category is _C.USER_ERROR else (128, 254)
     name = EXIT_CODE_ENV_PREFIX + category.name
@@ -273,24 +257,21 @@ def _one_line(text: str, max_bytes: int) -> str:
 
 
 def termination_log_path(log_file: str | None = None) -> str | None:
-    """``TERMINATION_LOG_FILE`` if set, else ``log_file`` if given, else Kubernetes' default file when it exists and
-    is writable."""
+    """``TERMINATION_LOG_FILE``, else ``log_file``, else Kubernetes' default file when it exists and is writable."""
     kubernetes = os.path.isfile(K8S_TERMINATION_LOG) and os.access(K8S_TERMINATION_LOG, os.W_OK)
     return os.environ.get(TERMINATION_LOG_ENV) or log_file or (K8S_TERMINATION_LOG if kubernetes else None)
 
 
-def write_termination_log(text: str, log_file: str | None = None) -> str | None:
-    """Append ``text`` to the termination log (``termination_log_path``) as one line of at most 1 KiB; return the
-    path, or None if none was written. Never raises: the log is a best-effort summary and must not mask the error
-    being reported.
-    """
+def write_termination_log(text: str, log_file: str | None = None, *, replace: bool = False) -> str | None:
+    """Append ``text`` to the termination log as one line of at most 1 KiB (``replace``: make ``text`` the whole
+    file); return the path, or None if none was written. Never raises: it must not mask the error being reported."""
     path = termination_log_path(log_file)
     if path is None:
         return None
     try:
         # One write of a short line in append mode: lines of ranks sharing the file do not interleave.
-        with open(path, "a", encoding="utf-8", errors="replace") as handle:
-            handle.write(_one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
+        with open(path, "w" if replace else "a", encoding="utf-8", errors="replace") as handle:
+            handle.write(text if replace else _one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
     except Exception as exc:
         logger.warning("Could not write the termination log %s: %s", path, exc)
         return None
@@ -305,13 +286,6 @@ def _message(exc: BaseException) -> str:
     return _safe_str(exc)
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 def build_error_report(
     exc: BaseException,
     *,
@@ -319,11 +293,8 @@ def build_error_report(
     category: ErrorCategory | str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The structured description of a failure (keys in the README's report table), a JSON-ready dict.
-
-    ``category`` overrides the classification, e.g. ``hang`` from a watchdog; ``extra`` adds caller keys, which may
-    not shadow the stable ones.
-    """
+    """A failure as a JSON-ready dict (the README's report table). ``category`` overrides the classification (e.g.
+    ``hang`` from a watchdog); ``extra`` adds caller keys, which may not shadow the stable ones."""
     found, culprit = _diagnose(exc)
     if category is not None and ErrorCategory(category) is not found:
         found, culprit = ErrorCategory(category), exc
@@ -333,9 +304,9 @@ def build_error_report(
         "exit_code": exit_code_for(found, signum),
         "exception_type": _qualified_name(type(culprit)),
         "message": _message(culprit),
-        "rank": _env_int("RANK", 0),
-        "local_rank": _env_int("LOCAL_RANK", 0),
-        "world_size": _env_int("WORLD_SIZE", 1),
+        "rank": int(os.environ.get("RANK", 0)),
+        "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "global_step": global_step,
@@ -369,8 +340,7 @@ def error_marker(report: dict[str, Any]) -> str:
 
 
 def print_own_line(text: str) -> None:
-    """Print ``text`` to stderr on a line of its own, in one write: a progress bar (of this rank or, under
-    torchrun, of another writing to the same stream) may have left the current line open."""
+    """Print ``text`` to stderr on a line of its own, in one write: a progress bar may have left the line open."""
     line = f"\n{text}\n"
     try:
         sys.stderr.write(line)
@@ -380,23 +350,22 @@ def print_own_line(text: str) -> None:
 
 
 def print_error_marker(report: dict[str, Any]) -> None:
-    """Print the marker on a line of its own."""
     print_own_line(error_marker(report))
 
 
 def last_global_step() -> int | None:
-    """The optimizer step reached last in this process, as recorded by the training loop (None before training)."""
+    """The optimizer step reached last in this process (None before training)."""
     return _last_global_step
 
 
 def record_global_step(step: int) -> None:
-    """Note the optimizer step reached, for the reports of failures after it (``GracefulStopCallback`` does)."""
+    """Note the optimizer step reached, for the reports of later failures (``GracefulStopCallback`` does)."""
     global _last_global_step
     _last_global_step = step
 
 
-# Where a script is, for the early signal handlers: "starting" (importing and setting up, before
-# run_with_error_reporting), "running" (inside its function) or "reporting" (the process reports how it ended).
+# For the early signal handlers: "starting" (before run_with_error_reporting), "running" (inside its function) or
+# "reporting" (the process reports how it ended).
 _phase = "starting"
 _signals_ignored_while_reporting: set[int] = set()
 
@@ -414,14 +383,12 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
 
 
 def install_early_signal_handlers() -> None:
-    """Handle SIGTERM and SIGINT from a script's first lines, before its heavy imports (call from the main thread).
+    """Handle SIGTERM and SIGINT from a script's first lines, before its heavy imports (from the main thread).
 
-    While the script still imports, a signal ends it at once as ``interrupted`` (termination-log line, marker,
-    128+signal). Inside ``run_with_error_reporting`` it raises ``SignalInterrupt`` in the main thread, so that the
-    script's ``on_error`` hook runs too (bench_train's dump); during training ``tuning.utils.graceful_stop``'s
-    ``GracefulStopCallback`` takes over and passes a second signal back here. After the function has ended, a first
-    signal is ignored so that the report is not cut short (torchrun signals every worker once one has exited); a
-    second one gets the default action.
+    While importing, a signal ends the script at once as ``interrupted``; inside ``run_with_error_reporting`` it
+    raises ``SignalInterrupt`` (so ``on_error`` runs too); ``GracefulStopCallback`` takes over during training. Once
+    the function has ended, a first signal is ignored so that the report is not cut short (torchrun signals every
+    worker once one has exited); a second gets the default action.
     """
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _on_stop_signal)
@@ -439,8 +406,7 @@ def _report_failure(
         return 0
     report = build_error_report(exc, global_step=global_step())
     write_termination_log(termination_line(report))
-    # A rejected input or a requested stop needs its message, not a traceback (the report keeps it); argparse
-    # printed its own.
+    # A rejected input or a requested stop needs its message, not a traceback; argparse printed its own.
     if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
         traceback.print_exception(exc, file=sys.stderr)
     print_error_marker(report)
@@ -458,13 +424,9 @@ def run_with_error_reporting(
     on_error: Callable[[dict[str, Any]], None] | None = None,
     global_step: Callable[[], int | None] = last_global_step,
 ) -> int:
-    """Run a script's main function and turn any failure into a classified exit status.
-
-    Use as ``sys.exit(run_with_error_reporting(main))``. Returns fn's int result (0 for anything else). On failure
-    (any exception, including an argparse exit, but not ``SystemExit(0)``) it appends the termination log line,
-    prints the traceback and the ``TUNING_ERROR`` marker to stderr, hands the report to ``on_error`` (where a
-    wrapper writes its own report file) and returns the category's exit code.
-    """
+    """``sys.exit(run_with_error_reporting(main))``: fn's int result (0 for anything else); on any failure but
+    ``SystemExit(0)``, the termination-log line, traceback and marker, the report to ``on_error`` (a wrapper's report
+    file) and the category's exit code."""
     global _phase
     _phase = "running"
     try:

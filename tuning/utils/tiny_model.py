@@ -1,7 +1,5 @@
-"""Build a tiny Llama checkpoint and BPE tokenizer from nothing, offline, in seconds.
-
-Tests, the demo and the benchmarks train this model instead of downloading one. The tokenizer is trained on the
-sample data the package ships, so tokenisation of that data is realistic (multi-character merges, offsets).
+"""Build a tiny Llama checkpoint and BPE tokenizer from nothing, offline, in seconds, for tests, the demo and the
+benchmarks; the tokenizer is trained on the package's sample data, so its tokenisation is realistic.
 
     python -m tuning.utils.tiny_model OUTPUT_DIR
 """
@@ -82,8 +80,7 @@ def llama_config(
 
 
 def build_llama(output_dir: str, dtype: str = "float32", seed: int = 0, **shape: int) -> str:
-    """Write a randomly initialised Llama of any shape (``llama_config``'s keywords), in ``dtype``, and this module's
-    tokenizer (for sequences of up to ``max_length`` tokens) to ``output_dir``."""
+    """Write a random Llama of any shape (``llama_config``'s keywords) in ``dtype``, and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
 
