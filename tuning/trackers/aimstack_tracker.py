@@ -7,13 +7,12 @@ training. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, an
 import importlib.util
 import logging
 import os
-import re
 import sys
 
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
-from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -23,8 +22,6 @@ logger = logging.getLogger(__name__)
 
 RUN_HASH_FILENAME = "aimstack_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
-
-_AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
 
 
 class SafeAimCallback(IsolatedCallback, TrainerCallback):
@@ -45,13 +42,12 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     ):
         self.repo = repo
         options = {"repo": repo, "experiment": experiment, "system_tracking_interval": system_tracking_interval}
-        options.update(executable=sys.executable, arguments=sys.argv)
         super().__init__(
             "tuning.trackers.aim_writer:AimBackend",
             "Aim",
-            options,
+            {**options, "executable": sys.executable, "arguments": sys.argv},
             RUN_HASH_FILENAME,
-            server=_server_address(repo),
+            server=server_address(repo, "aim"),
             timeout=timeout,
             export_dir=run_hash_export_dir,
         )
@@ -59,11 +55,6 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     @property
     def run_hash(self) -> str | None:
         return self.run_info["run_hash"] if self.run_info else None
-
-
-def _server_address(repo: str) -> tuple[str, int] | None:
-    match = _AIM_URL.fullmatch(repo)
-    return (match["host"], int(match["port"])) if match else None
 
 
 def resolve_repo(config: AimConfig) -> str:
@@ -76,22 +67,22 @@ def resolve_repo(config: AimConfig) -> str:
     interval = config.aim_system_tracking_interval
     if interval is not None and not 0.1 <= interval <= 24 * 60 * 60:  # Aim's own bounds for its sampler
         raise UserInputError(f"--aim_system_tracking_interval must be between 0.1 s and one day, got {interval}")
-    servers = {_server_address(url.strip()) or url for url in (config.aim_url, server_url(ip, port)) if url}
-    for server in servers:
-        if isinstance(server, str) or not 0 < server[1] < 65536:
-            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {server!r}")
+    servers = set()
+    for url in filter(None, (config.aim_url, server_url(ip, port))):
+        server = server_address(url.strip(), "aim")
+        if server is None:
+            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {url!r}")
+        servers.add(server)
     if len(servers) > 1:
         raise UserInputError(
             "give the Aim server as --aim_url or as --aim_remote_server_ip/_port, not both: "
             f"they name different servers ({config.aim_url} and {server_url(ip, port)})"
         )
     if servers:
-        server = servers.pop()
+        url = "aim://{}:{}".format(*servers.pop())
         if config.aim_repo:
-            logger.warning(
-                "ignoring --aim_repo %s: the run goes to the Aim server aim://%s:%d", config.aim_repo, *server
-            )
-        return "aim://{}:{}".format(*server)
+            logger.warning("ignoring --aim_repo %s: the run goes to the Aim server %s", config.aim_repo, url)
+        return url
     if config.aim_repo:
         return os.path.abspath(os.path.expanduser(config.aim_repo))
     raise UserInputError(

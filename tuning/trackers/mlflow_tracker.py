@@ -10,12 +10,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
-from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -24,6 +23,7 @@ if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; f
 RUN_URI_FILENAME = "mlflow_tracker.json"
 STORE_FILENAME = "mlflow.db"  # the sqlite store in a --mlflow_tracking_uri directory
 DEGRADED_WARNING = "MLflow tracking stopped, training continues without it"
+HTTP_SCHEMES = ("http", "https")  # a tracking server, which the helper probes
 
 
 class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
@@ -47,7 +47,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
             "MLflow",
             options,
             RUN_URI_FILENAME,
-            server=server_address(tracking_uri),
+            server=server_address(tracking_uri or "", *HTTP_SCHEMES),
             timeout=timeout,
             export_dir=run_uri_export_dir,
         )
@@ -63,14 +63,6 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
                 yield key, {}, value
 
 
-def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
-    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
-    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
-        return None
-    url = urlparse(tracking_uri)
-    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
-
-
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
     ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
@@ -81,12 +73,7 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     if not uri:
         return None
     if uri.startswith(("http://", "https://")):
-        url = urlparse(uri)
-        try:
-            valid = bool(url.hostname) and url.port != 0
-        except ValueError:
-            valid = False
-        if not valid:
+        if server_address(uri, *HTTP_SCHEMES) is None:
             raise UserInputError(f"--mlflow_tracking_uri must look like http://host:port (port 1-65535), got {uri!r}")
         return uri.rstrip("/")
     if "://" in uri or uri.startswith("file:"):

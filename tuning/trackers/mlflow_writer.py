@@ -1,11 +1,5 @@
 """The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's
-MLflow run through ``mlflow.MlflowClient``.
-
-Names: trainer logs keep their keys (``loss``, ``train_loss``, ``eval_loss``, as transformers' own MLflow callback logs
-them); other series are ``name`` plus ``/key_value`` per context entry (``gpu_power_watts/gpu_0``). Params: the
-``experiment_metadata`` and ``hparams`` groups under their own keys (so ``params.dataset_id = '...'`` finds a run),
-other groups as ``group.key``; nested mappings flattened with dots, lists as JSON, values longer than MLflow's limit
-continued in ``key.part2``, ``key.part3``, ...; a key that already holds another value gets its group's prefix.
+MLflow run through ``mlflow.MlflowClient``, with the metric and param names the README's MLflow section lists.
 """
 
 import contextlib
@@ -13,7 +7,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import time
 from typing import Any
 
@@ -114,18 +107,15 @@ class MlflowBackend:
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
-        flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
+        """Params are immutable in MLflow: a key the run holds already keeps its first value."""
+        bare = name in UNPREFIXED_GROUPS
         new = []
-        for key, value in flat.items():
-            if name in UNPREFIXED_GROUPS and self.params.get(key, value) != value:
+        for key, value in flatten(params, "" if bare else f"{name}.").items():
+            if bare and self.params.get(key, value) != value:
                 key = valid_key(f"{name}.{key}")  # the bare key holds another group's value
-            held = self.params.get(key)
-            if held is not None:
-                if held != value:
-                    print(f"mlflow tracker: param {key} already holds another value; kept it", file=sys.stderr)
-                continue
-            self.params[key] = value
-            new.append(Param(key, value))
+            if key not in self.params:
+                self.params[key] = value
+                new.append(Param(key, value))
         for start in range(0, len(new), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH])
 
