@@ -48,8 +48,8 @@ class AimBackend:
         return {"run_hash": self.run.hash}
 
     def track(self, points: list[list]) -> None:
-        """Track ``[value, name, step, epoch, context, time]`` points in order. A row of points that share step,
-        epoch and context (a trainer log, a step's measurements) is one call to Aim."""
+        """Track ``[value, name, step, epoch, context, time]`` points in order; a row of points that share step, epoch
+        and context (a trainer log, a step's measurements) is one call to Aim (one write to its storage)."""
         together: dict[str, float] = {}
         shared: tuple | None = None
         for value, name, step, epoch, context, _time in points:

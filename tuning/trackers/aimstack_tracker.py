@@ -1,8 +1,6 @@
-"""aim tracker: one Aim run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring has the
-design and the failure rules) running ``tuning.trackers.aim_writer.AimBackend``, so that Aim can never hang or fail
-training. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, and add data with ``track`` and
-``set_params``; failure isolation comes with them.
-"""
+"""aim tracker: one Aim run per job, written by a helper process (``tuning.trackers.isolated``) running
+``tuning.trackers.aim_writer.AimBackend``. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, and add
+data with ``track`` and ``set_params``; failure isolation comes with them."""
 
 import importlib.util
 import logging
@@ -25,12 +23,11 @@ DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 
 
 class SafeAimCallback(IsolatedCallback, TrainerCallback):
-    """Tracks a training job into one Aim run; Aim failures cost a warning, never the job.
+    """Tracks a training job into one Aim run, in ``repo`` (a local directory, created if missing, or
+    ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aimstack_tracker.json`` in
+    ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
-    ``repo`` is a local directory (created if missing) or ``aim://host:port``. ``run_hash`` is set once the run
-    exists (and written to ``run_hash_export_dir/aimstack_tracker.json``, by default in the trainer's
-    ``output_dir``); ``degraded_reason`` says why tracking stopped, if it did.
-    """
+    backend, label, export_filename = "tuning.trackers.aim_writer:AimBackend", "Aim", RUN_HASH_FILENAME
 
     def __init__(
         self,
@@ -42,15 +39,8 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     ):
         self.repo = repo
         options = {"repo": repo, "experiment": experiment, "system_tracking_interval": system_tracking_interval}
-        super().__init__(
-            "tuning.trackers.aim_writer:AimBackend",
-            "Aim",
-            {**options, "executable": sys.executable, "arguments": sys.argv},
-            RUN_HASH_FILENAME,
-            server=server_address(repo, "aim"),
-            timeout=timeout,
-            export_dir=run_hash_export_dir,
-        )
+        options.update(executable=sys.executable, arguments=sys.argv)
+        super().__init__(options, server_address(repo, "aim"), timeout, run_hash_export_dir)
 
     @property
     def run_hash(self) -> str | None:

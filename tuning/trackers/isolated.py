@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 from urllib.parse import urlparse
@@ -61,53 +61,45 @@ def server_address(url: str, *schemes: str) -> tuple[str, int] | None:
 
 
 def plain(value: Any) -> Any:
-    """``value`` as plain Python for the child, which cannot import the training process's classes: numbers of other
-    types (numpy's) become ints or floats, other mappings dicts, tuples lists, anything else its string."""
-    if value is None or isinstance(value, bool | str):
-        return value
+    """``value`` as plain Python (JSON's types) for the child, which cannot import the training process's classes:
+    numbers of other types (numpy's) become ints or floats, anything else JSON lacks its string."""
+    return json.loads(json.dumps(value, default=_plain_scalar))
+
+
+def _plain_scalar(value: Any) -> int | float | str:
     if isinstance(value, numbers.Integral):
         return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, Mapping):
-        return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    return str(value)
+    return float(value) if isinstance(value, numbers.Real) else str(value)
 
 
 class IsolatedCallback:
     """Hooks and API of a tracker whose run lives in a child process (see the module docstring). Mixed in before
-    ``transformers.TrainerCallback`` by each backend's callback, which passes what opens its run.
+    ``transformers.TrainerCallback`` by each backend's callback, which names its backend and passes what opens its run.
 
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to
     ``export_dir/export_filename``); ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once
     the helper has imported its library. Only global rank 0 does anything: one run per job.
     """
 
+    backend: str  # "module:Class" of the backend the child runs
+    label: str  # the library's name, in messages
+    export_filename: str  # the file in export_dir receiving run_info
     log_series = staticmethod(log_series)  # a trainer log's numbers as (name, context, value); a backend may rename
 
     def __init__(
         self,
-        backend: str,
-        label: str,
         open_options: dict[str, Any],
-        export_filename: str,
         server: tuple[str, int] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         export_dir: str | None = None,
     ):
-        self.backend = backend
-        self.label = label
         self.timeout = timeout
-        self.export_filename = export_filename
         self.export_dir = export_dir
         self.run_info: dict[str, Any] | None = None
         self.degraded_reason: str | None = None
         self.ready = threading.Event()
         self._info_listeners: list[Callable[[dict[str, Any]], None]] = []
-        self._open_message = {"op": "open", "server": server, "timeout": timeout, **open_options}
-        self._run_requested = False
+        self._open_message: dict[str, Any] | None = {"op": "open", "server": server, "timeout": timeout, **open_options}
         self._closed = False
         self._process: subprocess.Popen | None = None
         self._connection: Connection | None = None
@@ -127,16 +119,9 @@ class IsolatedCallback:
 
     # ---- API for hooks and subclasses: never blocks, never raises ----
 
-    def track(
-        self,
-        value: float,
-        name: str,
-        step: int | None = None,
-        epoch: float | None = None,
-        context: dict | None = None,
-    ) -> None:
+    def track(self, value: float, name: str, step: int | None = None, context: dict | None = None) -> None:
         """Record one point of the series ``name``/``context``."""
-        self._track_points([[float(value), name, step, epoch, dict(context or {}), time.time()]])
+        self.track_many([(name, value, step, context)])
 
     def track_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
         """Record ``(name, value, step, context)`` points."""
@@ -208,9 +193,9 @@ class IsolatedCallback:
         with self._state_lock:
             if self._closed or self._process is None or self._blocked():
                 return False
-            if not self._run_requested:
-                self._run_requested = True
+            if self._open_message is not None:  # sent once, with the first message
                 self._enqueue(self._open_message, f"creating the {self.label} run")
+                self._open_message = None
             return True
 
     def _enqueue(self, message: dict[str, Any], what: str) -> None:

@@ -1,7 +1,5 @@
-"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring
-has the design and the failure rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (whose docstring has the
-metric and param names), so that MLflow can never hang or fail training.
-"""
+"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``) running
+``tuning.trackers.mlflow_writer.MlflowBackend``."""
 
 import importlib.util
 import numbers
@@ -27,11 +25,10 @@ HTTP_SCHEMES = ("http", "https")  # a tracking server, which the helper probes
 
 
 class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
-    """Tracks a training job into one MLflow run; MLflow failures cost a warning, never the job.
+    """Tracks a training job into one MLflow run; ``run_id`` is set once the run exists (and ``mlflow_tracker.json``
+    written to ``run_uri_export_dir``, by default the trainer's ``output_dir``)."""
 
-    ``run_id`` is set once the run exists (and ``mlflow_tracker.json`` written to ``run_uri_export_dir``, by default
-    the trainer's ``output_dir``); ``degraded_reason`` says why tracking stopped, if it did.
-    """
+    backend, label, export_filename = "tuning.trackers.mlflow_writer:MlflowBackend", "MLflow", RUN_URI_FILENAME
 
     def __init__(
         self,
@@ -42,15 +39,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     ):
         self.tracking_uri = tracking_uri
         options = {"tracking_uri": tracking_uri, "experiment": experiment, "source": sys.argv[0] if sys.argv else ""}
-        super().__init__(
-            "tuning.trackers.mlflow_writer:MlflowBackend",
-            "MLflow",
-            options,
-            RUN_URI_FILENAME,
-            server=server_address(tracking_uri or "", *HTTP_SCHEMES),
-            timeout=timeout,
-            export_dir=run_uri_export_dir,
-        )
+        super().__init__(options, server_address(tracking_uri or "", *HTTP_SCHEMES), timeout, run_uri_export_dir)
 
     @property
     def run_id(self) -> str | None:

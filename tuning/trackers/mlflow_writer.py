@@ -3,7 +3,6 @@ MLflow run through ``mlflow.MlflowClient``, with the metric and param names the 
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -32,12 +31,8 @@ def metric_key(name: str, context: dict[str, Any] | None = None) -> str:
 
 
 def valid_key(key: str) -> str:
-    """``key`` with the characters MLflow refuses replaced, shortened (with a digest of the whole) when too long."""
-    key = _INVALID_KEY_CHARACTERS.sub("_", key)
-    if len(key) > MAX_KEY_LENGTH:
-        digest = hashlib.sha1(key.encode()).hexdigest()[:8]
-        key = f"{key[: MAX_KEY_LENGTH - 9]}.{digest}"
-    return key
+    """``key`` with the characters MLflow refuses replaced, cut to MLflow's length limit."""
+    return _INVALID_KEY_CHARACTERS.sub("_", key)[:MAX_KEY_LENGTH]
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:

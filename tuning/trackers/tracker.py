@@ -39,12 +39,9 @@ def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], floa
 
 
 class Tracker:
-    """A tracking backend: a transformers callback for the training loop plus a side channel for extra data.
-
-    ``name`` is the registry name (``file_logger``, ``aim``), ``config`` the tracker's config dataclass.
-    ``track`` and ``set_params`` may be called before training starts (``model_load_time`` is measured while the
-    model loads); a backend whose run only exists once training begins must buffer them.
-    """
+    """A tracking backend (``name`` as registered, ``config`` its config dataclass): a trainer callback plus a side
+    channel for extra data. ``track`` and ``set_params`` may come before training starts (``model_load_time``): a
+    backend whose run only exists once training begins must buffer them."""
 
     name: str = "base"
 

@@ -98,8 +98,7 @@ def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Trac
 
 
 def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
-    """The trackers of ``validate_tracker_names(names)``; raises before any model work when a name, a package or a
-    config is wrong."""
+    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early)."""
     return [get_tracker(name, tracker_configs) for name in validate_tracker_names(names)]
 
 
