@@ -66,7 +66,6 @@ class MLflowConfig:
 
 @dataclass
 class TrackerConfigFactory:
-
     file_logger_config: FileLoggingTrackerConfig = field(default_factory=FileLoggingTrackerConfig)
     aim_config: AimConfig = field(default_factory=AimConfig)
     mlflow_config: MLflowConfig = field(default_factory=MLflowConfig)
