@@ -81,9 +81,6 @@ class FileLoggingTracker(Tracker):
         super().__init__(name="file_logger", tracker_config=tracker_config)
         self.callback = FileLoggingCallback(tracker_config.training_logs_filename)
 
-    def get_hf_callback(self) -> TrainerCallback:
-        return self.callback
-
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         if is_main_process():
             self.callback.record(name, metric)

@@ -61,9 +61,9 @@ def server_address(url: str, *schemes: str) -> tuple[str, int] | None:
 
 
 def plain(value: Any) -> Any:
-    """``value`` as plain Python (JSON's types) for the child, which cannot import the training process's classes:
-    numbers of other types (numpy's) become ints or floats, anything else JSON lacks its string."""
-    return json.loads(json.dumps(value, default=_plain_scalar))
+    """``value`` in JSON's types for the child, which cannot import the training process's classes: other numbers
+    (numpy's) become ints or floats, anything else its string; a key JSON cannot take is left out."""
+    return json.loads(json.dumps(value, skipkeys=True, default=_plain_scalar))
 
 
 def _plain_scalar(value: Any) -> int | float | str:
@@ -341,9 +341,6 @@ class IsolatedTracker(Tracker):
     @property
     def degraded(self) -> bool:
         return self.callback.degraded
-
-    def get_hf_callback(self) -> IsolatedCallback:
-        return self.callback
 
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
         self.callback.set_params(params, name)

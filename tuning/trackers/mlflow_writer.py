@@ -87,17 +87,13 @@ class MlflowBackend:
         except MlflowException:  # created by a job started at the same time: read it again
             return self.client.get_experiment_by_name(name).experiment_id
 
-    def _step(self, key: str, step: int | None) -> int:
-        """A point's step; without one, the key's last step plus one (as Aim counts on)."""
-        step = self.last_steps.get(key, -1) + 1 if step is None else int(step)
-        self.last_steps[key] = step
-        return step
-
     def track(self, points: list[list]) -> None:
         metrics = []
         for value, name, step, _epoch, context, at in points:
             key = metric_key(name, context)
-            metrics.append(Metric(key, value, int(at * 1000), self._step(key, step)))
+            step = self.last_steps.get(key, -1) + 1 if step is None else int(step)  # without one: count on, as Aim
+            self.last_steps[key] = step
+            metrics.append(Metric(key, value, int(at * 1000), step))
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 

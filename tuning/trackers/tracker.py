@@ -44,6 +44,7 @@ class Tracker:
     backend whose run only exists once training begins must buffer them."""
 
     name: str = "base"
+    callback: "TrainerCallback | None" = None
 
     def __init__(self, name: str | None = None, tracker_config: Any = None) -> None:
         if name is not None:
@@ -52,7 +53,7 @@ class Tracker:
 
     def get_hf_callback(self) -> "TrainerCallback | None":
         """The tracker's trainer callback (the same object at every call); None when the backend needs none."""
-        return None
+        return self.callback
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         """Record one scalar that is not part of the trainer's logs."""
