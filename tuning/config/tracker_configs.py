@@ -1,7 +1,5 @@
-"""Tracker argument dataclasses: each field is a plain CLI flag and a JSON job-config key. A tracker registered in
-``tuning.trackers.tracker_factory`` brings its config dataclass here and a ``<name>_config`` field in
-:class:`TrackerConfigFactory`; the parser and ``train()`` find both by the name.
-"""
+"""Tracker config dataclasses, one per tracker registered in ``tuning.trackers.tracker_factory``: each field is a CLI
+flag and a JSON job-config key, and ``TrackerConfigFactory`` holds each as ``<tracker name>_config``."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +8,6 @@ DEFAULT_AIM_EXPERIMENT = "fms-hf-tuning"
 
 
 def _flag(help_text: str, default: Any = None) -> Any:
-    """A config field: a CLI flag and a job-config key, with its ``--help`` text."""
     return field(default=default, metadata={"help": help_text})
 
 
@@ -51,9 +48,7 @@ class AimConfig:
 
 def server_url(ip: str | None, port: int | str | None) -> str | None:
     """``aim://ip:port/`` when both parts are given (the port as an int or a string), else None."""
-    if not ip or port in (None, ""):
-        return None
-    return f"aim://{ip}:{port}/"
+    return f"aim://{ip}:{port}/" if ip and port not in (None, "") else None
 
 
 @dataclass
@@ -71,8 +66,6 @@ class MLflowConfig:
 
 @dataclass
 class TrackerConfigFactory:
-    """All tracker configs of one job, as parsed from the CLI or a JSON job config: ``<tracker name>_config``."""
-
     file_logger_config: FileLoggingTrackerConfig = field(default_factory=FileLoggingTrackerConfig)
     aim_config: AimConfig = field(default_factory=AimConfig)
     mlflow_config: MLflowConfig = field(default_factory=MLflowConfig)

@@ -3,13 +3,10 @@ callbacks, unless its caller built them and hands them in with ``trackers=[…]`
 either way they receive ``model_load_time`` and the experiment metadata, so a wrapper can swap in its own subclass.
 """
 
-from tuning.trackers.tracker import Tracker, is_main_process
+from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
     AIMSTACK_TRACKER,
-    AVAILABLE_TRACKERS,
-    FILE_LOGGING_TRACKER,
     MLFLOW_TRACKER,
-    NO_TRACKING,
     TrackerSpec,
     build_trackers,
     get_tracker,
@@ -20,16 +17,12 @@ from tuning.trackers.tracker_factory import (
 
 __all__ = [
     "AIMSTACK_TRACKER",
-    "AVAILABLE_TRACKERS",
-    "FILE_LOGGING_TRACKER",
     "MLFLOW_TRACKER",
-    "NO_TRACKING",
     "Tracker",
     "TrackerSpec",
     "build_trackers",
     "get_tracker",
     "hf_callbacks",
-    "is_main_process",
     "register_tracker",
     "validate_tracker_names",
 ]

@@ -11,15 +11,6 @@ from filelock import FileLock
 CREATE_LOCK_NAME = ".aim-create.lock"
 
 
-def ensure_repo(path: str) -> None:
-    """Create the local repository at ``path`` unless it exists, under a file lock: jobs started together into a new
-    repository would otherwise create it at the same time, and those that find it half made fail ("out of date")."""
-    os.makedirs(path, exist_ok=True)
-    with FileLock(os.path.join(path, CREATE_LOCK_NAME)):
-        if not Repo.exists(path):
-            Repo.from_path(path, init=True)
-
-
 class AimBackend:
     def __init__(self):
         self.run: Any = None
@@ -32,7 +23,12 @@ class AimBackend:
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
         repo = options["repo"]
         if not repo.startswith("aim://"):
-            ensure_repo(repo)
+            # Created once, under a file lock: jobs started together into a new repository would otherwise create it
+            # at the same time, and those that find it half made fail ("out of date").
+            os.makedirs(repo, exist_ok=True)
+            with FileLock(os.path.join(repo, CREATE_LOCK_NAME)):
+                if not Repo.exists(repo):
+                    Repo.from_path(repo, init=True)
         self.run = Run(
             repo=repo,
             experiment=options["experiment"],
@@ -48,8 +44,8 @@ class AimBackend:
         return {"run_hash": self.run.hash}
 
     def track(self, points: list[list]) -> None:
-        """Track ``[value, name, step, epoch, context, time]`` points in order. A row of points that share step,
-        epoch and context (a trainer log, a step's measurements) is one call to Aim."""
+        """Track ``[value, name, step, epoch, context, time]`` points in order; a row of points that share step, epoch
+        and context (a trainer log, a step's measurements) is one call to Aim (one write to its storage)."""
         together: dict[str, float] = {}
         shared: tuple | None = None
         for value, name, step, epoch, context, _time in points:

@@ -1,19 +1,16 @@
-"""aim tracker: one Aim run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring has the
-design and the failure rules) running ``tuning.trackers.aim_writer.AimBackend``, so that Aim can never hang or fail
-training. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, and add data with ``track`` and
-``set_params``; failure isolation comes with them.
-"""
+"""aim tracker: one Aim run per job, written by a helper process (``tuning.trackers.isolated``) running
+``tuning.trackers.aim_writer.AimBackend``. Subclassing ``SafeAimCallback``: override a hook, call ``super()``, and add
+data with ``track`` and ``set_params``; failure isolation comes with them."""
 
 import importlib.util
 import logging
 import os
-import re
 import sys
 
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
-from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -24,16 +21,13 @@ logger = logging.getLogger(__name__)
 RUN_HASH_FILENAME = "aimstack_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 
-_AIM_URL = re.compile(r"aim://(?P<host>[^:/\s]+):(?P<port>\d{1,5})/?")
-
 
 class SafeAimCallback(IsolatedCallback, TrainerCallback):
-    """Tracks a training job into one Aim run; Aim failures cost a warning, never the job.
+    """Tracks a training job into one Aim run, in ``repo`` (a local directory, created if missing, or
+    ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aimstack_tracker.json`` in
+    ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
-    ``repo`` is a local directory (created if missing) or ``aim://host:port``. ``run_hash`` is set once the run
-    exists (and written to ``run_hash_export_dir/aimstack_tracker.json``, by default in the trainer's
-    ``output_dir``); ``degraded_reason`` says why tracking stopped, if it did.
-    """
+    backend, label, export_filename = "tuning.trackers.aim_writer:AimBackend", "Aim", RUN_HASH_FILENAME
 
     def __init__(
         self,
@@ -46,24 +40,11 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
         self.repo = repo
         options = {"repo": repo, "experiment": experiment, "system_tracking_interval": system_tracking_interval}
         options.update(executable=sys.executable, arguments=sys.argv)
-        super().__init__(
-            "tuning.trackers.aim_writer:AimBackend",
-            "Aim",
-            options,
-            RUN_HASH_FILENAME,
-            server=_server_address(repo),
-            timeout=timeout,
-            export_dir=run_hash_export_dir,
-        )
+        super().__init__(options, server_address(repo, "aim"), timeout, run_hash_export_dir)
 
     @property
     def run_hash(self) -> str | None:
         return self.run_info["run_hash"] if self.run_info else None
-
-
-def _server_address(repo: str) -> tuple[str, int] | None:
-    match = _AIM_URL.fullmatch(repo)
-    return (match["host"], int(match["port"])) if match else None
 
 
 def resolve_repo(config: AimConfig) -> str:
@@ -76,22 +57,22 @@ def resolve_repo(config: AimConfig) -> str:
     interval = config.aim_system_tracking_interval
     if interval is not None and not 0.1 <= interval <= 24 * 60 * 60:  # Aim's own bounds for its sampler
         raise UserInputError(f"--aim_system_tracking_interval must be between 0.1 s and one day, got {interval}")
-    servers = {_server_address(url.strip()) or url for url in (config.aim_url, server_url(ip, port)) if url}
-    for server in servers:
-        if isinstance(server, str) or not 0 < server[1] < 65536:
-            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {server!r}")
+    servers = set()
+    for url in filter(None, (config.aim_url, server_url(ip, port))):
+        server = server_address(url.strip(), "aim")
+        if server is None:
+            raise UserInputError(f"Aim server must look like aim://host:port (port 1-65535), got {url!r}")
+        servers.add(server)
     if len(servers) > 1:
         raise UserInputError(
             "give the Aim server as --aim_url or as --aim_remote_server_ip/_port, not both: "
             f"they name different servers ({config.aim_url} and {server_url(ip, port)})"
         )
     if servers:
-        server = servers.pop()
+        url = "aim://{}:{}".format(*servers.pop())
         if config.aim_repo:
-            logger.warning(
-                "ignoring --aim_repo %s: the run goes to the Aim server aim://%s:%d", config.aim_repo, *server
-            )
-        return "aim://{}:{}".format(*server)
+            logger.warning("ignoring --aim_repo %s: the run goes to the Aim server %s", config.aim_repo, url)
+        return url
     if config.aim_repo:
         return os.path.abspath(os.path.expanduser(config.aim_repo))
     raise UserInputError(

@@ -20,11 +20,11 @@ def format_record(name: str, value: float, step: int | None, epoch: float | None
 
 
 class FileLoggingCallback(TrainerCallback):
-    """Writes ``<output_dir>/<logs_filename>`` (the trainer's ``output_dir``) on global rank 0.
+    """Appends to ``<output_dir>/<logs_filename>`` (the trainer's ``output_dir``) on global rank 0.
 
-    Keeps the file open from the first log to train end, flushing every record: a killed job keeps everything
-    logged before the kill, and no log pays for opening the file. Records handed to ``record`` before the trainer
-    exists (``model_load_time``) wait until its ``output_dir`` is known.
+    The file stays open until train end and every record is flushed: a killed job keeps everything logged before the
+    kill, and no log pays for opening the file. Records handed to ``record`` before the trainer exists
+    (``model_load_time``) wait until its ``output_dir`` is known.
     """
 
     def __init__(self, logs_filename: str = "training_logs.jsonl"):
@@ -34,26 +34,26 @@ class FileLoggingCallback(TrainerCallback):
         self._pending: list[str] = []
 
     def record(self, name: str, value: float) -> None:
-        """One record without step or epoch, appended in a file opened for just this record."""
+        """One record without step or epoch."""
         self._pending.append(format_record(name, value, None, None))
         if self.path is not None:
-            self._append_pending()
+            self._write([])
 
-    def _append_pending(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write("".join(self._pending))
-        self._pending = []
-
-    def _set_output_dir(self, output_dir: str) -> None:
-        if self.path is None:
-            self.path = os.path.join(output_dir, self.logs_filename)
-            if self._pending:
-                self._append_pending()
+    def _write(self, records: list[str]) -> None:
+        """Append the pending records and ``records``, opening the file on first use."""
+        if self._file is None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until train end
+        if self._pending:
+            records, self._pending = self._pending + records, []
+        self._file.write("".join(records))
+        self._file.flush()
 
     def on_init_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            self._set_output_dir(args.output_dir)
+        if state.is_world_process_zero and self.path is None:
+            self.path = os.path.join(args.output_dir, self.logs_filename)
+            if self._pending:
+                self._write([])
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -63,13 +63,10 @@ class FileLoggingCallback(TrainerCallback):
             for key, name in _LOSS_NAMES.items()
             if key in logs
         ]
-        if not records:
-            return
-        if self._file is None:
-            self._set_output_dir(args.output_dir)  # a callback added after the trainer was created
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until train end
-        self._file.write("".join(records))
-        self._file.flush()
+        if records:
+            if self.path is None:  # a callback added after the trainer was created
+                self.path = os.path.join(args.output_dir, self.logs_filename)
+            self._write(records)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._file is not None:
@@ -83,9 +80,6 @@ class FileLoggingTracker(Tracker):
     def __init__(self, tracker_config: FileLoggingTrackerConfig):
         super().__init__(name="file_logger", tracker_config=tracker_config)
         self.callback = FileLoggingCallback(tracker_config.training_logs_filename)
-
-    def get_hf_callback(self) -> TrainerCallback:
-        return self.callback
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         if is_main_process():

@@ -1,15 +1,7 @@
-"""Tracker helper processes: a tracker's library runs in a child process, so that it can never hang or fail training.
-Every isolated tracker (Aim, MLflow) uses this one mechanism.
-
-Tracking libraries fail by blocking rather than raising: a locked repository waits minutes for its lock, a client
-whose server is gone retries or queues writes forever, and closing such a run never returns (aim#3067). So the library
-runs only in a child, ``python -m tuning.trackers.isolated MODULE:BACKEND ADDRESS``, and the training process only
-queues messages for it. A failure *degrades* tracking: one warning line, ``degraded_reason`` set, the child killed,
-every later call dropped. Failures are a message the child has not finished ``timeout`` seconds after it could start
-on it (checked at every call and while closing); a tracking server that no longer accepts TCP connections (probed
-every few seconds by a thread of the child's own, and before closing); an exception raised by the backend; the child
-exiting early. Closing waits for the queued messages under the same bound. When the training process dies without
-closing, the child sees its connection end and closes the run itself, within the same bound.
+"""Tracker helper processes: a tracker's library (Aim, MLflow) runs only in a child process, ``python -m
+tuning.trackers.isolated MODULE:BACKEND ADDRESS``, so that it can never hang or fail training (tracking libraries fail
+by blocking: a locked repository, a client retrying a dead server, a close that never returns, aim#3067). The training
+process only queues messages for it; the failure rules are the README's "Failure isolation".
 
 Protocol, over the ``multiprocessing.connection`` the child opens back to ADDRESS: the parent sends lists of messages,
 ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}`` first, then any of ``{"op": "track",
@@ -37,9 +29,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
+from urllib.parse import urlparse
 
 from tuning.trackers.tracker import Tracker, is_main_process, log_series
 
@@ -50,55 +43,63 @@ PROBE_TIMEOUT_S = 2.0
 DEFAULT_TIMEOUT_S = 30.0
 SEND_INTERVAL_S = 1.0  # tracked points are sent together this often
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def server_address(url: str, *schemes: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``scheme://host:port`` URL of one of ``schemes`` (http and https have default ports);
+    None for another scheme, no host or no valid port."""
+    parsed = urlparse(url)
+    if parsed.scheme not in schemes:
+        return None
+    try:
+        port = parsed.port
+    except ValueError:  # not a number, or out of range
+        return None
+    port = _DEFAULT_PORTS.get(parsed.scheme) if port is None else port
+    return (parsed.hostname, port) if parsed.hostname and port else None
 
 
 def plain(value: Any) -> Any:
-    """``value`` as plain Python for the child, which cannot import the training process's classes: numbers of other
-    types (numpy's) become ints or floats, other mappings dicts, tuples lists, anything else its string."""
-    if value is None or isinstance(value, bool | str):
-        return value
+    """``value`` in JSON's types for the child, which cannot import the training process's classes: other numbers
+    (numpy's) become ints or floats, anything else its string; a key JSON cannot take is left out."""
+    return json.loads(json.dumps(value, skipkeys=True, default=_plain_scalar))
+
+
+def _plain_scalar(value: Any) -> int | float | str:
     if isinstance(value, numbers.Integral):
         return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, Mapping):
-        return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    return str(value)
+    return float(value) if isinstance(value, numbers.Real) else str(value)
 
 
 class IsolatedCallback:
     """Hooks and API of a tracker whose run lives in a child process (see the module docstring). Mixed in before
-    ``transformers.TrainerCallback`` by each backend's callback, which passes what opens its run.
+    ``transformers.TrainerCallback`` by each backend's callback, which names its backend and passes what opens its run.
 
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to
     ``export_dir/export_filename``); ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once
-    the helper has imported its library. Only global rank 0 does anything, so a job makes one run whatever its world
-    size.
+    the helper has imported its library. Only global rank 0 does anything: one run per job.
     """
+
+    backend: str  # "module:Class" of the backend the child runs
+    label: str  # the library's name, in messages
+    export_filename: str  # the file in export_dir receiving run_info
+    log_series = staticmethod(log_series)  # a trainer log's numbers as (name, context, value); a backend may rename
 
     def __init__(
         self,
-        backend: str,
-        label: str,
         open_options: dict[str, Any],
-        export_filename: str,
         server: tuple[str, int] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         export_dir: str | None = None,
     ):
-        self.backend = backend
-        self.label = label
         self.timeout = timeout
-        self.export_filename = export_filename
         self.export_dir = export_dir
         self.run_info: dict[str, Any] | None = None
         self.degraded_reason: str | None = None
         self.ready = threading.Event()
         self._info_listeners: list[Callable[[dict[str, Any]], None]] = []
-        self._open_message = {"op": "open", "server": server, "timeout": timeout, **open_options}
-        self._run_requested = False
+        self._open_message: dict[str, Any] | None = {"op": "open", "server": server, "timeout": timeout, **open_options}
         self._closed = False
         self._process: subprocess.Popen | None = None
         self._connection: Connection | None = None
@@ -109,11 +110,8 @@ class IsolatedCallback:
         self._progress_at = 0.0
         self._points: list[list] = []  # tracked, not yet queued for the child
         self._state_lock = threading.RLock()
-        if is_main_process():
-            # Started now, the child imports its library while this process loads data and the model; the run
-            # itself is created on first use.
-            with self._state_lock:
-                self._start()
+        if is_main_process():  # the child imports its library while the job loads; the run is created on first use
+            self._start()
 
     @property
     def degraded(self) -> bool:
@@ -121,19 +119,12 @@ class IsolatedCallback:
 
     # ---- API for hooks and subclasses: never blocks, never raises ----
 
-    def track(
-        self,
-        value: float,
-        name: str,
-        step: int | None = None,
-        epoch: float | None = None,
-        context: dict | None = None,
-    ) -> None:
+    def track(self, value: float, name: str, step: int | None = None, context: dict | None = None) -> None:
         """Record one point of the series ``name``/``context``."""
-        self._track_points([[float(value), name, step, epoch, dict(context or {}), time.time()]])
+        self.track_many([(name, value, step, context)])
 
     def track_many(self, points: list[tuple[str, float, int | None, dict | None]]) -> None:
-        """Record ``(name, value, step, context)`` points together (one lock, one check of the child)."""
+        """Record ``(name, value, step, context)`` points."""
         now = time.time()
         self._track_points(
             [[float(value), name, step, None, dict(context or {}), now] for name, value, step, context in points]
@@ -166,19 +157,16 @@ class IsolatedCallback:
         listener(self.run_info)
 
     def _run_opened(self, info: dict[str, Any]) -> None:
-        """On the reader thread, once the run exists: writes ``info`` as JSON to ``export_dir`` (the trainer's
-        ``output_dir`` unless set), then tells the listeners."""
+        """On the reader thread, once the run exists: export ``info``, then tell the listeners."""
         with self._state_lock:
             self.run_info = info
             listeners, self._info_listeners = self._info_listeners, []
         self._export_run_info()
         for listener in listeners:
-            try:
-                listener(info)
-            except Exception:  # a listener's bug must not stop the reader thread, which tracking relies on
-                logger.exception("%s run info listener failed", self.label)
+            listener(info)
 
     def _export_run_info(self) -> None:
+        """The run's facts as JSON in ``export_dir`` (the trainer's ``output_dir`` unless set), once both are known."""
         if not (self.export_dir and self.run_info):
             return
         path = os.path.join(self.export_dir, self.export_filename)
@@ -205,9 +193,9 @@ class IsolatedCallback:
         with self._state_lock:
             if self._closed or self._process is None or self._blocked():
                 return False
-            if not self._run_requested:
-                self._run_requested = True
+            if self._open_message is not None:  # sent once, with the first message
                 self._enqueue(self._open_message, f"creating the {self.label} run")
+                self._open_message = None
             return True
 
     def _enqueue(self, message: dict[str, Any], what: str) -> None:
@@ -238,13 +226,8 @@ class IsolatedCallback:
         if not state.is_world_process_zero:
             return
         self.set_params(args.to_sanitized_dict(), "hparams")
-        config = getattr(model, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
+        if hasattr(config := getattr(model, "config", None), "to_dict"):
             self.set_params(config.to_dict(), "model")
-
-    def log_series(self, logs: dict[str, Any]) -> Iterable[tuple[str, dict[str, str], float]]:
-        """A trainer log's numbers as ``(name, context, value)``, named as every tracker names them by default."""
-        return log_series(logs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
@@ -282,8 +265,8 @@ class IsolatedCallback:
         atexit.register(self.close)
 
     def _send_all(self, listener: Listener) -> None:
-        """The sender thread: accepts the child's connection, then sends everything queued at once, blocking (on a
-        full socket) instead of the training thread."""
+        """The sender thread: accepts the child's connection, then sends what is queued, blocking (on a full socket)
+        instead of the training thread."""
         try:
             with listener:
                 self._connection = listener.accept()
@@ -306,8 +289,8 @@ class IsolatedCallback:
                 return
 
     def _read_answers(self) -> None:
-        """The reader thread: acknowledgements advance progress; a failure, or the child's exit (also before it
-        connected back) while messages wait or before the close, degrades tracking."""
+        """The reader thread: acknowledgements are progress; a failure, or the child's exit (also before it connected
+        back) while messages wait or before the close, degrades tracking."""
         while not self._connected.wait(0.1) and self._process.poll() is None:
             pass  # until the child connects back, or exits without doing so
         acked = 0
@@ -345,8 +328,7 @@ class IsolatedCallback:
 
 
 class IsolatedTracker(Tracker):
-    """The ``Tracker`` side of a tracker whose run lives in a helper process: its ``callback``, an
-    ``IsolatedCallback`` that each backend builds from its config, does the work."""
+    """The ``Tracker`` of an isolated backend: its ``callback`` (built from the backend's config) does the work."""
 
     def __init__(self, name: str, tracker_config: Any, callback: IsolatedCallback):
         super().__init__(name=name, tracker_config=tracker_config)
@@ -359,9 +341,6 @@ class IsolatedTracker(Tracker):
     @property
     def degraded(self) -> bool:
         return self.callback.degraded
-
-    def get_hf_callback(self) -> IsolatedCallback:
-        return self.callback
 
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
         self.callback.set_params(params, name)
@@ -400,7 +379,7 @@ class _Child:
             raise ServerGone("the tracking server {}:{} is unreachable ({})".format(*self.server, exc)) from exc
 
     def watch_server(self) -> None:
-        """A thread: probe the server every few seconds, also while the client is stuck inside a call, and answer
+        """A thread: probe the server every few seconds (also while the client is stuck inside a call); answer
         ``gone`` and exit once it is unreachable."""
         while True:
             time.sleep(PROBE_INTERVAL_S)
@@ -451,13 +430,12 @@ class _Child:
             self.reply(**answer)
         # The training process is gone without closing the run: close it, but never hang around doing so.
         signal.alarm(max(1, int(self.timeout)))
-        if self.opened:
-            try:
+        try:
+            if self.opened:
                 self.probe()
                 self.backend.close(finished=False)
-            except Exception as exc:
-                print(f"tracker helper: could not close the run after training ended: {exc!r}", file=sys.stderr)
-        os._exit(0)
+        finally:
+            os._exit(0)
 
 
 def main() -> None:

@@ -1,7 +1,5 @@
-"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``, whose docstring
-has the design and the failure rules) running ``tuning.trackers.mlflow_writer.MlflowBackend`` (whose docstring has the
-metric and param names), so that MLflow can never hang or fail training.
-"""
+"""mlflow tracker: one MLflow run per job, written by a helper process (``tuning.trackers.isolated``) running
+``tuning.trackers.mlflow_writer.MlflowBackend``."""
 
 import importlib.util
 import numbers
@@ -10,12 +8,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
-from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker
+from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -24,14 +21,14 @@ if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; f
 RUN_URI_FILENAME = "mlflow_tracker.json"
 STORE_FILENAME = "mlflow.db"  # the sqlite store in a --mlflow_tracking_uri directory
 DEGRADED_WARNING = "MLflow tracking stopped, training continues without it"
+HTTP_SCHEMES = ("http", "https")  # a tracking server, which the helper probes
 
 
 class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
-    """Tracks a training job into one MLflow run; MLflow failures cost a warning, never the job.
+    """Tracks a training job into one MLflow run; ``run_id`` is set once the run exists (and ``mlflow_tracker.json``
+    written to ``run_uri_export_dir``, by default the trainer's ``output_dir``)."""
 
-    ``run_id`` is set once the run exists (and ``mlflow_tracker.json`` written to ``run_uri_export_dir``, by default
-    the trainer's ``output_dir``); ``degraded_reason`` says why tracking stopped, if it did.
-    """
+    backend, label, export_filename = "tuning.trackers.mlflow_writer:MlflowBackend", "MLflow", RUN_URI_FILENAME
 
     def __init__(
         self,
@@ -42,15 +39,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     ):
         self.tracking_uri = tracking_uri
         options = {"tracking_uri": tracking_uri, "experiment": experiment, "source": sys.argv[0] if sys.argv else ""}
-        super().__init__(
-            "tuning.trackers.mlflow_writer:MlflowBackend",
-            "MLflow",
-            options,
-            RUN_URI_FILENAME,
-            server=server_address(tracking_uri),
-            timeout=timeout,
-            export_dir=run_uri_export_dir,
-        )
+        super().__init__(options, server_address(tracking_uri or "", *HTTP_SCHEMES), timeout, run_uri_export_dir)
 
     @property
     def run_id(self) -> str | None:
@@ -63,14 +52,6 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
                 yield key, {}, value
 
 
-def server_address(tracking_uri: str | None) -> tuple[str, int] | None:
-    """Host and port of an ``http(s)://`` tracking server, which the helper probes; None for a local store."""
-    if not tracking_uri or not tracking_uri.startswith(("http://", "https://")):
-        return None
-    url = urlparse(tracking_uri)
-    return url.hostname, url.port or (443 if url.scheme == "https" else 80)
-
-
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
     ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
@@ -81,12 +62,7 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     if not uri:
         return None
     if uri.startswith(("http://", "https://")):
-        url = urlparse(uri)
-        try:
-            valid = bool(url.hostname) and url.port != 0
-        except ValueError:
-            valid = False
-        if not valid:
+        if server_address(uri, *HTTP_SCHEMES) is None:
             raise UserInputError(f"--mlflow_tracking_uri must look like http://host:port (port 1-65535), got {uri!r}")
         return uri.rstrip("/")
     if "://" in uri or uri.startswith("file:"):

@@ -1,19 +1,11 @@
 """The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's
-MLflow run through ``mlflow.MlflowClient``.
-
-Names: trainer logs keep their keys (``loss``, ``train_loss``, ``eval_loss``, as transformers' own MLflow callback logs
-them); other series are ``name`` plus ``/key_value`` per context entry (``gpu_power_watts/gpu_0``). Params: the
-``experiment_metadata`` and ``hparams`` groups under their own keys (so ``params.dataset_id = '...'`` finds a run),
-other groups as ``group.key``; nested mappings flattened with dots, lists as JSON, values longer than MLflow's limit
-continued in ``key.part2``, ``key.part3``, ...; a key that already holds another value gets its group's prefix.
+MLflow run through ``mlflow.MlflowClient``, with the metric and param names the README's MLflow section lists.
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import re
-import sys
 import time
 from typing import Any
 
@@ -39,12 +31,8 @@ def metric_key(name: str, context: dict[str, Any] | None = None) -> str:
 
 
 def valid_key(key: str) -> str:
-    """``key`` with the characters MLflow refuses replaced, shortened (with a digest of the whole) when too long."""
-    key = _INVALID_KEY_CHARACTERS.sub("_", key)
-    if len(key) > MAX_KEY_LENGTH:
-        digest = hashlib.sha1(key.encode()).hexdigest()[:8]
-        key = f"{key[: MAX_KEY_LENGTH - 9]}.{digest}"
-    return key
+    """``key`` with the characters MLflow refuses replaced, cut to MLflow's length limit."""
+    return _INVALID_KEY_CHARACTERS.sub("_", key)[:MAX_KEY_LENGTH]
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -99,33 +87,26 @@ class MlflowBackend:
         except MlflowException:  # created by a job started at the same time: read it again
             return self.client.get_experiment_by_name(name).experiment_id
 
-    def _step(self, key: str, step: int | None) -> int:
-        """A point's step; without one, the key's last step plus one (as Aim counts on)."""
-        step = self.last_steps.get(key, -1) + 1 if step is None else int(step)
-        self.last_steps[key] = step
-        return step
-
     def track(self, points: list[list]) -> None:
         metrics = []
         for value, name, step, _epoch, context, at in points:
             key = metric_key(name, context)
-            metrics.append(Metric(key, value, int(at * 1000), self._step(key, step)))
+            step = self.last_steps.get(key, -1) + 1 if step is None else int(step)  # without one: count on, as Aim
+            self.last_steps[key] = step
+            metrics.append(Metric(key, value, int(at * 1000), step))
         for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_METRICS_PER_BATCH])
 
     def set_params(self, name: str, params: dict[str, Any]) -> None:
-        flat = flatten(params, "" if name in UNPREFIXED_GROUPS else f"{name}.")
+        """Params are immutable in MLflow: a key the run holds already keeps its first value."""
+        bare = name in UNPREFIXED_GROUPS
         new = []
-        for key, value in flat.items():
-            if name in UNPREFIXED_GROUPS and self.params.get(key, value) != value:
+        for key, value in flatten(params, "" if bare else f"{name}.").items():
+            if bare and self.params.get(key, value) != value:
                 key = valid_key(f"{name}.{key}")  # the bare key holds another group's value
-            held = self.params.get(key)
-            if held is not None:
-                if held != value:
-                    print(f"mlflow tracker: param {key} already holds another value; kept it", file=sys.stderr)
-                continue
-            self.params[key] = value
-            new.append(Param(key, value))
+            if key not in self.params:
+                self.params[key] = value
+                new.append(Param(key, value))
         for start in range(0, len(new), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH])
 

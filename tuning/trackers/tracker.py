@@ -39,14 +39,12 @@ def log_series(logs: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], floa
 
 
 class Tracker:
-    """A tracking backend: a transformers callback for the training loop plus a side channel for extra data.
-
-    ``name`` is the registry name (``file_logger``, ``aim``), ``config`` the tracker's config dataclass.
-    ``track`` and ``set_params`` may be called before training starts (``model_load_time`` is measured while the
-    model loads); a backend whose run only exists once training begins must buffer them.
-    """
+    """A tracking backend (``name`` as registered, ``config`` its config dataclass): a trainer callback plus a side
+    channel for extra data. ``track`` and ``set_params`` may come before training starts (``model_load_time``): a
+    backend whose run only exists once training begins must buffer them."""
 
     name: str = "base"
+    callback: "TrainerCallback | None" = None
 
     def __init__(self, name: str | None = None, tracker_config: Any = None) -> None:
         if name is not None:
@@ -55,7 +53,7 @@ class Tracker:
 
     def get_hf_callback(self) -> "TrainerCallback | None":
         """The tracker's trainer callback (the same object at every call); None when the backend needs none."""
-        return None
+        return self.callback
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         """Record one scalar that is not part of the trainer's logs."""

@@ -65,10 +65,8 @@ def tracker_configs_from(configs: dict[str, Any]) -> TrackerConfigFactory:
 
 
 def validate_tracker_names(names: list[str] | None) -> list[str]:
-    """The trackers a job runs: the requested names, deduplicated, always with the file logger first.
-
-    ``["none"]`` alone means no tracking at all; an unknown name is a user error (a ``ValueError``).
-    """
+    """The trackers a job runs: the requested names, deduplicated, always with the file logger first; ``["none"]``
+    alone means no tracking at all. An unknown name is a user error (a ``ValueError``)."""
     requested = list(dict.fromkeys(name.strip().lower() for name in names or []))
     if NO_TRACKING in requested:
         if len(requested) > 1:
@@ -80,8 +78,7 @@ def validate_tracker_names(names: list[str] | None) -> list[str]:
 
 
 def _spec(name: str) -> TrackerSpec:
-    spec = _REGISTRY.get(name.strip().lower())
-    if spec is None:
+    if (spec := _REGISTRY.get(name.strip().lower())) is None:
         raise UserInputError(
             f"Requested Tracker {name} not found. Available trackers: {', '.join(AVAILABLE_TRACKERS + [NO_TRACKING])}"
         )
@@ -91,8 +88,7 @@ def _spec(name: str) -> TrackerSpec:
 def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Tracker:
     """One tracker, configured from its ``<name>_config`` section of ``tracker_configs`` (its defaults when that is
     unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
-    spec = _spec(name)
-    name = name.strip().lower()
+    spec, name = _spec(name), name.strip().lower()
     try:
         implementation = pkgutil.resolve_name(spec.implementation)
     except ImportError as exc:
@@ -102,8 +98,7 @@ def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Trac
 
 
 def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
-    """The trackers of ``validate_tracker_names(names)``; raises before any model work when a name, a package or a
-    config is wrong."""
+    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early)."""
     return [get_tracker(name, tracker_configs) for name in validate_tracker_names(names)]
 
 
