@@ -129,7 +129,8 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     )
     tracker = MLflowTracker(config)
     long_value = "x" * (MAX_PARAM_VALUE_LENGTH + 10)
-    tracker.set_params({**METADATA, "cluster": {"zone": "a", "gpus": [0, 1]}, "notes": long_value})
+    long_keys = {"k" * 300 + "a": "first", "k" * 300 + "b": "second"}  # alike in MLflow's first 250 characters
+    tracker.set_params({**METADATA, "cluster": {"zone": "a", "gpus": [0, 1]}, "notes": long_value, **long_keys})
     tracker.track(1.25, "model_load_time")
     tracker.callback.track_many(
         [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
@@ -147,6 +148,7 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     params = run.data.params
     assert params["gpu_model"] == "A100-80GB" and params["cluster.zone"] == "a" and params["cluster.gpus"] == "[0, 1]"
     assert params["notes"] + params["notes.part2"] == long_value  # long values continue, never dropped
+    assert sorted(value for key, value in params.items() if key.startswith("kkk")) == ["first", "second"]
     assert params["output_dir"] == str(output_dir)  # the training arguments
     assert "model" not in params and not any(key.startswith("model.") for key in params)  # no model in drive()
     assert history(tracking_uri, run.info.run_id, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 6)}

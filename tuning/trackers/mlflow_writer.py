@@ -3,6 +3,7 @@ MLflow run through ``mlflow.MlflowClient``, with the metric and param names the 
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -31,8 +32,12 @@ def metric_key(name: str, context: dict[str, Any] | None = None) -> str:
 
 
 def valid_key(key: str) -> str:
-    """``key`` with the characters MLflow refuses replaced, cut to MLflow's length limit."""
-    return _INVALID_KEY_CHARACTERS.sub("_", key)[:MAX_KEY_LENGTH]
+    """``key`` with the characters MLflow refuses replaced; a longer one than MLflow takes ends in a digest of the
+    whole, so that two keys alike in their first characters stay apart."""
+    key = _INVALID_KEY_CHARACTERS.sub("_", key)
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    return f"{key[: MAX_KEY_LENGTH - 9]}.{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
