@@ -32,7 +32,6 @@ DEVICES = [
         "memory_used": 70 * 2**30,
         "power_mw": [512_000, 640_000],
         "enforced_limit_mw": 640_000,
-        "management_limit_mw": 700_000,
         "temperature": 61,
     },
     {
@@ -41,7 +40,6 @@ DEVICES = [
         "memory_used": 2**30,
         "power_mw": [75_500],
         "enforced_limit_mw": 700_000,
-        "management_limit_mw": 700_000,
         "temperature": 35,
     },
     {
@@ -51,7 +49,6 @@ DEVICES = [
         "memory_used": 40 * 2**30,
         "power_mw": [300_000, 350_000, 400_000],
         "enforced_limit_mw": 500_000,
-        "management_limit_mw": 700_000,
         "temperature": 48,
     },
 ]
