@@ -53,11 +53,13 @@ def sweep_command(spec: Path, out: Path, *flags: str) -> list[str]:
     return [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out), *flags]
 
 
-def sweep(spec: Path, out: Path, *flags: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
+def sweep(
+    spec: Path, out: Path, *flags: str, timeout: float = 900, cwd: Path = REPO_ROOT, **env: str
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         sweep_command(spec, out, *flags),
         env=subprocess_env(**env),
-        cwd=REPO_ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -174,14 +176,7 @@ def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_director
     spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_steps": [1]})
     runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
     flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
-    result = subprocess.run(
-        sweep_command(spec, tmp_path / "sweep", *flags),
-        env=subprocess_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
 

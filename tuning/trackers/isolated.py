@@ -423,7 +423,11 @@ class _Child:
                 except ServerGone as exc:
                     answer["gone"] = str(exc)
                 except Exception as exc:
-                    answer["failed"] = repr(exc)
+                    try:  # a call cut short by the server's death: the dead server is the reason
+                        self.probe()
+                        answer["failed"] = repr(exc)
+                    except ServerGone as gone:
+                        answer["gone"] = str(gone)
                 if "gone" in answer or "failed" in answer or message["op"] == "close":
                     self.reply(**answer)
                     os._exit(0)  # never the library's exit hooks: with a dead server they may wait forever
