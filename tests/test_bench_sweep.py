@@ -181,6 +181,17 @@ def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_director
     assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
 
 
+def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"callbacks": [f"{HELPERS}:ExitsWithoutReport"]})
+    result = sweep(spec, tmp_path / "sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(tmp_path / "sweep")
+    reason = "exited 3 without an error report; its log ends: fatal: the device went away (injected)"
+    assert (line["status"], line["category"], line["reason"]) == ("error", None, reason)
+    (row,) = report_rows(tmp_path / "sweep")
+    assert (row["status"], row["error_message"]) == ("error", reason)
+
+
 def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()

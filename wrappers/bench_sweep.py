@@ -429,7 +429,8 @@ class Sweep:
 
     def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
-        rank), else from the TUNING_ERROR line of this attempt's part of its log, else from its exit code."""
+        rank), else from the TUNING_ERROR line of this attempt's part of its log, else from its exit code (and the
+        log's last line as the reason)."""
         runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
@@ -438,6 +439,9 @@ class Sweep:
             attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
             if marker := ERROR_MARKER.findall(attempt_log):
                 status, category = "error", marker[-1]
+            elif reason is None and exit_code > 0:  # it ended before it could report: its last words are all there is
+                last_line = attempt_log.strip().rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]
+                reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
         if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
         elif status in bench_report.DONE_STATUSES and exit_code != 0:

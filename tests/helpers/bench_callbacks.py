@@ -32,6 +32,14 @@ class StallAtStep2(TrainerCallback):
             time.sleep(STALL_SECONDS)
 
 
+class ExitsWithoutReport(TrainerCallback):
+    """The process ends at once, as a crashed interpreter does: no error report, no TUNING_ERROR line."""
+
+    def __init__(self):
+        print("fatal: the device went away (injected)", flush=True)
+        os._exit(3)
+
+
 class OutOfMemoryOnLastRank(TrainerCallback):
     """The highest rank runs out of GPU memory when step 2 begins (torch's own exception, as CUDA raises it)."""
 
