@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from types import UnionType
 from typing import Any, NamedTuple
 
 if __package__ in (None, ""):
@@ -200,6 +201,11 @@ def check_model_files(flag: str, path: str) -> None:
             raise UserInputError(f"{flag} {path}: {weights} is not a complete safetensors file: {exc}") from exc
 
 
+def _is_number(value: Any, kinds: type | UnionType) -> bool:
+    """``value`` is one of ``kinds``; bools are ints to ``isinstance``, but no numbers here."""
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
     """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
     if not model_args.model_name_or_path:
@@ -230,10 +236,9 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
     if not train_args.packing and not data_args.response_template:
         raise UserInputError("--response_template is required unless --packing is on")
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
-    # bools are ints to isinstance, but no numbers here
-    if train_args.max_steps <= 0 and (isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0):
+    if train_args.max_steps <= 0 and (not _is_number(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
-    if isinstance(accumulation, bool) or not isinstance(accumulation, int) or accumulation <= 0:
+    if not _is_number(accumulation, int) or accumulation <= 0:
         raise UserInputError(f"gradient_accumulation_steps has to be an integer >= 1, got {accumulation!r}")
     for flag in ("max_seq_length", "per_device_train_batch_size", "per_device_eval_batch_size"):
         if getattr(train_args, flag) <= 0:
