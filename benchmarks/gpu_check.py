@@ -32,7 +32,7 @@ from transformers.utils import is_flash_attn_2_available
 from benchmarks import overhead
 from benchmarks.bare_trl import CUDA_PEAK_FILE
 from tuning.benchmarking import system_metrics
-from tuning.benchmarking.schema import STEP_TOKENS
+from tuning.benchmarking.dump import STEP_TOKENS
 from tuning.benchmarking.system_metrics import GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT, GPU_UTILIZATION
 from tuning.data.loading import load_records
 from tuning.utils.error_logging import ErrorCategory, exit_code_for

@@ -12,10 +12,9 @@ import tempfile
 import time
 import tracemalloc
 
-from tuning.benchmarking.dump import write_dump
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, write_dump
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 
 SERIES = (  # bench_train's own per-step series, then the trainer's logs
     *(STEP_TIME, STEP_TOKENS, STEP_SAMPLES, TOKENS_PER_SECOND),

@@ -11,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tuning.benchmarking.dump import build_dump, rank_report_path
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, build_dump, rank_report_path
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output
 from tuning.benchmarking.rebuild import main as rebuild_main
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.schema import (
-    STEP_SAMPLES,
-    STEP_TIME,
-    STEP_TOKENS,
-    json_schema,
-    readme_with_schema,
-    validate_dump,
-)
+from tuning.benchmarking.schema import json_schema, readme_with_schema, validate_dump
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
 from tuning.benchmarking.tokens import StepTokenCounter

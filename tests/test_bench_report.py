@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
+from tuning.benchmarking.dump import STEP_TIME
 from tuning.benchmarking.journal import journal_path
-from tuning.benchmarking.schema import STEP_TIME
 
 BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"

@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
 from tests.helpers.aim import AimServer, read_runs
-from tuning.benchmarking.dump import build_dump
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, TOKENS_PER_SECOND, build_dump
 from tuning.benchmarking.journal import read_journal
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, TOKENS_PER_SECOND, validate_dump
+from tuning.benchmarking.schema import validate_dump
 from tuning.sft_trainer import get_parser
 
 BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"

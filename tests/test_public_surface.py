@@ -9,7 +9,8 @@ import pytest
 
 import tuning.benchmarking
 from tests.conftest import REPO_ROOT, cli_args, subprocess_env
-from tuning.benchmarking.schema import STEP_TIME, validate_dump
+from tuning.benchmarking.dump import STEP_TIME
+from tuning.benchmarking.schema import validate_dump
 
 BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
 
@@ -34,6 +35,21 @@ def test_light_modules_import_nothing_heavy(module, unwanted):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith({unwanted!r})))"
     result = subprocess.run(
         [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_training_run_imports_no_pydantic():
+    """Only ``validate_dump`` needs the schema's models: every other name of the surface resolves without pydantic,
+    whose model classes would cost every job's start-up."""
+    code = (
+        "import sys, tuning.benchmarking as surface\n"
+        "for name in set(surface.__all__) - {'validate_dump'}: getattr(surface, name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'tuning.benchmarking.schema'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=300, check=True
     )
     assert result.stdout.strip() == "[]"
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import fire
 
-from tuning.benchmarking.dump import build_dump
+from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
 from tuning.benchmarking.journal import journal_path, read_journal
-from tuning.benchmarking.schema import SCHEMA_VERSION, validate_dump
+from tuning.benchmarking.schema import validate_dump
 from tuning.utils.file_utils import read_json_lines
 
 SWEEP_STATE = "sweep_state.jsonl"

@@ -1,9 +1,10 @@
 """Benchmark runs: everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) needs, in one place.
 
 ``__all__`` is the public surface, listed by module in ``_EXPORTS``. Each name is imported from its module on first
-use, so that light users (the rebuild command, ``bench_report``) never import torch or transformers. Modules:
-``schema`` (the dump's models), ``journal``, ``dump`` (journal records → dump), ``record``, ``callback``, ``tokens``,
-``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
+use, so that light users (the rebuild command, ``bench_report``) never import torch or transformers, and a training
+run never imports pydantic. Modules: ``schema`` (the dump's models, for ``validate_dump``), ``journal``, ``dump``
+(journal records → dump, the series names), ``record``, ``callback``, ``tokens``, ``system_metrics``, ``stopping``,
+``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
 """
 
 import importlib
@@ -27,8 +28,8 @@ _EXPORTS = {
     "tuning.benchmarking.system_metrics": "environment_info peak_rss_bytes cuda_peak_memory",
     "tuning.benchmarking.record": "RunRecord",
     "tuning.benchmarking.journal": "Journal journal_path",
-    "tuning.benchmarking.dump": "write_dump rank_report_path",
-    "tuning.benchmarking.schema": "validate_dump SCHEMA_VERSION",
+    "tuning.benchmarking.dump": "write_dump rank_report_path SCHEMA_VERSION",
+    "tuning.benchmarking.schema": "validate_dump",
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 __all__ = sorted(_MODULE_OF)

@@ -18,9 +18,9 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl
 
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.record import Points, RunRecord
-from tuning.benchmarking.schema import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, STOP_REASONS, TOKENS_PER_SECOND
-from tuning.benchmarking.stopping import StopRule
+from tuning.benchmarking.stopping import STOP_REASONS, StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog

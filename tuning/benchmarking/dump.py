@@ -12,15 +12,17 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from tuning.benchmarking.journal import Point
-from tuning.benchmarking.schema import (
-    MODEL_LOAD_TIME,
-    PROCESS_RSS,
-    SCHEMA_VERSION,
-    STEP_SAMPLES,
-    STEP_TIME,
-    STEP_TOKENS,
-)
 from tuning.utils.file_utils import write_json_atomic
+
+SCHEMA_VERSION = 1  # the dump's; its models: tuning.benchmarking.schema
+
+# Series the summary is computed from; every writer uses these names.
+STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end of the previous one
+STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed over all ranks
+STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
+TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
+PROCESS_RSS = "process_rss_bytes"
+MODEL_LOAD_TIME = "model_load_time"
 
 INCOMPLETE_RUN_MESSAGE = (
     "the run ended without finishing its journal (killed by a signal, the OOM killer or a node failure); "

@@ -5,9 +5,8 @@ import threading
 import time
 from typing import Any
 
-from tuning.benchmarking.dump import RunData, dump_of
+from tuning.benchmarking.dump import SCHEMA_VERSION, RunData, dump_of
 from tuning.benchmarking.journal import Journal, Point
-from tuning.benchmarking.schema import SCHEMA_VERSION
 from tuning.trackers import Tracker
 
 _NO_CONTEXT: dict[str, Any] = {}

@@ -1,5 +1,6 @@
-"""The benchmark dump's schema as typed models, shared by writer, rebuild, readers and ``validate_dump``. Every object
-allows more keys than it declares (keys may be added); renaming or dropping one bumps ``SCHEMA_VERSION``.
+"""The benchmark dump's schema as typed models, for ``validate_dump``, readers and the README's JSON Schema. Every
+object allows more keys than it declares (keys may be added); renaming or dropping one bumps ``SCHEMA_VERSION``. The
+training process never imports it: the series names and ``SCHEMA_VERSION`` live in ``dump``, which writes them.
 
     python -m tuning.benchmarking.schema                    # print the JSON Schema
     python -m tuning.benchmarking.schema --readme README.md # rewrite the README's schema block
@@ -9,24 +10,17 @@ import argparse
 import json
 import pathlib
 import re
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError
 
-SCHEMA_VERSION = 1
-Status = Literal["ok", "error", "stopped", "interrupted"]  # interrupted: ended by SIGTERM/SIGINT, with its report
-StopReason = Literal["stop_after_seconds", "auto_stop"]
-STOP_REASONS = get_args(StopReason)
+from tuning.benchmarking.dump import SCHEMA_VERSION
+from tuning.benchmarking.stopping import STOP_REASONS
 
-# Series the summary is computed from; every writer uses these names.
-STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end of the previous one
-STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed over all ranks
-STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
-TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
-PROCESS_RSS = "process_rss_bytes"
-MODEL_LOAD_TIME = "model_load_time"
+Status = Literal["ok", "error", "stopped", "interrupted"]  # interrupted: ended by SIGTERM/SIGINT, with its report
+StopReason = Literal[STOP_REASONS]
 
 Number = float | None  # null stands for a value that was NaN or infinite
 
@@ -110,7 +104,7 @@ class ErrorReport(_Model):
 class Dump(_Model):
     """A benchmark run's dump, written by rank 0 of ``wrappers/bench_train.py`` however the run ends."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[SCHEMA_VERSION]
     """keys may be added; a rename or removal bumps it"""
     status: Status
     """how the run ended"""

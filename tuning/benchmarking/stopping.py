@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from tuning.utils.error_logging import UserInputError
 
+STOP_REASONS = ("stop_after_seconds", "auto_stop")  # a dump's stop_reason: what StopRule.reason returns
+
 
 @dataclass(frozen=True)
 class StopRule:
@@ -32,12 +34,12 @@ class StopRule:
     def reason(
         self, elapsed: float, measured_steps: int, measured_seconds: float, recent: Sequence[float]
     ) -> str | None:
-        """Why training should stop now (one of ``schema.STOP_REASONS``), or None. ``measured_*`` count the steps after
+        """Why training should stop now (one of ``STOP_REASONS``), or None. ``measured_*`` count the steps after
         the warmup; ``recent`` holds the last ``min_steps`` step times."""
         if self.stop_after_seconds is not None and elapsed >= self.stop_after_seconds:
-            return "stop_after_seconds"
+            return STOP_REASONS[0]
         if self.auto_stop and measured_steps >= self.min_steps and measured_seconds >= self.min_seconds:
             mean = statistics.fmean(recent)
             if mean > 0 and statistics.pstdev(recent) / mean <= self.tolerance:
-                return "auto_stop"
+                return STOP_REASONS[1]
         return None

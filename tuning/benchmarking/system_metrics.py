@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import torch
 
-from tuning.benchmarking.schema import PROCESS_RSS
+from tuning.benchmarking.dump import PROCESS_RSS
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ class Vote(enum.IntEnum):
     """What a callback votes at a step end (0: go on), and its place in the all-reduced tensor."""
 
     SIGNAL = 0  # the number of the stop signal caught
-    STOP_REASON = 1  # a stop rule's reason: 1 + its index in tuning.benchmarking.schema.STOP_REASONS
+    STOP_REASON = 1  # a stop rule's reason: 1 + its index in tuning.benchmarking.stopping.STOP_REASONS
 
 
 OnAgreed = Callable[[int, TrainerControl], None]
