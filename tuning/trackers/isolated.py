@@ -104,6 +104,7 @@ class IsolatedCallback:
         self._process: subprocess.Popen | None = None
         self._connection: Connection | None = None
         self._connected = threading.Event()  # the child connected back: _connection is set
+        self._exited = threading.Event()  # the child exited and the reader has judged how
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         # What each sent, unanswered message does, oldest first, and when the oldest could start (monotonic).
         self._pending: collections.deque[str] = collections.deque()
@@ -145,8 +146,8 @@ class IsolatedCallback:
             self._closed = True
             self._flush_points()
             self._enqueue({"op": "close"}, "closing the run")  # without a run, the child just exits
-        while self._process.poll() is None and not self._blocked():
-            time.sleep(0.1)
+        while not self._exited.wait(0.1) and not self._blocked():
+            pass
 
     def when_run_info_known(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call ``listener(run_info)`` once the run exists: now if it does, else from the thread that learns it."""
@@ -316,6 +317,7 @@ class IsolatedCallback:
         with self._state_lock:
             if self._pending or not self._closed:
                 self._degrade(f"the {self.label} helper process exited unexpectedly (exit status {code})")
+        self._exited.set()
 
     def _degrade(self, reason: str) -> None:
         with self._state_lock:
