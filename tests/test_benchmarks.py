@@ -29,24 +29,39 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
         assert row["loop_samples"] > 0 and 0 <= row["share_low"] <= row["share"] <= row["share_high"], row
     # Bare TRL runs no code of ours inside its loop: nothing the arms share is counted as ours.
     assert results["profile"][0]["own_loop_samples"] == 0
+    for row in results["profile"][1:]:  # every process imports, parses flags and builds its trainer: some of it ours
+        assert 0 < row["own_process_samples"] < row["process_samples"], row
+        assert row["process_share_low"] <= row["process_share"] <= row["process_share_high"], row
     assert "| stress | bench_train_no_aim |" in out.split("ours in the loop")[1]
 
 
-def test_py_spy_samples_count_our_code_only_inside_the_training_loop(tmp_path):
-    root = overhead.REPO_ROOT
-    loop = "Trainer._inner_training_loop (/venv/transformers/trainer.py:1660)"
+def test_py_spy_samples_count_our_code_in_the_loop_and_in_the_process(tmp_path):
+    root, lib = overhead.REPO_ROOT, "/venv/lib/python3.11/site-packages"
+    loop = f"Trainer._inner_training_loop ({lib}/transformers/trainer.py:1660)"
     above = f"thread (7): MainThread;<module> ({root}/wrappers/bench_train.py:9);train ({root}/tuning/sft_trainer.py:4)"
+    data = f"tokenize_and_mask ({root}/tuning/data/masking.py:40)"
     raw = "\n".join(
         [
-            f"{above};Trainer.train (/venv/transformers/trainer.py:1576);{loop};backward (/venv/torch/a.py:1) 90",
-            f"{above};{loop};CallbackHandler.call_event (/venv/t.py:5);BenchmarkCallback.on_step_end ({root}/tuning/"
-            "benchmarking/callback.py:130);RunRecord._append (x.py:44) 7",
+            f"{above};Trainer.train ({lib}/transformers/trainer.py:1576);{loop};backward ({lib}/torch/a.py:1) 90",
+            f"{above};{loop};CallbackHandler.call_event ({lib}/transformers/t.py:5);BenchmarkCallback.on_step_end "
+            f"({root}/tuning/benchmarking/callback.py:130);sum ({lib}/torch/b.py:7) 7",
             f"thread (7);{loop};FileLoggingCallback.on_log ({root}/tuning/trackers/filelogging_tracker.py:74) 3",
             f"thread (9): journal-writer;Journal._write_queued ({root}/tuning/benchmarking/journal.py:80) 40",
-            f"{above};load_model (/venv/transformers/modeling.py:3) 500",
+            f"{above};load_model ({lib}/transformers/modeling.py:3) 500",
+            f"{above};{data};encode ({lib}/tokenizers/t.py:2) 60",  # bare TRL builds its dataset with it too
+            f"{above};{data};_rows ({root}/tuning/data/masking.py:70) 20",
+            f"thread (7): MainThread;<module> ({root}/wrappers/bench_train.py:30);<module> (/venv/fire/core.py:1) 45",
+            f"thread (7): MainThread;main ({root}/wrappers/bench_train.py:460);close ({root}/tuning/i.py:1) 15",
+            "thread (7): MainThread 1000",  # the interpreter's teardown: no Python frame
         ]
     )
-    assert overhead.count_samples(raw) == (100, 10)
+    shared = overhead.baseline_functions(
+        f"thread (3): MainThread;main (/x/bare_trl.py:5);{data};_rows ({root}/tuning/data/masking.py:71) 5"
+    )
+    assert shared == {f"tokenize_and_mask ({root}/tuning/data/masking.py", f"_rows ({root}/tuning/data/masking.py"}
+    assert overhead.count_samples(raw, shared) == (100, 10, 740, 7 + 3 + 45 + 15)
+    # Without the baseline's functions the dataset glue would count as ours too.
+    assert overhead.count_samples(raw).own_process_samples == 7 + 3 + 45 + 15 + 20
     share, low, high = overhead.share_interval(10, 100)
     assert low < share == 0.1 < high and overhead.share_interval(0, 100)[1] == 0
 
