@@ -48,6 +48,7 @@ DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
 CASES = {"realistic": {"hidden_size": 256, "num_layers": 6}, "stress": {"hidden_size": 64, "num_layers": 2}}
 TARGETS = {"process": 1.03, "loop": 1.01, "step": 1.01}
 LOOP_FRAME = "._inner_training_loop ("  # transformers' Trainer loop, as py-spy names a frame: "function (file:line)"
+FINAL_FRAME = "._finalize_training ("  # the loop's end, after its train_runtime is taken: on_train_end, for one
 OWN_CODE = tuple(f" ({REPO_ROOT / folder}{os.sep}" for folder in ("tuning", "wrappers"))
 # The libraries that train, in every arm alike; what they call (numpy, the standard library...) is theirs too.
 TRAINING_LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "safetensors")
@@ -198,7 +199,8 @@ def baseline_functions(raw: str) -> set[str]:
 
 def count_samples(raw: str, shared: set[str] = frozenset()) -> Samples:
     """Our share of the training loop and of the whole process on the loop's thread (``shared``: functions of ours the
-    baseline runs too). In the loop, a sample is ours with a frame of ours below the loop. In the process, with a
+    baseline runs too). The loop ends where its ``train_runtime`` does, before the end-of-training callbacks; a
+    sample there is ours with a frame of ours below the loop. In the process, with a
     frame of ours the baseline does not run below its outermost frame of shared code (a training library or a
     ``shared`` function): our callbacks and what they call, our imports, flags, dump and closing; not the training
     our ``train()`` hands to the libraries. Samples without a Python frame (the interpreter's own teardown, alike in
@@ -212,7 +214,7 @@ def count_samples(raw: str, shared: set[str] = frozenset()) -> Samples:
     loop = own_loop = process = own_process = 0
     for thread, frames, count in stacks:
         start = next((index for index, frame in enumerate(frames) if LOOP_FRAME in frame), None)
-        if start is not None:
+        if start is not None and not any(FINAL_FRAME in frame for frame in frames[start:]):
             loop += count
             own_loop += count if any(map(frame_is_ours, frames[start:])) else 0
         if thread == loop_thread and frames:
