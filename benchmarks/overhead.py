@@ -179,6 +179,8 @@ def _stacks(raw: str) -> Iterator[tuple[str, list[str], int]]:
     ``thread (id)[: name];frame;frame... count``, a frame ``function (file:line)``."""
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdecimal():  # the head of a stack cut by a line break in a frame's name: left out
+            continue
         frames = stack.split(";")
         yield frames[0].partition(")")[0], frames[1:], int(count)
 

@@ -56,6 +56,8 @@ def test_py_spy_samples_count_our_code_in_the_loop_and_in_the_process(tmp_path):
             f"thread (7): MainThread;<module> ({root}/wrappers/bench_train.py:30);<module> (/venv/fire/core.py:1) 45",
             f"thread (7): MainThread;main ({root}/wrappers/bench_train.py:460);close ({root}/tuning/i.py:1) 15",
             "thread (7): MainThread 1000",  # the interpreter's teardown: no Python frame
+            f"{above};<module> (<generated",  # a frame name holding a line break cuts its stack in two
+            "(---- code>:1) 4",
         ]
     )
     shared = overhead.baseline_functions(
