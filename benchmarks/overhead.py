@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +48,7 @@ DEFAULT_ARMS = ("trl", "sft_trainer", "bench_train")
 CASES = {"realistic": {"hidden_size": 256, "num_layers": 6}, "stress": {"hidden_size": 64, "num_layers": 2}}
 TARGETS = {"process": 1.03, "loop": 1.01, "step": 1.01}
 LOOP_FRAME = "._inner_training_loop ("  # transformers' Trainer loop, as py-spy names a frame: "function (file:line)"
-FINAL_FRAME = "._finalize_training ("  # the loop's end, after its train_runtime is taken: on_train_end, for one
+FINAL_FRAME = "._finalize_training ("  # where the loop's train_runtime has been taken; on_train_end runs there
 OWN_CODE = tuple(f" ({REPO_ROOT / folder}{os.sep}" for folder in ("tuning", "wrappers"))
 # The libraries that train, in every arm alike; what they call (numpy, the standard library...) is theirs too.
 TRAINING_LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "safetensors")
@@ -189,7 +189,7 @@ def _function(frame: str) -> str:
     return frame.rpartition(":")[0]  # "function (file" without the line
 
 
-def frame_is_ours(frame: str, shared: set[str] = frozenset()) -> bool:
+def frame_is_ours(frame: str, shared: Collection[str] = ()) -> bool:
     """A frame of our code that is not in ``shared``: functions of ours that the baseline runs too."""
     return any(folder in frame for folder in OWN_CODE) and _function(frame) not in shared
 
@@ -199,14 +199,14 @@ def baseline_functions(raw: str) -> set[str]:
     return {_function(frame) for _, frames, _ in _stacks(raw) for frame in frames if frame_is_ours(frame)}
 
 
-def count_samples(raw: str, shared: set[str] = frozenset()) -> Samples:
+def count_samples(raw: str, shared: Collection[str] = ()) -> Samples:
     """Our share of the training loop and of the whole process on the loop's thread (``shared``: functions of ours the
-    baseline runs too). The loop ends where its ``train_runtime`` does, before the end-of-training callbacks; a
-    sample there is ours with a frame of ours below the loop. In the process, with a
-    frame of ours the baseline does not run below its outermost frame of shared code (a training library or a
-    ``shared`` function): our callbacks and what they call, our imports, flags, dump and closing; not the training
-    our ``train()`` hands to the libraries. Samples without a Python frame (the interpreter's own teardown, alike in
-    every arm) are left out, which leaves our share at its largest."""
+    baseline runs too). The loop ends where its ``train_runtime`` does, before the end-of-training callbacks; a sample
+    there is ours with a frame of ours below the loop. In the process, a sample is ours with a frame of ours that the
+    baseline does not run below its outermost frame of shared code (a training library or a ``shared`` function):
+    our callbacks and what they call, our imports, flags, dump and closing; not the training our ``train()`` hands to
+    the libraries. Samples without a Python frame (the interpreter's own teardown, alike in every arm) are left out,
+    which leaves our share at its largest."""
 
     def is_shared(frame: str) -> bool:
         return _function(frame) in shared or any(code in frame for code in SHARED_CODE)
@@ -381,20 +381,22 @@ def markdown_table(rows: list[dict]) -> str:
 
 def profile_table(rows: list[dict]) -> str:
     """Ours in the loop against 1 %, in the process against 1.03× (our share s: the process without it takes 1 - s)."""
-    limits = {"": TARGETS["loop"] - 1, "process_": 1 - 1 / TARGETS["process"]}
-    header = ["case", "arm", "loop samples", "ours in the loop", "other threads' CPU", f"ours (≤ {limits['']:.0%})"]
-    header += ["process samples", "ours in the process", f"ours in the process (≤ {limits['process_']:.1%})"]
-    table = []
-    for row in rows:
-        counts = [str(row["loop_samples"]), str(row["own_loop_samples"]), f"{row['threads_cpu_share']:.2%}"]
-        cells = [row["case"], row["arm"], *counts]
-        for prefix, limit in limits.items():
-            figures = [row[f"{prefix}share{end}"] for end in ("", "_low", "_high")]
-            judged = verdict({"ratio_q1": 1 + figures[1], "ratio_q3": 1 + figures[2]}, 1 + limit)
-            if prefix:
-                cells += [str(row["process_samples"]), str(row["own_process_samples"])]
-            cells.append(f"{figures[0]:.2%} ({figures[1]:.2%}-{figures[2]:.2%}) {judged}")
-        table.append(cells)
+    loop_limit, process_limit = TARGETS["loop"] - 1, 1 - 1 / TARGETS["process"]
+
+    def judged(row: dict, prefix: str, limit: float) -> str:
+        share, low, high = (row[f"{prefix}share{end}"] for end in ("", "_low", "_high"))
+        return f"{share:.2%} ({low:.2%}-{high:.2%}) {verdict({'ratio_q1': 1 + low, 'ratio_q3': 1 + high}, 1 + limit)}"
+
+    header = ["case", "arm", "loop samples", "ours in the loop", "other threads' CPU", f"ours (≤ {loop_limit:.0%})"]
+    header += ["process samples", "ours in the process", f"ours in the process (≤ {process_limit:.1%})"]
+    table = [
+        [
+            *(row["case"], row["arm"], str(row["loop_samples"]), str(row["own_loop_samples"])),
+            *(f"{row['threads_cpu_share']:.2%}", judged(row, "", loop_limit)),
+            *(str(row["process_samples"]), str(row["own_process_samples"]), judged(row, "process_", process_limit)),
+        ]
+        for row in rows
+    ]
     return markdown(header, table)
 
 
