@@ -35,7 +35,7 @@ def test_every_arm_runs_the_same_work_and_the_results_are_written(tmp_path, caps
     assert "| stress | bench_train_no_aim |" in out.split("ours in the loop")[1]
 
 
-def test_py_spy_samples_count_our_code_in_the_loop_and_in_the_process(tmp_path):
+def test_py_spy_samples_count_our_code_in_the_loop_and_in_the_process():
     root, lib = overhead.REPO_ROOT, "/venv/lib/python3.11/site-packages"
     loop = f"Trainer._inner_training_loop ({lib}/transformers/trainer.py:1660)"
     above = f"thread (7): MainThread;<module> ({root}/wrappers/bench_train.py:9);train ({root}/tuning/sft_trainer.py:4)"
