@@ -480,6 +480,7 @@ def test_stall_is_reported_as_hang(tiny_model, tmp_path):
         (lambda d: {"metrics_path": write(d / "file", "") / "bench.json"}, "cannot write --metrics_path"),
         (lambda d: {"stop_after_seconds": "soon"}, "--stop_after_seconds 'soon' is not a valid float"),
         (lambda d: {"callbacks": "tests.helpers.nowhere:Nothing"}, "--callbacks tests.helpers.nowhere:Nothing"),
+        (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
     ],
 )
 def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, capsys, make_flags, message):

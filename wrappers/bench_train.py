@@ -67,6 +67,7 @@ def wrapper_flags(
     skip_warmup_seconds: float = 0.0,
     stall_timeout: float | None = None,
     callbacks: str | None = None,
+    peak_tflops: float | None = None,
 ) -> dict[str, Any]:
     """Benchmark flags of bench_train.py. Every flag of tuning/sft_trainer.py is accepted too (listed below).
 
@@ -84,6 +85,7 @@ def wrapper_flags(
         skip_warmup_seconds: Seconds of training left out likewise, at least (the warmup ends when both are over).
         stall_timeout: Seconds without training progress after which the run is reported as "hang" and ended; 0: off.
         callbacks: Extra transformers callbacks, "module:Name[,module:Name]", each a class or a no-argument factory.
+        peak_tflops: The device's dense peak TFLOP/s for the dump's MFU; default: the datasheet table's, by device name.
     """
     return dict(locals())
 
@@ -195,6 +197,8 @@ def check_flags(flags: SimpleNamespace) -> None:
     for name in ("system_metrics_interval", "skip_warmup_steps", "skip_warmup_seconds", "stall_timeout"):
         if (getattr(flags, name) or 0) < 0:
             raise benchmarking.UserInputError(f"--{name} must not be negative, got {getattr(flags, name)}")
+    if flags.peak_tflops is not None and not flags.peak_tflops > 0:
+        raise benchmarking.UserInputError(f"--peak_tflops must be positive, got {flags.peak_tflops}")
 
 
 def check_writable(path: str) -> None:
@@ -342,6 +346,7 @@ class BenchmarkJob:
             watchdog=watchdog,
             mirror=mirror if mirrors else None,
             stop_agreement=stop_agreement,
+            peak_tflops=flags.peak_tflops,
         )
         # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every

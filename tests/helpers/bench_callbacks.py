@@ -127,3 +127,15 @@ class SweepFaults(TrainerCallback):
         if not os.path.exists(marker):
             open(marker, "w").close()
             raise torch.distributed.DistNetworkError("Connection closed by peer [127.0.0.1]:29500 (injected)")
+
+
+class SlowForward(TrainerCallback):
+    """Every training forward pass sleeps ``$SLOW_FORWARD_SECONDS`` on the rank ``$SLOW_FORWARD_RANK`` (every rank
+    when unset): a straggler, or a slower candidate build. A forward pre-hook registered at train begin, after the
+    benchmark's own, so that the benchmark's forward timing includes the sleep."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        rank = os.environ.get("SLOW_FORWARD_RANK")
+        if rank is None or int(rank) == int(os.environ.get("RANK", "0")):
+            seconds = float(os.environ["SLOW_FORWARD_SECONDS"])
+            model.register_forward_pre_hook(lambda module, _: time.sleep(seconds) if module.training else None)

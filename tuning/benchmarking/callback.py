@@ -9,6 +9,7 @@ step time and throughput at most every ``MIRROR_INTERVAL_S``, as the mean since 
 point costs the tracker's library real work beside training, and the dump keeps every step.
 """
 
+import logging
 import math
 import threading
 import time
@@ -16,9 +17,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from transformers import TrainerCallback, TrainerControl
 
 from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
+from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
+from tuning.benchmarking.ranks import RankTimes
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.stopping import STOP_REASONS, StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
@@ -26,6 +30,8 @@ from tuning.benchmarking.tokens import StepTokenCounter
 from tuning.benchmarking.watchdog import StallWatchdog
 from tuning.trackers.tracker import log_series
 from tuning.utils.graceful_stop import StopAgreement, Vote
+
+logger = logging.getLogger(__name__)
 
 RECORD_INTERVAL_S = 0.1
 MIRROR_INTERVAL_S = 1.0
@@ -35,6 +41,7 @@ class BenchmarkCallback(TrainerCallback):
     """Measures steps into ``record`` (None on ranks that record nothing), owns the system-metrics sampler and stall
     watchdog, and votes its ``StopRule`` through ``stop_agreement`` (the run's ``GracefulStopCallback``'s).
 
+    ``peak_tflops`` is the device's dense peak for MFU (default: ``flops.PEAK_TFLOPS``'s row for the CUDA device).
     ``mirror(points)`` gets ``(name, value, step, context)`` points of the step time, throughput (per series the mean
     since its previous point, every ``mirror_interval`` seconds and at the end) and system series (step None).
     """
@@ -50,6 +57,7 @@ class BenchmarkCallback(TrainerCallback):
         mirror: Callable[[Points], None] | None = None,
         stop_agreement: StopAgreement | None = None,
         mirror_interval: float = MIRROR_INTERVAL_S,
+        peak_tflops: float | None = None,
     ):
         self.record = record
         self.stop_rule = stop_rule
@@ -59,6 +67,7 @@ class BenchmarkCallback(TrainerCallback):
         self._beat: Callable[[], None] = watchdog.beat if watchdog is not None else lambda: None
         self.mirror = mirror
         self.mirror_interval = mirror_interval
+        self.peak_tflops = peak_tflops
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
         self.sampler = (
             SystemMetricsSampler(system_metrics_interval, self._system_point) if system_metrics_interval else None
@@ -68,6 +77,7 @@ class BenchmarkCallback(TrainerCallback):
         self._first_step = 0
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = 0.0  # times, set at begin
         self._tokens: StepTokenCounter | None = None
+        self._rank_times: RankTimes | None = None
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
@@ -86,18 +96,29 @@ class BenchmarkCallback(TrainerCallback):
         self._main = state.is_world_process_zero
         self._global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         self.global_step = self._first_step = state.global_step
-        if kwargs.get("model") is not None:
-            self._tokens = StepTokenCounter(kwargs["model"], args.device)
+        model = kwargs.get("model")
+        if model is not None:
+            self._tokens = StepTokenCounter(model, args.device)
+            self._rank_times = RankTimes(model, args.device)
+        if self.sampler is not None:
+            self.sampler.start()
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
         if self._main and self.record is not None:
-            self.record.note(train_start=self._train_start)
+            self.record.note(
+                train_start=self._train_start,
+                flops_counts=_flops_counts(model),
+                peak_tflops=self.peak_tflops or _device_peak(args.device),
+                energy_mj_at_train_start=self._energy(),
+            )
         self._end_warmup_if_over(state.global_step, 0.0)
         if self.stop_rule.active:
             self.stop_agreement.join(Vote.STOP_REASON, self._on_agreed)
-        if self.sampler is not None:
-            self.sampler.start()
         if self.watchdog is not None:
             self.watchdog.arm()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self._rank_times is not None:
+            self._rank_times.step_begins(state.global_step + 1)
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
@@ -105,6 +126,8 @@ class BenchmarkCallback(TrainerCallback):
         self._last_step_end, self.global_step = now, step
         if self._tokens is not None:
             self._tokens.end_step(step, duration)
+        if self._rank_times is not None:
+            self._rank_times.step_ends(step)
         if self._main:
             self._unrecorded.append((step, now, duration))
         if now - self._recorded_at >= RECORD_INTERVAL_S:
@@ -129,9 +152,22 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._record_unrecorded(time.time(), wait=True)
+        energy = self._energy()
+        forward, data_wait = self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [])
         if self._main and self.record is not None:
-            self.record.note(train_end=time.time())
+            self.record.note(
+                train_end=time.time(),
+                energy_mj_at_train_end=energy,
+                rank_forward_time_p50=forward or None,
+                rank_data_wait_p50=data_wait or None,
+            )
         self.close()
+
+    def _energy(self) -> list[float | None] | None:
+        """The GPUs' energy counters now, on the rank that samples them (None elsewhere and without NVML)."""
+        if self.sampler is None:
+            return None
+        return self.sampler.energy_millijoules() or None
 
     def close(self) -> None:
         """Record what is left and stop the helpers; also the way out when training raised or stalled (then without
@@ -140,6 +176,9 @@ class BenchmarkCallback(TrainerCallback):
         if self._tokens is not None:
             self._tokens.detach()
             self._tokens = None
+        if self._rank_times is not None:
+            self._rank_times.detach()
+            self._rank_times = None
         if self.watchdog is not None:
             self.watchdog.disarm()
         if self.sampler is not None:
@@ -201,12 +240,27 @@ class BenchmarkCallback(TrainerCallback):
             self._last_warmup_step = step
             if self._main and self.record is not None:
                 self._record_unrecorded(time.time())  # the journal stays in time order
-                self.record.note(warmup_steps=step, warmup_seconds=elapsed)
+                self.record.note(warmup_steps=step, warmup_seconds=elapsed, energy_mj_at_warmup_end=self._energy())
 
     def _on_agreed(self, code: int, control: TrainerControl) -> None:
         if code:
             self.stop_reason = STOP_REASONS[code - 1]
             control.should_training_stop = True
+
+
+def _flops_counts(model: Any) -> dict[str, int] | None:
+    """``flops.parameter_counts`` of the model, or None for a model without a transformers config (logged)."""
+    if model is None:
+        return None
+    try:
+        return parameter_counts(model)
+    except Exception as exc:  # noqa: BLE001 - a model the formula cannot describe costs its MFU, never the run
+        logger.warning("no model FLOPs per token: cannot count the model's parameters: %s", exc)
+        return None
+
+
+def _device_peak(device: Any) -> float | None:
+    return peak_tflops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 class _LogRecorder(TrainerCallback):

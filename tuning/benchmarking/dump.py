@@ -11,6 +11,7 @@ from array import array
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from tuning.benchmarking.flops import flops_per_token
 from tuning.benchmarking.journal import Point
 from tuning.utils.file_utils import write_json_atomic
 
@@ -22,6 +23,7 @@ STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed 
 STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
 TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
 PROCESS_RSS = "process_rss_bytes"
+GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 MODEL_LOAD_TIME = "model_load_time"
 
 INCOMPLETE_RUN_MESSAGE = (
@@ -137,7 +139,89 @@ def _values(series: list[dict[str, Any]], name: str) -> list[float]:
     return [value for one in series if one["name"] == name for value in one["values"] if value is not None]
 
 
-def _summary(series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any], warmup_steps: int) -> dict:
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def _integrated_power(series: list[dict[str, Any]], gpu: int, start: float, end: float) -> float | None:
+    """Joules of one GPU from ``start`` to ``end``: its sampled power, linear between samples and held at the first
+    and last sample before and after them; None without a sample in the window."""
+    found = next((one for one in series if one["name"] == GPU_POWER and one["context"] == {"gpu": gpu}), None)
+    samples = [
+        (at, watts)
+        for at, watts in zip(found["timestamps"], found["values"], strict=True)
+        if watts is not None and start <= at <= end
+    ]
+    if not samples:
+        return None
+    joules = samples[0][1] * (samples[0][0] - start) + samples[-1][1] * (end - samples[-1][0])
+    for (before, first), (after, second) in zip(samples, samples[1:], strict=False):
+        joules += (first + second) / 2 * (after - before)
+    return joules
+
+
+def _energy(
+    series: list[dict[str, Any]], notes: dict[str, Any], measured: bool, start: float | None, end: float
+) -> tuple[list[float | None] | None, str | None]:
+    """(joules per GPU from ``start`` to ``end``, how they were measured): the difference of NVML's energy counters
+    read at the warmup's end (train begin when nothing was measured after it) and at train end, else the sampled power
+    integrated over that time; (None, None) without NVML."""
+    first = notes.get("energy_mj_at_warmup_end" if measured else "energy_mj_at_train_start")
+    last = notes.get("energy_mj_at_train_end")
+    if first and last and len(first) == len(last) and None not in first + last:
+        return [(after - before) / 1000.0 for before, after in zip(first, last, strict=True)], "nvml_energy_counter"
+    gpus = sorted({one["context"]["gpu"] for one in series if one["name"] == GPU_POWER})
+    if not gpus or start is None:
+        return None, None
+    return [_integrated_power(series, gpu, start, end) for gpu in gpus], "integrated_power"
+
+
+class _Measured(NamedTuple):
+    """What the summary's efficiency keys start from: the steps it covers and their throughput."""
+
+    steps: list[int]
+    after_warmup: bool  # the steps are those after the warmup (else every step)
+    tokens_per_second: float | None
+    train_end: float
+    world_size: int
+
+
+def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _Measured) -> dict[str, Any]:
+    """MFU, energy and rank skew: the summary keys from notes the callback made (docs/benchmarking.md has the
+    formulas)."""
+    tokens, samples = _per_step(series, STEP_TOKENS), _per_step(series, STEP_SAMPLES)
+    token_count = sum(tokens.get(step, 0.0) for step in measured.steps) if tokens else None
+    sequence_length = _ratio(token_count, sum(samples.get(step, 0.0) for step in measured.steps))
+    counts = notes.get("flops_counts")
+    model_flops = flops_per_token(counts, sequence_length) if counts and sequence_length else None
+    achieved = None
+    if model_flops is not None and measured.tokens_per_second is not None:
+        achieved = measured.tokens_per_second * model_flops / measured.world_size / 1e12
+    start = notes.get("train_start")
+    if start is not None and measured.after_warmup:
+        start += notes.get("warmup_seconds", 0.0)
+    per_gpu, source = _energy(series, notes, measured.after_warmup, start, measured.train_end)
+    total = sum(per_gpu) if per_gpu and None not in per_gpu else None
+    forward = notes.get("rank_forward_time_p50")
+    known = [seconds for seconds in forward or [] if seconds is not None]
+    return {
+        "model_flops_per_token": model_flops,
+        "achieved_tflops_per_device": achieved,
+        "peak_tflops_per_device": notes.get("peak_tflops"),
+        "mfu": _ratio(achieved, notes.get("peak_tflops")),
+        "energy_joules": total,
+        "energy_joules_per_gpu": per_gpu,
+        "joules_per_token": _ratio(total, token_count),
+        "energy_source": source,
+        "rank_forward_time_p50": forward,
+        "rank_data_wait_p50": notes.get("rank_data_wait_p50"),
+        "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
+    }
+
+
+def _summary(
+    series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any], warmup_steps: int, world_size: int
+) -> dict:
     step_times = _per_step(series, STEP_TIME)
     measured = [step for step in step_times if step > warmup_steps]
     steps = measured or list(step_times)
@@ -155,16 +239,19 @@ def _summary(series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str,
     durations = [step_times[step] for step in steps]
     # Deciles interpolated between closest ranks, as numpy's default.
     step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
+    tokens_per_second = throughput(STEP_TOKENS)
+    measured_by = _Measured(steps, bool(measured), tokens_per_second, train_end, world_size)
     return {
         "train_runtime": train_end - train_start if train_start is not None else None,
         "model_load_time": load_times[-1] if load_times else None,
-        "tokens_per_second": throughput(STEP_TOKENS),
+        "tokens_per_second": tokens_per_second,
         "samples_per_second": throughput(STEP_SAMPLES),
         "step_time_p50": step_deciles[4] if step_deciles else None,
         "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "cuda": end.get("cuda"),
+        **_efficiency(series, notes, measured_by),
     }
 
 
@@ -198,7 +285,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "stop_time": utc_iso(end["time"] or header["time"]),
         "training_steps": training_steps,
         "warmup_steps": warmup_steps,
-        "summary": _summary(series, notes, end, warmup_steps),
+        "summary": _summary(series, notes, end, warmup_steps, header["world_size"]),
         "metrics": series,
         "aggregates": aggregate(series, warmup_steps),
         "environment": header["environment"],

@@ -78,6 +78,29 @@ class Summary(_Model):
     """rank 0's peak resident memory"""
     cuda: list[CudaDevice] | None
     """peak memory per device; null without CUDA"""
+    model_flops_per_token: Number = None
+    """training FLOPs per token: 4 x frozen + 6 x trained matmul weights + 12 x layers x attention width x mean
+    sequence length (PaLM/Chinchilla); null for a model without a transformers config (dumps before it lack the key)"""
+    achieved_tflops_per_device: Number = None
+    """tokens_per_second x model_flops_per_token / world_size, in TFLOP/s"""
+    peak_tflops_per_device: Number = None
+    """the device's dense bf16/fp16 peak: --peak_tflops, else the datasheet table's row for the CUDA device name"""
+    mfu: Number = None
+    """achieved over peak TFLOP/s; null without a known peak (CPU, a device the table lacks)"""
+    energy_joules: Number = None
+    """energy of all sampled GPUs after the warmup"""
+    energy_joules_per_gpu: list[Number] | None = None
+    """the same per GPU, in CUDA's order; null without NVML"""
+    joules_per_token: Number = None
+    """energy_joules over the non-padding tokens of the steps after the warmup"""
+    energy_source: Literal["nvml_energy_counter", "integrated_power"] | None = None
+    """NVML's total energy counter, or the sampled power integrated where a GPU has no counter"""
+    rank_forward_time_p50: list[Number] | None = None
+    """per rank: median seconds per step in its model's forward passes"""
+    rank_data_wait_p50: list[Number] | None = None
+    """per rank: median seconds per step waiting for the step's batches"""
+    rank_skew: Number = None
+    """slowest over fastest rank's rank_forward_time_p50; 1.0 on one process"""
 
 
 class Environment(_Model):

@@ -17,13 +17,12 @@ from typing import Any
 import psutil
 import torch
 
-from tuning.benchmarking.dump import PROCESS_RSS
+from tuning.benchmarking.dump import GPU_POWER, PROCESS_RSS
 
 logger = logging.getLogger(__name__)
 
 GPU_UTILIZATION = "gpu_utilization_percent"
 GPU_MEMORY_USED = "gpu_memory_used_bytes"
-GPU_POWER = "gpu_power_watts"
 GPU_POWER_PERCENT = "gpu_power_percent"
 GPU_TEMPERATURE = "gpu_temperature_celsius"
 
@@ -110,6 +109,16 @@ class SystemMetricsSampler:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
             self._nvml = None
+
+    def energy_millijoules(self) -> list[float | None]:
+        """Each sampled GPU's total energy counter (millijoules since the driver loaded; None where NVML lacks it)."""
+        readings: list[float | None] = []
+        for handle in self._gpus:
+            try:
+                readings.append(float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+            except Exception:  # noqa: BLE001 - older GPUs have no counter: the dump integrates their power instead
+                readings.append(None)
+        return readings
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -4,6 +4,7 @@ Put this folder on ``PYTHONPATH`` (child processes) or the module into ``sys.mod
 devices are the JSON list in ``$FAKE_NVML_DEVICES``, read at ``nvmlInit`` (or given to ``configure``), each an object
 with ``uuid``, ``name``, ``utilization`` (percent), ``memory_used`` and ``memory_total`` (bytes), ``power_mw`` (a list
 of readings that successive ``nvmlDeviceGetPowerUsage`` calls cycle through), ``enforced_limit_mw``, ``temperature``,
+``energy_mj_per_read`` (how far the total energy counter, in millijoules from 0, advances with every read of it),
 ``mig_uuids`` (UUIDs of MIG instances NVML finds by UUID only) and ``unsupported`` (names of calls that raise
 ``NVMLError_NotSupported`` on that device). Like NVML, every call but ``nvmlInit`` fails before it or after
 ``nvmlShutdown``; an ``nvmlInit`` while ``$FAKE_NVML_INIT_ERROR`` is set fails, as on a machine without a driver.
@@ -37,6 +38,7 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's name
 _devices: list[dict[str, Any]] = []
 _initialised = 0
 _power_readings: dict[int, int] = {}
+_energy_reads: dict[int, int] = {}
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ def configure(devices: list[dict[str, Any]]) -> None:
     _devices[:] = devices
     _initialised = 0
     _power_readings.clear()
+    _energy_reads.clear()
 
 
 def _call(name: str, handle: _Handle | None = None) -> dict[str, Any] | None:
@@ -140,3 +143,9 @@ def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:  # noqa: N802
     if sensor != NVML_TEMPERATURE_GPU:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     return device["temperature"]
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:  # noqa: N802
+    device = _call("nvmlDeviceGetTotalEnergyConsumption", handle)
+    _energy_reads[handle.index] = _energy_reads.get(handle.index, 0) + 1
+    return _energy_reads[handle.index] * device.get("energy_mj_per_read", 0)

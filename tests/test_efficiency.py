@@ -1,0 +1,186 @@
+"""MFU, energy and rank skew below the wrapper: the FLOPs formula against a hand count of the tiny Llama, the peak
+table, the dump's efficiency keys from synthetic journals with known answers, the NVML energy counter through the
+stand-in NVML, and per-step forward timing on the real tiny model."""
+
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from tests.helpers.fake_nvml import pynvml as fake_nvml
+from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS
+from tuning.benchmarking.flops import config_parameter_counts, flops_per_token, parameter_counts, peak_tflops_of
+from tuning.benchmarking.journal import Journal
+from tuning.benchmarking.ranks import RankTimes
+from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.schema import validate_dump
+from tuning.benchmarking.system_metrics import SystemMetricsSampler
+from tuning.config.peft_config import LoraConfig, to_peft_config
+
+HEADER = {
+    "experiment": "e",
+    "host": "h",
+    "rank": 0,
+    "world_size": 2,
+    "environment": {
+        **dict.fromkeys(("python", "torch", "transformers", "trl", "peft", "aim", "cuda", "cuda_driver")),
+        "gpus": [],
+    },
+}
+
+
+def tiny_llama_matmul_weights(vocab: int) -> int:
+    """By hand, the tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 key/value heads, untied head): per
+    layer q 64x64, k and v 64x32, o 64x64, gate and up 64x128, down 128x64, two norms of 64; a final norm of 64 and
+    the output head 64 x vocab. The token embedding is a lookup: not counted."""
+    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    return 2 * per_layer + 64 + 64 * vocab
+
+
+def test_full_fine_tuning_flops_are_six_per_weight_plus_attention(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    weights = tiny_llama_matmul_weights(model.config.vocab_size)
+    counts = parameter_counts(model)
+    assert counts == {
+        "frozen_matmul_parameters": 0,
+        "trained_matmul_parameters": weights,
+        "layers": 2,
+        "attention_width": 64,
+    }
+    assert config_parameter_counts(AutoConfig.from_pretrained(tiny_model)) == counts  # from the config alone
+    assert flops_per_token(counts, 30.0) == 6 * weights + 12 * 2 * 64 * 30.0
+
+
+def test_lora_flops_leave_out_the_frozen_weights_gradients(tiny_model):
+    import peft
+
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), to_peft_config(LoraConfig(), None))
+    weights = tiny_llama_matmul_weights(model.config.vocab_size)
+    adapters = 2 * ((64 * 8 + 8 * 64) + (64 * 8 + 8 * 32))  # r=8 on q_proj (64→64) and v_proj (64→32), 2 layers
+    counts = parameter_counts(model)
+    assert counts["frozen_matmul_parameters"] == weights and counts["trained_matmul_parameters"] == adapters
+    assert flops_per_token(counts, 30.0) == 4 * weights + 6 * adapters + 12 * 2 * 64 * 30.0
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA L4", 121.0),
+        ("AMD Instinct MI300X", 1307.4),
+        ("NVIDIA GeForce RTX 4090", None),  # not in the table: no guess
+        (None, None),  # CPU
+    ],
+)
+def test_peak_table_matches_cuda_device_names(name, peak):
+    assert peak_tflops_of(name) == peak
+
+
+COUNTS = {"frozen_matmul_parameters": 1000, "trained_matmul_parameters": 500, "layers": 2, "attention_width": 8}
+
+
+def efficiency_run(tmp_path, power: list[tuple[float, float]] = (), **notes) -> dict:
+    """A 2-rank run of 6 steps of 0.5 s, 100 tokens and 4 samples each, warmup 2 steps (ending 1 s into training, at
+    time 1001), training from time 1000 to 1003, GPU 0's ``power`` samples (time, watts); ``notes`` as the callback
+    would make them. Its summary."""
+    record = RunRecord(Journal(str(tmp_path / "run.journal.jsonl"), sync_interval=0.0), HEADER)
+    record.note(train_start=1000.0, flops_counts=COUNTS, peak_tflops=2e-6)
+    for at, watts in power:
+        record.record_many([(GPU_POWER, watts, None, {"gpu": 0})], at=at)
+    for step in range(1, 7):
+        record.record_many(
+            [(STEP_TIME, 0.5, step, None), (STEP_TOKENS, 100, step, None), (STEP_SAMPLES, 4, step, None)]
+        )
+        if step == 2:
+            record.note(warmup_steps=2, warmup_seconds=1.0)
+    record.note(train_end=1003.0, **notes)
+    dump = record.finish("ok", training_steps=6)
+    assert validate_dump(dump) == []
+    return dump["summary"]
+
+
+def test_mfu_is_measured_throughput_times_the_formula_over_the_peak(tmp_path):
+    summary = efficiency_run(tmp_path)
+    flops = 4 * 1000 + 6 * 500 + 12 * 2 * 8 * 25.0  # 25 tokens per sample
+    assert summary["model_flops_per_token"] == flops
+    achieved = 200.0 * flops / 2 / 1e12  # 400 tokens in 2 s, over 2 devices
+    assert summary["achieved_tflops_per_device"] == pytest.approx(achieved)
+    assert summary["mfu"] == pytest.approx(achieved / 2e-6)
+    assert summary["energy_joules"] is None and summary["energy_source"] is None  # no NVML
+
+
+def test_energy_is_the_counters_difference_after_the_warmup(tmp_path):
+    summary = efficiency_run(
+        tmp_path,
+        energy_mj_at_train_start=[0.0, 0.0],
+        energy_mj_at_warmup_end=[5_000.0, 7_000.0],
+        energy_mj_at_train_end=[605_000.0, 907_000.0],
+    )
+    assert summary["energy_source"] == "nvml_energy_counter"
+    assert summary["energy_joules_per_gpu"] == [600.0, 900.0] and summary["energy_joules"] == 1500.0
+    assert summary["joules_per_token"] == 1500.0 / 400  # the 4 steps after the warmup
+
+
+def test_without_a_counter_the_sampled_power_is_integrated_over_the_same_time(tmp_path):
+    """GPU 0 draws 100 W, then from 1002 s on 300 W; sampled at 1000.5 (warmup: left out), 1001.5 and 1002.5, no
+    sample at the window's edges (1001 and 1003). The linear integral held at the edges gives 400 J; the truth is
+    100 + 300 J. GPU 1 has a counter, but one GPU without decides for all."""
+    power = [(1000.5, 100.0), (1001.5, 100.0), (1002.5, 300.0)]
+    summary = efficiency_run(
+        tmp_path, power, energy_mj_at_warmup_end=[None, 0.0], energy_mj_at_train_end=[None, 5_000.0]
+    )
+    assert summary["energy_source"] == "integrated_power"
+    assert summary["energy_joules_per_gpu"] == [pytest.approx(400.0)]
+    assert summary["joules_per_token"] == pytest.approx(1.0)
+
+
+def test_rank_skew_is_the_slowest_over_the_fastest_forward_time(tmp_path):
+    summary = efficiency_run(tmp_path, rank_forward_time_p50=[0.1, 0.25], rank_data_wait_p50=[0.01, 0.02])
+    assert summary["rank_skew"] == pytest.approx(2.5)
+    assert summary["rank_forward_time_p50"] == [0.1, 0.25] and summary["rank_data_wait_p50"] == [0.01, 0.02]
+
+
+def test_sampler_reads_the_energy_counter_of_each_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("FAKE_NVML_DEVICES", raising=False)
+    gpu = {"uuid": "GPU-a", "utilization": 1, "memory_used": 1, "power_mw": [1000], "enforced_limit_mw": 2000}
+    fake_nvml.configure(
+        [
+            {**gpu, "energy_mj_per_read": 250},
+            {**gpu, "uuid": "GPU-b", "unsupported": ["nvmlDeviceGetTotalEnergyConsumption"]},
+        ]
+    )
+    sampler = SystemMetricsSampler(3600, lambda *_: None)
+    sampler.start()
+    assert sampler.energy_millijoules() == [250.0, None]
+    assert sampler.energy_millijoules() == [500.0, None]
+    sampler.stop()
+
+
+def test_rank_times_sum_a_step_s_forward_passes_and_time_the_wait_for_its_batches(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).train()
+    model.register_forward_pre_hook(lambda *_: time.sleep(0.02))  # runs before RankTimes' hook: not timed
+    times = RankTimes(model, torch.device("cpu"))
+    model.register_forward_pre_hook(lambda *_: time.sleep(0.02))  # after it: timed
+    batch = torch.ones((1, 4), dtype=torch.long)
+    for step in (1, 2, 3):
+        time.sleep(0.01 * step)  # the data wait
+        times.step_begins(step)
+        for _ in range(2):  # micro-batches
+            model(input_ids=batch)
+        times.step_ends(step)
+    model.eval()
+    model(input_ids=batch)  # evaluation: not timed
+    forward, data_wait = times.medians(after_step=1)
+    assert 0.04 <= forward < 0.08  # two timed 20 ms sleeps, plus the tiny model's time
+    assert 0.025 <= data_wait < 0.045  # the median of 20 ms and 30 ms
+    assert times.gather(after_step=1) == ([forward], [data_wait])
+    times.detach()

@@ -1,0 +1,85 @@
+"""Model FLOPs per trained token and the devices' dense peak, for model FLOPs utilisation (MFU).
+
+The formula is PaLM's (Chowdhery et al. 2022, appendix B) and Chinchilla's (Hoffmann et al. 2022, appendix F): a
+matrix multiplication with N weights costs 2N FLOPs per token forward and 4N backward (2N for the gradient of its
+input, 2N for the gradient of its weights), so a fully trained model costs 6N, plus 12 × layers × attention width ×
+sequence length for the attention scores and their weighted sum. A frozen weight (LoRA's and prompt tuning's base
+model) needs no weight gradient: 4N. An embedding lookup is no multiplication: its weights count nowhere.
+Only ``parameter_counts`` and ``config_parameter_counts`` need torch; the rest is plain arithmetic for ``dump``.
+"""
+
+import re
+from typing import Any
+
+# Dense (no sparsity) bf16/fp16 tensor-core peaks in TFLOP/s per device, from each vendor's datasheet, matched
+# against the CUDA device name in this order (the first pattern found in the name wins).
+PEAK_TFLOPS: list[tuple[str, float, str]] = [
+    (r"H200 NVL", 835.0, "NVIDIA H200 NVL datasheet: BF16 1671 TFLOPS with sparsity"),
+    (r"H200", 989.0, "NVIDIA H200 SXM datasheet: BF16 1979 TFLOPS with sparsity"),
+    (r"H100 NVL", 835.0, "NVIDIA H100 NVL datasheet: BF16 1671 TFLOPS with sparsity"),
+    (r"H100 PCIe", 756.0, "NVIDIA H100 PCIe datasheet: BF16 1513 TFLOPS with sparsity"),
+    (r"H100", 989.0, "NVIDIA H100 SXM datasheet: BF16 1979 TFLOPS with sparsity"),
+    (r"A100", 312.0, "NVIDIA A100 datasheet: BF16 312 TFLOPS (624 with sparsity)"),
+    (r"L40S", 362.0, "NVIDIA L40S datasheet: BF16 362.05 TFLOPS (733 with sparsity)"),
+    (r"\bL4\b", 121.0, "NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity"),
+    (r"\bA10\b", 125.0, "NVIDIA A10 datasheet: BF16 250 TFLOPS with sparsity"),
+    (r"MI300X|MI325X", 1307.4, "AMD Instinct MI300X/MI325X datasheets: BF16 1307.4 TFLOPS dense"),
+    (r"MI250X", 383.0, "AMD Instinct MI250X datasheet: BF16 383 TFLOPS"),
+]
+
+
+def peak_tflops_of(device_name: str | None) -> float | None:
+    """The dense bf16/fp16 peak of the device called ``device_name``, or None for one the table lacks (or no name)."""
+    if not device_name:
+        return None
+    return next((peak for pattern, peak, _ in PEAK_TFLOPS if re.search(pattern, device_name)), None)
+
+
+def flops_per_token(counts: dict[str, int], sequence_length: float) -> float:
+    """Training FLOPs per token: 4 × frozen + 6 × trained matmul weights + 12 × layers × attention width × length."""
+    return (
+        4 * counts["frozen_matmul_parameters"]
+        + 6 * counts["trained_matmul_parameters"]
+        + 12 * counts["layers"] * counts["attention_width"] * sequence_length
+    )
+
+
+def parameter_counts(model: Any) -> dict[str, int]:
+    """The counts ``flops_per_token`` takes, of a (PEFT-wrapped or plain) transformers model: the weights of every
+    module but embeddings, each once (a tied output head counts as the multiplication it is), split by
+    ``requires_grad``; the layers and attention width (heads × head size) from its text config."""
+    import torch
+
+    frozen = trained = 0
+    counted: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            continue
+        for parameter in module.parameters(recurse=False):
+            if id(parameter) in counted:
+                continue
+            counted.add(id(parameter))
+            if parameter.requires_grad:
+                trained += parameter.numel()
+            else:
+                frozen += parameter.numel()
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return {
+        "frozen_matmul_parameters": frozen,
+        "trained_matmul_parameters": trained,
+        "layers": config.num_hidden_layers,
+        "attention_width": heads * head_size,
+    }
+
+
+def config_parameter_counts(config: Any) -> dict[str, int]:
+    """``parameter_counts`` of the causal LM ``config`` describes, fully trained, built on the meta device (no
+    weights, no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return parameter_counts(model)

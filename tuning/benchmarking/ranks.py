@@ -1,0 +1,100 @@
+"""Per-rank compute time, to find a straggler. In synchronous data-parallel training every rank's step lasts as long
+as the slowest rank's (the others wait in the gradient all-reduce), so step times cannot name it; the time each rank
+spends in its own model's forward passes can. Per optimizer step: the forward time summed over the step's
+micro-batches (forward hooks on the model, timed with CUDA events on a GPU, read once they are done, without a device
+synchronisation per step; with the clock elsewhere) and the wait from the previous step's end to this step's begin,
+where the trainer fetches the step's batches. Medians are gathered from every rank once, at the end.
+"""
+
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class RankTimes:
+    """Forward time and data wait of each optimizer step of this rank's ``model``."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self._cuda = device.type == "cuda"
+        self._started: Any = None  # the running forward's start: an event or a clock reading
+        self._step_seconds = 0.0  # clock-timed forward seconds of the running step
+        self._step_events: list[tuple[Any, Any]] = []  # (start, end) events of the running step
+        self._unresolved: deque[tuple[int, float, list[tuple[Any, Any]]]] = deque()
+        self._last_step_end = time.perf_counter()
+        self.forward_seconds: dict[int, float] = {}  # by optimizer step
+        self.data_wait_seconds: dict[int, float] = {}
+        self._handles = [
+            model.register_forward_pre_hook(self._forward_begins),
+            model.register_forward_hook(self._forward_ends),
+        ]
+
+    def _now(self) -> Any:
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _forward_begins(self, module: torch.nn.Module, args: tuple) -> None:
+        self._started = self._now() if module.training else None
+
+    def _forward_ends(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if self._started is None:
+            return
+        if self._cuda:
+            self._step_events.append((self._started, self._now()))
+        else:
+            self._step_seconds += time.perf_counter() - self._started
+        self._started = None
+
+    def step_begins(self, step: int) -> None:
+        """The trainer has fetched the batches of optimizer step ``step`` (the one it is about to complete)."""
+        self.data_wait_seconds[step] = time.perf_counter() - self._last_step_end
+
+    def step_ends(self, step: int) -> None:
+        self._last_step_end = time.perf_counter()
+        self._unresolved.append((step, self._step_seconds, self._step_events))
+        self._step_seconds, self._step_events = 0.0, []
+        self._resolve(wait=False)
+
+    def _resolve(self, wait: bool) -> None:
+        """Turn the steps whose events are done (``wait``: all) into seconds."""
+        while self._unresolved:
+            step, seconds, events = self._unresolved[0]
+            if events and not events[-1][1].query():
+                if not wait:
+                    return
+                events[-1][1].synchronize()
+            self._unresolved.popleft()
+            self.forward_seconds[step] = seconds + sum(start.elapsed_time(end) / 1000.0 for start, end in events)
+
+    def medians(self, after_step: int | None) -> tuple[float | None, float | None]:
+        """(forward time, data wait) medians over the steps after ``after_step`` (None or none left: every step)."""
+        self._resolve(wait=True)
+        result = []
+        for per_step in (self.forward_seconds, self.data_wait_seconds):
+            values = [seconds for step, seconds in per_step.items() if after_step is None or step > after_step]
+            result.append(median(values or list(per_step.values())))
+        return result[0], result[1]
+
+    def gather(self, after_step: int | None) -> tuple[list[float | None], list[float | None]]:
+        """Every rank's (forward time, data wait) medians, in rank order; every rank must call it (a collective)."""
+        mine = self.medians(after_step)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)
+        else:
+            everyone = [mine]
+        return [forward for forward, _ in everyone], [wait for _, wait in everyone]
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
