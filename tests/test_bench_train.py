@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
 from tests.helpers.aim import AimServer, read_runs
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, TOKENS_PER_SECOND, build_dump
+from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, build_dump
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.schema import validate_dump
 from tuning.sft_trainer import get_parser
@@ -463,6 +464,89 @@ def test_stall_is_reported_as_hang(tiny_model, tmp_path):
     assert dump["status"] == "error" and error["category"] == "hang" and error["global_step"] == 2
     assert "on_step_end" in error["thread_stacks"] and "bench_callbacks.py" in error["thread_stacks"]
     assert (tmp_path / "termination-log").read_text().startswith("hang: TrainingStalled")
+
+
+# ---- MFU, energy, rank skew ----
+
+FAKE_NVML_DIR = REPO_ROOT / "tests" / "helpers" / "fake_nvml"
+FAKE_GPU = {
+    "uuid": "GPU-a",
+    "utilization": 50,
+    "memory_used": 2**30,
+    "power_mw": [200_000],
+    "enforced_limit_mw": 400_000,
+}
+
+
+def with_fake_nvml(*devices: dict) -> dict[str, str]:
+    """The environment of a child whose NVML is the stand-in, over ``devices``."""
+    return {"FAKE_NVML_DEVICES": json.dumps(list(devices)), "PYTHONPATH": f"{FAKE_NVML_DIR}:{REPO_ROOT}"}
+
+
+def measured(dump: dict, name: str) -> float:
+    """The sum of a step series over the steps after the warmup."""
+    found = series(dump, name)
+    return sum(
+        value for step, value in zip(found["steps"], found["values"], strict=True) if step > dump["warmup_steps"]
+    )
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(tiny_model, tmp_path):
+    """NVML's counter advances 7 J per read: read at train begin, warmup end and train end, so 7 J after the warmup."""
+    args = bench_args(tiny_model, tmp_path, max_steps=6, peak_tflops=0.002)
+    returncode, _, stderr = run_bench(args, **with_fake_nvml({**FAKE_GPU, "energy_mj_per_read": 7_000}))
+    assert returncode == 0, stderr
+    dump = read_dump(tmp_path / "bench.json")
+    summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
+    sequence_length = tokens / measured(dump, STEP_SAMPLES)
+    vocab = json.loads((Path(tiny_model) / "config.json").read_text())["vocab_size"]
+    flops = 6 * tiny_llama_matmul_weights(vocab) + attention_flops(sequence_length)
+    assert summary["model_flops_per_token"] == pytest.approx(flops)
+    assert summary["achieved_tflops_per_device"] == pytest.approx(summary["tokens_per_second"] * flops / 1e12)
+    assert summary["mfu"] == pytest.approx(summary["achieved_tflops_per_device"] / 0.002)
+    assert summary["energy_source"] == "nvml_energy_counter"
+    assert summary["energy_joules_per_gpu"] == [7.0] and summary["energy_joules"] == 7.0
+    assert summary["joules_per_token"] == pytest.approx(7.0 / tokens)
+    assert len(summary["rank_forward_time_p50"]) == 1 and summary["rank_skew"] == 1.0
+
+
+@pytest.mark.slow
+def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(tiny_model, tmp_path):
+    """A GPU drawing a steady 200 W without an energy counter: 200 W times the time after the warmup, within 5 %."""
+    gpu = {**FAKE_GPU, "unsupported": ["nvmlDeviceGetTotalEnergyConsumption"]}
+    args = bench_args(tiny_model, tmp_path, max_steps=8, peft_method="lora", system_metrics_interval=0.05)
+    returncode, _, stderr = run_bench(args, **with_fake_nvml(gpu))
+    assert returncode == 0, stderr
+    dump = read_dump(tmp_path / "bench.json")
+    summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
+    vocab = json.loads((Path(tiny_model) / "config.json").read_text())["vocab_size"]
+    sequence_length = tokens / measured(dump, STEP_SAMPLES)
+    flops = 4 * tiny_llama_matmul_weights(vocab) + 6 * LORA_WEIGHTS + attention_flops(sequence_length)
+    assert summary["model_flops_per_token"] == pytest.approx(flops)
+    assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None  # CPU: no guessed peak
+    notes = {}
+    for record in read_journal(str(tmp_path / "bench.journal.jsonl")):
+        if record["type"] == "note":
+            notes.update(record)
+    truth = 200.0 * (notes["train_end"] - notes["train_start"] - notes["warmup_seconds"])
+    assert summary["energy_source"] == "integrated_power"
+    assert summary["energy_joules"] == pytest.approx(truth, rel=0.05)
+    assert summary["joules_per_token"] == pytest.approx(summary["energy_joules"] / tokens)
+
+
+@pytest.mark.slow
+def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model, tmp_path):
+    """Rank 1's forward passes sleep 50 ms: both ranks' steps last as long, its forward time shows it. (Rank 0's own
+    compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.)"""
+    args = bench_args(tiny_model, tmp_path, max_steps=6, callbacks=f"{HELPERS}:SlowForward")
+    returncode, _, stderr = run_bench(args, torchrun=True, SLOW_FORWARD_SECONDS="0.05", SLOW_FORWARD_RANK="1")
+    assert returncode == 0, stderr
+    summary = read_dump(tmp_path / "bench.json")["summary"]
+    fast, slow = summary["rank_forward_time_p50"]
+    assert slow >= 0.05 and slow > fast
+    assert summary["rank_skew"] == pytest.approx(slow / fast) and summary["rank_skew"] > 1
+    assert len(summary["rank_data_wait_p50"]) == 2
 
 
 # ---- the command line, without training ----

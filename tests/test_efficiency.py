@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.helpers.fake_nvml import pynvml as fake_nvml
+from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS
 from tuning.benchmarking.flops import config_parameter_counts, flops_per_token, parameter_counts, peak_tflops_of
 from tuning.benchmarking.journal import Journal
@@ -31,14 +32,6 @@ HEADER = {
 }
 
 
-def tiny_llama_matmul_weights(vocab: int) -> int:
-    """By hand, the tiny Llama (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 key/value heads, untied head): per
-    layer q 64x64, k and v 64x32, o 64x64, gate and up 64x128, down 128x64, two norms of 64; a final norm of 64 and
-    the output head 64 x vocab. The token embedding is a lookup: not counted."""
-    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64
-    return 2 * per_layer + 64 + 64 * vocab
-
-
 def test_full_fine_tuning_flops_are_six_per_weight_plus_attention(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     weights = tiny_llama_matmul_weights(model.config.vocab_size)
@@ -50,7 +43,7 @@ def test_full_fine_tuning_flops_are_six_per_weight_plus_attention(tiny_model):
         "attention_width": 64,
     }
     assert config_parameter_counts(AutoConfig.from_pretrained(tiny_model)) == counts  # from the config alone
-    assert flops_per_token(counts, 30.0) == 6 * weights + 12 * 2 * 64 * 30.0
+    assert flops_per_token(counts, 30.0) == 6 * weights + attention_flops(30.0)
 
 
 def test_lora_flops_leave_out_the_frozen_weights_gradients(tiny_model):
@@ -58,10 +51,9 @@ def test_lora_flops_leave_out_the_frozen_weights_gradients(tiny_model):
 
     model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), to_peft_config(LoraConfig(), None))
     weights = tiny_llama_matmul_weights(model.config.vocab_size)
-    adapters = 2 * ((64 * 8 + 8 * 64) + (64 * 8 + 8 * 32))  # r=8 on q_proj (64→64) and v_proj (64→32), 2 layers
     counts = parameter_counts(model)
-    assert counts["frozen_matmul_parameters"] == weights and counts["trained_matmul_parameters"] == adapters
-    assert flops_per_token(counts, 30.0) == 4 * weights + 6 * adapters + 12 * 2 * 64 * 30.0
+    assert counts["frozen_matmul_parameters"] == weights and counts["trained_matmul_parameters"] == LORA_WEIGHTS
+    assert flops_per_token(counts, 30.0) == 4 * weights + 6 * LORA_WEIGHTS + attention_flops(30.0)
 
 
 @pytest.mark.parametrize(
