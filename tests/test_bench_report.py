@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
+from tests.helpers.dumps import write_dump
 from tuning.benchmarking.dump import STEP_TIME
 from tuning.benchmarking.journal import journal_path
 
 BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 HELPERS = "tests.helpers.bench_callbacks"
+BATCH_SIZE = "per_device_train_batch_size"
 
 # name → (metadata, extra bench_train flags, torchrun); output dirs land beside the dumps on purpose: the report
 # must ignore the model files it finds there.
@@ -226,3 +228,26 @@ def test_nothing_readable_is_an_error(tmp_path):
     assert result.returncode != 0
     assert "skipped" in result.stderr and "no such file, directory or glob match" in result.stderr
     assert "no readable runs" in result.stderr
+
+
+def test_mfu_energy_and_skew_columns_and_the_mfu_plot_by_batch_size(bench_report, tmp_path, capsys):
+    counts = {"frozen_matmul_parameters": 0, "trained_matmul_parameters": 1000, "layers": 1, "attention_width": 4}
+    for batch in (1, 2):
+        write_dump(
+            tmp_path / "runs" / f"b{batch}.json",
+            [0.5] * 4,
+            {BATCH_SIZE: batch},
+            samples=batch,
+            flops_counts=counts,
+            peak_tflops=1e-6 * batch,
+            rank_forward_time_p50=[0.1, 0.2 * batch],
+        )
+    bench_report.main(str(tmp_path / "runs"), labels=BATCH_SIZE, output_dir=str(tmp_path / "out"))
+    rows = read_csv(tmp_path / "out" / "report.csv")
+    flops = 6 * 1000 + 12 * 4 * 100  # 100 tokens per sample at batch size 1
+    assert float(rows["b1"]["mfu"]) == pytest.approx(200 * flops / 1e12 / 1e-6)  # 200 tokens/s
+    assert float(rows["b2"]["rank_skew"]) == pytest.approx(4.0)
+    assert rows["b1"]["joules_per_token"] == ""  # no NVML
+    assert "| mfu | joules_per_token | rank_skew |" in (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "out" / "mfu_by_batch_size.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(tmp_path / "out" / "mfu_by_batch_size.png") in capsys.readouterr().out

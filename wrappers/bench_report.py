@@ -36,6 +36,7 @@ DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
 GB = 1e9
+BATCH_SIZE_AXIS = "per_device_train_batch_size"  # a sweep with this axis gets a plot of MFU against it
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
 
 
@@ -239,6 +240,9 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "tokens_per_second": summary.get("tokens_per_second"),
         "step_time_p50_s": summary.get("step_time_p50"),
         "step_time_p90_s": summary.get("step_time_p90"),
+        "mfu": summary.get("mfu"),
+        "joules_per_token": summary.get("joules_per_token"),
+        "rank_skew": summary.get("rank_skew"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
         "model_load_time_s": summary.get("model_load_time"),
@@ -322,7 +326,8 @@ def main(
     group: str | None = None,
     output_dir: str = "bench_report",
 ) -> None:
-    """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png.
+    """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png; mfu_by_batch_size.png
+    when per_device_train_batch_size is a column (a sweep axis or a label) and a run has an MFU.
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
     status (ok, stopped, interrupted, error, killed), the root cause (the earliest failure across ranks), throughput,
@@ -368,6 +373,10 @@ def main(
         for metric, ylabel, name in (("tokens_per_second", "tokens/s", "throughput.png"), (*memory, "peak_memory.png")):
             if plot(rows, str(x), str(group) if group else None, metric, ylabel, out / name):
                 outputs.append(out / name)
+    if BATCH_SIZE_AXIS in columns and any(r["mfu"] is not None for r in rows):
+        mfu_plot = out / "mfu_by_batch_size.png"
+        if plot(rows, BATCH_SIZE_AXIS, str(group) if group else None, "mfu", "MFU", mfu_plot):
+            outputs.append(mfu_plot)
     for path in outputs:
         print(path)
 

@@ -1,0 +1,42 @@
+"""Valid benchmark dumps with known numbers, built through the real journal → dump code path, for tests of readers
+(bench_report, bench_compare) that need exact answers rather than real runs."""
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS
+from tuning.benchmarking.journal import Journal
+from tuning.benchmarking.record import RunRecord
+
+ENVIRONMENT = {
+    **dict.fromkeys(("python", "torch", "transformers", "trl", "peft", "aim", "cuda", "cuda_driver")),
+    "gpus": [],
+}
+
+
+def write_dump(
+    path: Path,
+    step_seconds: list[float],
+    metadata: dict[str, Any],
+    warmup: int = 1,
+    tokens: int = 100,
+    samples: int = 4,
+    **notes: Any,
+) -> dict[str, Any]:
+    """Write at ``path`` the dump of a 1-rank run whose steps took ``step_seconds`` with ``tokens`` and ``samples``
+    each, ``warmup`` steps of warmup, ``metadata`` and callback ``notes``; return it. Its journal is thrown away."""
+    with tempfile.TemporaryDirectory() as scratch:
+        header = {"experiment": None, "host": "h", "rank": 0, "world_size": 1, "environment": ENVIRONMENT}
+        record = RunRecord(Journal(str(Path(scratch) / "run.journal.jsonl"), sync_interval=0.0), header)
+        record.note(metadata=metadata, train_start=1000.0, **notes)
+        for step, seconds in enumerate(step_seconds, start=1):
+            record.record_many([(STEP_TIME, seconds, step, None), (STEP_TOKENS, tokens, step, None)])
+            record.record(STEP_SAMPLES, samples, step=step)
+            if step == warmup:
+                record.note(warmup_steps=warmup, warmup_seconds=sum(step_seconds[:warmup]))
+        dump = record.finish("ok", training_steps=len(step_seconds))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dump))
+    return dump
