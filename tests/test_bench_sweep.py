@@ -274,6 +274,7 @@ def test_concurrent_points_never_share_a_gpu(tiny_model, tmp_path):
         ({"axes": {}}, [], "axes is empty"),
         ({"axis": {"max_steps": [1]}}, [], "unknown key 'axis'"),
         ({"axes": {"nproc_per_node": [0]}}, [], "nproc_per_node must be a positive integer"),
+        ({"axes": {"max_steps": [1]}, "repeats": 0}, [], "repeats must be a positive integer, got 0"),
         ({"axes": {"max_steps": [1]}}, ["--executor", "slurm"], "--executor 'slurm': choose local or ray"),
         ({"axes": {"max_steps": [1]}}, ["--retries=-1"], "--retries must be an integer >= 0"),
     ],
@@ -285,6 +286,18 @@ def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, f
     assert result.returncode == 1
     assert reason in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "sweep").exists()
+
+
+def test_repeats_run_every_point_that_many_times_told_apart_by_metadata(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"axes": {"learning_rate": [0.1, 0.2]}, "metadata": {"b": 1}, "repeats": 3}))
+    result = sweep(path, tmp_path / "sweep", "--dry_run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "6 points, 6 to run"
+    assert [line.split("  ")[0] for line in lines[:3]] == ["learning_rate=0.1"] * 3
+    assert len({line.split("  ")[2] for line in lines[:-1]}) == 6  # a dump path of its own each
+    assert "learning_rate-0-1_repeat-2-" in lines[2]
 
 
 def test_dry_run_lists_the_points_and_their_files(tmp_path):

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
 SPEC_KEYS = ("base", "axes", "metadata")
+REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
 OOM_CATEGORIES = ("gpu_oom", "host_oom")
@@ -97,7 +98,8 @@ def load_spec(path: str) -> dict[str, Any]:
     if problem := next(spec_problems(spec), None):
         raise SystemExit(f"sweep file {path}: {problem}")
     # YAML dates and the like become strings: metadata and flags travel as JSON.
-    return json.loads(json.dumps({key: spec.get(key) or {} for key in SPEC_KEYS}, default=str))
+    checked = {key: spec.get(key) or {} for key in SPEC_KEYS}
+    return json.loads(json.dumps({**checked, REPEATS_KEY: spec.get(REPEATS_KEY, 1)}, default=str))
 
 
 def spec_problems(spec: Any) -> Iterator[str]:
@@ -105,8 +107,10 @@ def spec_problems(spec: Any) -> Iterator[str]:
     runs once the ones before it passed and may rely on what they checked."""
     if not isinstance(spec, dict):
         yield f"must hold a mapping with keys {', '.join(SPEC_KEYS)}"
-    if unknown := sorted(set(spec) - set(SPEC_KEYS)):
-        yield f"unknown key {unknown[0]!r} (allowed: {', '.join(SPEC_KEYS)})"
+    if unknown := sorted(set(spec) - {*SPEC_KEYS, REPEATS_KEY}):
+        yield f"unknown key {unknown[0]!r} (allowed: {', '.join(SPEC_KEYS)}, {REPEATS_KEY})"
+    if not is_count(spec.get(REPEATS_KEY, 1), 1):
+        yield f"{REPEATS_KEY} must be a positive integer, got {spec[REPEATS_KEY]!r}"
     for key in SPEC_KEYS:
         if not isinstance(spec.get(key) or {}, dict):
             yield f"{key} must be a mapping, got {type(spec[key]).__name__}"
@@ -141,15 +145,20 @@ def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
 
 
 def grid(spec: dict[str, Any]) -> list[Point]:
-    """Every combination of the axes, in the order the file lists them (the last axis varies fastest)."""
+    """Every combination of the axes, in the order the file lists them (the last axis varies fastest); with
+    ``repeats`` N > 1, each N times in a row, its metadata's ``repeat`` (0 to N-1) in its id too."""
     points = []
+    repeats = spec[REPEATS_KEY]
     for values in itertools.product(*spec["axes"].values()):
         axes = dict(zip(spec["axes"], values, strict=True))
         flags = {**spec["base"], **axes}
         nproc = flags.pop("nproc_per_node", 1)
-        metadata = {**spec["metadata"], **axes}
-        config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
-        points.append(Point(point_id(axes), axes, {**flags, "metadata": json.dumps(metadata)}, nproc, config))
+        for repeat in range(repeats):
+            tells_apart = {"repeat": repeat} if repeats > 1 else {}
+            metadata = {**spec["metadata"], **axes, **tells_apart}
+            config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
+            flags_of_point = {**flags, "metadata": json.dumps(metadata)}
+            points.append(Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config))
     return points
 
 
@@ -541,7 +550,8 @@ def main(
     """Run every point of SPEC (a sweep YAML) into OUTPUT_DIR, resumably, then write OUTPUT_DIR/report.
 
     Args:
-        spec: The sweep file: base (flags of every point), axes (flag → values), metadata (of every point).
+        spec: The sweep file: base (flags of every point), axes (flag → values), metadata (of every point),
+            optionally repeats (runs of every point, for bench_compare's intervals over runs).
         output_dir: The sweep directory: state file, the points' files, the report. Rerun to finish a sweep.
         executor: local (this machine's processes) or ray (tasks on a Ray cluster; pip install 'tuning-bench[ray]').
         concurrency: Points running at once; default: local, one per nproc_per_node GPUs, one on CPU; ray, all
