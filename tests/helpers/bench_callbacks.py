@@ -139,3 +139,18 @@ class SlowForward(TrainerCallback):
         if rank is None or int(rank) == int(os.environ.get("RANK", "0")):
             seconds = float(os.environ["SLOW_FORWARD_SECONDS"])
             model.register_forward_pre_hook(lambda module, _: time.sleep(seconds) if module.training else None)
+
+
+class SlowStepsByFraction(TrainerCallback):
+    """Every optimizer step is followed by a sleep of ``$SLOW_STEP_FRACTION`` times its own duration: a candidate
+    build that is that much slower per step (the benchmark counts the sleep in the next step's time)."""
+
+    def __init__(self):
+        self.fraction = float(os.environ["SLOW_STEP_FRACTION"])
+        self.step_began = time.perf_counter()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_began = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.fraction * (time.perf_counter() - self.step_began))

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.record import RunRecord
 
@@ -26,14 +26,15 @@ def write_dump(
     **notes: Any,
 ) -> dict[str, Any]:
     """Write at ``path`` the dump of a 1-rank run whose steps took ``step_seconds`` with ``tokens`` and ``samples``
-    each, ``warmup`` steps of warmup, ``metadata`` and callback ``notes``; return it. Its journal is thrown away."""
+    each (and the throughput series the callback records), ``warmup`` steps of warmup, ``metadata`` and callback
+    ``notes``; return it. Its journal is thrown away."""
     with tempfile.TemporaryDirectory() as scratch:
         header = {"experiment": None, "host": "h", "rank": 0, "world_size": 1, "environment": ENVIRONMENT}
         record = RunRecord(Journal(str(Path(scratch) / "run.journal.jsonl"), sync_interval=0.0), header)
         record.note(metadata=metadata, train_start=1000.0, **notes)
         for step, seconds in enumerate(step_seconds, start=1):
             record.record_many([(STEP_TIME, seconds, step, None), (STEP_TOKENS, tokens, step, None)])
-            record.record(STEP_SAMPLES, samples, step=step)
+            record.record_many([(STEP_SAMPLES, samples, step, None), (TOKENS_PER_SECOND, tokens / seconds, step, None)])
             if step == warmup:
                 record.note(warmup_steps=warmup, warmup_seconds=sum(step_seconds[:warmup]))
         dump = record.finish("ok", training_steps=len(step_seconds))
