@@ -189,7 +189,7 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny
     rows = read_rows(tmp_path / "out" / "comparison.csv")
     assert len(rows) == 2 and {row["verdict"] for row in rows.values()} == {"slower"}, result.stdout
     assert all(row["interval"] == "within run (steps)" for row in rows.values())
-    assert "| per_device_train_batch_size=2 |" in (tmp_path / "out" / "comparison.md").read_text()
+    assert "per_device_train_batch_size=2 | 1/1 |" in (tmp_path / "out" / "comparison.md").read_text()
 
 
 @pytest.mark.slow
