@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny local Llama built once per session, the shipped sample data, CLI runners."""
 
+import csv
 import importlib.util
 import os
 import socket
@@ -86,6 +87,24 @@ def run_sft_trainer(args: list[str], timeout: float = 300, **env: str) -> subpro
         text=True,
         timeout=timeout,
     )
+
+
+def run_script(path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python PATH ARGS`` (a wrapper script) from the repository root; returns the finished process."""
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def csv_by(path: Path, column: str) -> dict[str, dict[str, str]]:
+    """The rows of a CSV file by their value in ``column``."""
+    with path.open(newline="") as handle:
+        return {row[column]: row for row in csv.DictReader(handle)}
 
 
 def load_script(path: Path) -> ModuleType:

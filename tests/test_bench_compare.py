@@ -2,7 +2,6 @@
 bad input, and two real sweeps of the tiny model: a candidate slowed by 30 % per step is slower at every point (exit
 1); two identical sweeps with ``repeats: 3`` are the same at --threshold 0.15."""
 
-import csv
 import json
 import math
 import statistics
@@ -13,7 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, SAMPLE_TRAIN_PATH, load_script, subprocess_env
+from tests.conftest import (
+    REPO_ROOT,
+    RESPONSE_TEMPLATE,
+    SAMPLE_TRAIN_PATH,
+    csv_by,
+    load_script,
+    run_script,
+    subprocess_env,
+)
 from tests.helpers.dumps import write_dump
 
 BENCH_COMPARE = REPO_ROOT / "wrappers" / "bench_compare.py"
@@ -30,19 +37,11 @@ def bench_compare():
 
 
 def compare_command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH_COMPARE), *args],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_script(BENCH_COMPARE, *args)
 
 
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
-    with path.open(newline="") as handle:
-        return {row["point"]: row for row in csv.DictReader(handle)}
+    return csv_by(path, "point")
 
 
 @pytest.mark.parametrize(("df", "quantile"), [(1, 12.706204736), (2, 4.30265273), (4, T_975_DF4), (30, 2.04227246)])

@@ -2,7 +2,6 @@
 SIGKILLed, and a 2-rank torchrun job whose last rank runs out of memory. The runs are made once per session, all
 at the same time; faults come in through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
 
-import csv
 import json
 import shutil
 import signal
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
+from tests.conftest import REPO_ROOT, cli_args, csv_by, free_port, load_script, run_script, subprocess_env
 from tests.helpers.dumps import write_dump
 from tuning.benchmarking.dump import STEP_TIME
 from tuning.benchmarking.journal import journal_path
@@ -111,19 +110,11 @@ def bench_report():
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH_REPORT), *args],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_script(BENCH_REPORT, *args)
 
 
 def read_csv(path: Path) -> dict[str, dict[str, str]]:
-    with path.open(newline="") as handle:
-        return {row["run"]: row for row in csv.DictReader(handle)}
+    return csv_by(path, "run")
 
 
 @pytest.mark.slow
