@@ -248,6 +248,10 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
         "cuda": dump["summary"]["cuda"],
         "tokens_per_step": sorted({int(value) for values in tokens for value in values if value is not None}),
         "tokens_per_second": dump["summary"]["tokens_per_second"],
+        **{
+            key: dump["summary"].get(key)
+            for key in ("mfu", "peak_tflops_per_device", "joules_per_token", "energy_source")
+        },
     }
 
 
@@ -382,6 +386,7 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
         Row("CUDA peak memory in the dump's summary", peak, "present (device 0)", bool(reserved)),
         Row("GPU memory used by NVML (max) against CUDA's reserved peak", used_value, "NVML ≥ CUDA", used_ok),
         Row("bench_train's tokens per step", per_step, per_step_target, tokens == [work.tokens_per_step]),
+        *efficiency_rows(dump),
     ]
     same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{work.rounds - 1}")
     if same_job and dump["tokens_per_second"]:
@@ -389,6 +394,24 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
         ok, tolerance = abs(ratio - 1) <= DUMP_THROUGHPUT_TOLERANCE, f"1 ± {DUMP_THROUGHPUT_TOLERANCE}"
         rows.append(Row("bench_train's tokens/s in its dump ÷ from its step ends", f"{ratio:.3f}×", tolerance, ok))
     return rows
+
+
+def efficiency_rows(dump: dict[str, Any]) -> list[Row]:
+    """MFU against the device's datasheet peak, energy per token and where it came from (docs/benchmarking.md)."""
+    mfu, peak, joules, source = (
+        dump.get(key) for key in ("mfu", "peak_tflops_per_device", "joules_per_token", "energy_source")
+    )
+    mfu_value = "—" if mfu is None else f"{100 * mfu:.1f} % of {peak:g} TFLOP/s"
+    return [
+        Row(
+            "MFU in the dump (dense bf16 peak from the datasheet table)",
+            mfu_value,
+            "0 < MFU ≤ 100 %",
+            mfu is not None and 0 < mfu <= 1,
+        ),
+        Row("energy per token in the dump", "—" if joules is None else f"{joules:.3g} J/token", "> 0", bool(joules)),
+        Row("energy source", source or "—", "nvml_energy_counter", source == "nvml_energy_counter"),
+    ]
 
 
 def oom_rows(results: dict[str, Any]) -> list[Row]:

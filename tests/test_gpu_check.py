@@ -53,6 +53,7 @@ DEVICES = [
         "memory_used": 60 * 2**30,
         "power_mw": [450_000, 510_000],
         "enforced_limit_mw": 600_000,
+        "energy_mj_per_read": 9_000,
         "temperature": 66,
     },
 ]
@@ -245,6 +246,9 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         "peak GPU memory (torch, reserved)": False,  # no CUDA here
         "CUDA peak memory in the dump's summary": False,
         "GPU memory used by NVML (max) against CUDA's reserved peak": False,
+        "MFU in the dump (dense bf16 peak from the datasheet table)": False,  # CPU: no peak, no MFU
+        "energy per token in the dump": True,
+        "energy source": True,  # the stand-in's counter
     }
     assert {figure: rows[figure].ok for figure in expected} == expected
     timed_rows = {"tokens/s, bench_train ÷ bare TRL", "step time, bench_train ÷ bare TRL", "whole check"}
