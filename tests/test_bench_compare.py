@@ -166,23 +166,31 @@ def write_sweep_spec(path: Path, model: str, repeats: int = 1, **extra) -> Path:
     return path
 
 
-def run_sweep(spec: Path, out: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out)],
-        env=subprocess_env(SLOW_STEP_FRACTION="0.3"),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+def run_sweeps(*specs_and_outputs: tuple[Path, Path]) -> None:
+    """Run the sweeps at the same time: on a shared machine both sides then run under the same load, which a
+    comparison of one run a side (within-run intervals) cannot otherwise tell from the change under test."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out)],
+            env=subprocess_env(SLOW_STEP_FRACTION="0.3"),
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for spec, out in specs_and_outputs
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=900)
+        assert process.returncode == 0, stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny_model, tmp_path):
-    run_sweep(write_sweep_spec(tmp_path / "base.yaml", tiny_model), tmp_path / "base")
-    slowed = write_sweep_spec(tmp_path / "cand.yaml", tiny_model, callbacks=f"{HELPERS}:SlowStepsByFraction")
-    run_sweep(slowed, tmp_path / "cand")
+    steps = {"max_steps": 40}  # a within-run interval narrows with the steps it has
+    baseline = write_sweep_spec(tmp_path / "base.yaml", tiny_model, **steps)
+    slowed = write_sweep_spec(tmp_path / "cand.yaml", tiny_model, callbacks=f"{HELPERS}:SlowStepsByFraction", **steps)
+    run_sweeps((baseline, tmp_path / "base"), (slowed, tmp_path / "cand"))
     result = compare_command(str(tmp_path / "base"), str(tmp_path / "cand"), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1, result.stdout + result.stderr
     rows = read_rows(tmp_path / "out" / "comparison.csv")
@@ -193,8 +201,12 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny
 
 @pytest.mark.slow
 def test_two_identical_sweeps_with_three_repeats_are_the_same(tiny_model, tmp_path):
-    for side in ("base", "cand"):
-        run_sweep(write_sweep_spec(tmp_path / f"{side}.yaml", tiny_model, repeats=3), tmp_path / side)
+    run_sweeps(
+        *(
+            (write_sweep_spec(tmp_path / f"{side}.yaml", tiny_model, repeats=3), tmp_path / side)
+            for side in ("base", "cand")
+        )
+    )
     result = compare_command(
         str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15", "--output_dir", str(tmp_path / "out")
     )
