@@ -3,7 +3,8 @@
 ``__all__`` is the public surface, listed by module in ``_EXPORTS``. Each name is imported from its module on first
 use, so that light users (the rebuild command, ``bench_report``) never import torch or transformers, and a training
 run never imports pydantic. Modules: ``schema`` (the dump's models, for ``validate_dump``), ``journal``, ``dump``
-(journal records → dump, the series names), ``record``, ``callback``, ``tokens``, ``system_metrics``, ``stopping``,
+(journal records → dump, the series names), ``record``, ``callback``, ``tokens``, ``flops`` (model FLOPs per token,
+device peaks), ``ranks`` (per-rank forward time and data wait), ``system_metrics``, ``stopping``,
 ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
 """
 
