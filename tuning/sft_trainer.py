@@ -1,5 +1,5 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (README: "Python API"). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
+Python API (docs/cli-and-api.md). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
 
 import argparse
 import dataclasses
@@ -290,7 +290,7 @@ def train(
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
     """Fine-tune and save the model (or adapter) into ``output_dir``; returns the train output and the additional
-    metrics (README: "Python API")."""
+    metrics (docs/cli-and-api.md, "Python API")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 

@@ -3,7 +3,7 @@
     python wrappers/bench_train.py <every tuning/sft_trainer.py flag> [--metrics_path run.json] [--auto_stop] ...
     torchrun --nproc_per_node=8 wrappers/bench_train.py ...   # the same; --help lists both flag sets
 
-What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): README, "What a run leaves".
+What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): docs/benchmarking.md, "What a run leaves".
 This file is a template to copy: it reads top to bottom (1. flags, 2. metadata, 3. Aim and MLflow, 4. the job) and
 uses only ``tuning.benchmarking``. Add a flag as a parameter (and docstring line) of ``wrapper_flags``; add
 measurements with ``--callbacks`` or in ``BenchmarkJob.run``.
