@@ -21,6 +21,13 @@ def parse(argv: list[str], monkeypatch):
 BASE = ["--model_name_or_path", "m", "--output_dir", "out", "--dataset_text_field", "output"]
 
 
+def test_parse_arguments_reads_the_flags_it_is_given_instead_of_argv(monkeypatch):
+    """A wrapper hands over its share of the command line as a list; ``sys.argv`` stays the wrapper's own."""
+    monkeypatch.setattr("sys.argv", ["bench_train.py", "--auto_stop", "--not_a_trainer_flag"])
+    args = parse_arguments(get_parser(), args=[*BASE, "--training_data_path", "d.jsonl"])
+    assert args.model_args.model_name_or_path == "m" and args.data_args.training_data_path == "d.jsonl"
+
+
 def test_seed_spellings_map_to_current_fields(monkeypatch):
     args = parse(
         BASE

@@ -71,7 +71,9 @@ def test_train_takes_upstreams_arguments_in_upstreams_order():
 
 
 def test_parse_arguments_returns_upstreams_ten_values(monkeypatch):
-    assert list(inspect.signature(sft_trainer.parse_arguments).parameters) == ["parser", "json_config"]
+    parameters = inspect.signature(sft_trainer.parse_arguments).parameters
+    assert list(parameters)[:2] == ["parser", "json_config"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters.values())[2:])
     assert sft_trainer.ParsedArguments._fields == UPSTREAM_PARSED_FIELDS
     monkeypatch.setattr("sys.argv", ["sft_trainer.py", "--model_name_or_path", "m", "--output_dir", "out"])
     model_args, *_, exp_metadata = parsed = sft_trainer.parse_arguments(sft_trainer.get_parser())
