@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tests.conftest import RESPONSE_TEMPLATE
+from tests.helpers.training import RESPONSE_TEMPLATE
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import get_parser, parse_arguments
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config

@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from tests.conftest import RESPONSE_TEMPLATE, cli_args, run_sft_trainer
-from tests.test_train import make_args
+from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_sft_trainer
 from tuning import sft_trainer
 from tuning.config.configs import ModelArguments
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory

@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import free_port
 from tests.helpers.server import ServerProcess
+from tests.helpers.training import free_port
 
 AIM_CLI = str(Path(sys.executable).with_name("aim"))
 METADATA = {"gpu_model": "A100-80GB", "dataset_id": "my-amazing-dataset"}

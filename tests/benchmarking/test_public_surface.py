@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import tuning.benchmarking.api
-from tests.conftest import REPO_ROOT, cli_args, subprocess_env
+from tests.helpers.training import REPO_ROOT, cli_args, subprocess_env
 from tuning.benchmarking.dump import STEP_TIME
 from tuning.benchmarking.schema import validate_dump
 

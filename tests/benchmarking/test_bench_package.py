@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers.training import REPO_ROOT
 from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, build_dump, rank_report_path
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output

@@ -13,11 +13,24 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tests.helpers.bench import bench_args, read_dump, series, start_bench
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
-from tests.test_aim_e2e import finish, loss_steps, start_job
-from tests.test_aim_tracker import drive, wait_for_exit
-from tests.test_bench_train import STEP_TIME, bench_args, read_dump, series, start_bench, wait_for_steps
+from tests.helpers.trackers import degraded_warnings, drive
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    REPO_ROOT,
+    SFT_TRAINER,
+    Job,
+    cli_args,
+    free_port,
+    logged_steps,
+    subprocess_env,
+    succeeded,
+    wait_for_exit,
+    wait_for_steps,
+    wait_until,
+)
+from tuning.benchmarking.dump import STEP_TIME
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
@@ -25,12 +38,6 @@ from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
-
-HELPERS = "tests.helpers.bench_callbacks"
-
-
-def degraded_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +145,7 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     )
     drive(tracker.get_hf_callback(), output_dir)
 
-    assert not tracker.degraded and not degraded_warnings(caplog)
+    assert not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     exported = json.loads((export_dir / RUN_URI_FILENAME).read_text())
     assert exported["run_id"] == tracker.run_id and exported["run_uri"] == f"runs:/{tracker.run_id}"
     assert not (output_dir / RUN_URI_FILENAME).exists()
@@ -210,7 +217,7 @@ def test_remote_server_records_the_run(mlflow_server, tmp_path, caplog):
     tracker.set_params(METADATA)
     tracker.track(2.5, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_id and not tracker.degraded and not degraded_warnings(caplog)
+    assert tracker.run_id and not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     (run,) = search(mlflow_server.url, METADATA_FILTER)
     assert run.info.run_id == tracker.run_id
     assert history(mlflow_server.url, tracker.run_id, "loss") == {
@@ -227,7 +234,7 @@ def test_server_that_never_existed(tmp_path, caplog):
     drive(tracker.get_hf_callback(), tmp_path / "out")
     assert time.monotonic() - start < 5
     assert tracker.run_id is None and "unreachable" in tracker.degraded_reason
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     assert not (tmp_path / "out" / RUN_URI_FILENAME).exists()
 
 
@@ -242,7 +249,7 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
         drive(tracker.get_hf_callback(), tmp_path / "out")
         took = time.monotonic() - start
     assert "blocked for more than 2s" in tracker.degraded_reason and tracker.run_id is None
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     assert took < 10  # the 2 s bound plus scheduling slack (MLflow's client would wait 120 s per try)
     assert tracker.callback._process.wait(timeout=10) == -signal.SIGKILL
 
@@ -269,8 +276,8 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
             "--exp_metadata",
             json.dumps(METADATA),
         ]
-        jobs[name] = start_job(args + extra, tmp_path / name)
-    stderr = {name: finish(job, tmp_path / name) for name, job in jobs.items()}
+        jobs[name] = Job([SFT_TRAINER, *args, *extra], tmp_path / name)
+    stderr = {name: succeeded(job) for name, job in jobs.items()}
 
     assert DEGRADED_WARNING not in stderr["local"]
     exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
@@ -283,7 +290,7 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
     assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
 
     assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
-    assert loss_steps(tmp_path / "never") == [1, 2, 3, 4]
+    assert logged_steps(tmp_path / "never" / "training_logs.jsonl") == [1, 2, 3, 4]
     assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
 
 
@@ -292,9 +299,7 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
     args = bench_args(
         tiny_model, tmp_path, max_steps=6, tracker="mlflow", mlflow_tracking_uri=mlflow_server.url, metadata=metadata
     )
-    process = start_bench(args)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr[-3000:]
+    stderr = succeeded(start_bench(args))
     assert DEGRADED_WARNING not in stderr
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "ok" and dump["mlflow_degraded_reason"] is None
@@ -319,13 +324,11 @@ def test_bench_train_server_killed_mid_run(tiny_model, tmp_path):
             tracker="mlflow",
             mlflow_tracking_uri=server.url,
             mlflow_close_timeout=20,
-            callbacks=f"{HELPERS}:SlowSteps",
+            callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
         )
         process = start_bench(args)
         wait_for_steps(tmp_path / "bench.journal.jsonl", 2, process)
-        while not (tmp_path / RUN_URI_FILENAME).exists():  # the run exists on the server
-            assert process.poll() is None, process.communicate()[1][-3000:]
-            time.sleep(0.2)
+        wait_until((tmp_path / RUN_URI_FILENAME).exists, process, "its MLflow run on the server")
         server.kill()
         killed_at = time.monotonic()
         _, stderr = process.communicate(timeout=180)
