@@ -3,17 +3,13 @@ runs outside the repo; bench_train takes nothing else from the project; light en
 
 import ast
 import json
-import subprocess
-import sys
 
 import pytest
 
 import tuning.benchmarking.api
-from tests.helpers.training import REPO_ROOT, cli_args, subprocess_env
+from tests.helpers.training import BENCH_TRAIN, cli_args, run_python
 from tuning.benchmarking.dump import STEP_TIME
 from tuning.benchmarking.schema import validate_dump
-
-BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
 
 
 def test_bench_train_uses_only_the_exported_names():
@@ -50,10 +46,8 @@ def test_bench_train_uses_only_the_exported_names():
 )
 def test_light_modules_import_nothing_heavy(module, unwanted):
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith({unwanted!r})))"
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.strip() == "[]"
+    result = run_python("-c", code, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -64,10 +58,8 @@ def test_a_training_run_imports_no_pydantic():
         "import sys, tuning.benchmarking.api\n"
         "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'tuning.benchmarking.schema'))))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True, timeout=300, check=True
-    )
-    assert result.stdout.strip() == "[]"
+    result = run_python("-c", code, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -81,14 +73,7 @@ def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_m
     (mine / "my_bench.py").write_text(edited, encoding="utf-8")
     metrics = tmp_path / "out" / "bench.json"
     args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=4, tracker="none", metrics_path=metrics)
-    result = subprocess.run(
-        [sys.executable, str(mine / "my_bench.py"), *args, "--system_metrics_interval", "0"],
-        cwd=mine,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(str(mine / "my_bench.py"), *args, "--system_metrics_interval", "0", cwd=mine)
     assert result.returncode == 0, result.stderr[-3000:]
     dump = json.loads(metrics.read_text())
     assert validate_dump(dump) == [] and dump["status"] == "ok"

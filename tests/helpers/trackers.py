@@ -7,6 +7,15 @@ import numpy as np
 from transformers import TrainerCallback, TrainerState, TrainingArguments
 from transformers.trainer_callback import TrainerControl
 
+# What bench_train mirrors to a tracker in one call: a system series twice in a row (step None: the tracker counts
+# on, and each must stay a point of its own), then a step's time and throughput.
+MIRRORED_POINTS = [
+    ("gpu_power_watts", 100.0, None, {"gpu": 0}),
+    ("gpu_power_watts", 120.0, None, {"gpu": 0}),
+    ("step_time_seconds", 0.25, 3, None),
+    ("tokens_per_second", 400.0, 3, None),
+]
+
 
 def drive(callback: TrainerCallback, output_dir: Path, steps: int = 5) -> TrainerState:
     """The hook sequence of a short training run, with real transformers objects."""

@@ -94,13 +94,13 @@ def make_args(model: str, output_dir: str, data: str, **training):
     return model_args, data_args, TrainingArguments(**options)
 
 
-def run_python(*argv: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    """``python ARGV`` in the checkout with the child jobs' environment (``env`` added); returns the finished
-    process, its output captured as text."""
+def run_python(*argv: str, timeout: float = 300, cwd: Path = REPO_ROOT, **env: str) -> subprocess.CompletedProcess:
+    """``python ARGV`` in ``cwd`` (the checkout) with the child jobs' environment (``env`` added); returns the
+    finished process, its output captured as text."""
     return subprocess.run(
         [sys.executable, *argv],
         env=subprocess_env(**env),
-        cwd=REPO_ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -6,7 +6,6 @@ runs in a child process, since a hang there is exactly the failure under test.
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
-from tests.helpers.trackers import degraded_warnings, drive
+from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
 from tests.helpers.training import REPO_ROOT, free_port, subprocess_env, wait_for_exit, wait_until
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
 from tuning.trackers import isolated
@@ -90,10 +89,7 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     tracker.track(1.25, "model_load_time")
     # The writer tracks a row of points of one step and context with one call: the same series twice in a row (step
     # None: Aim counts on) must still be two points.
-    tracker.callback.track_many(
-        [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
-        + [("step_time_seconds", 0.25, 3, None), ("tokens_per_second", 400.0, 3, None)]
-    )
+    tracker.callback.track_many(MIRRORED_POINTS)
     drive(tracker.get_hf_callback(), output_dir)
 
     assert not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
@@ -466,25 +462,6 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     (run,) = read_runs(repo)
     assert not run["active"]
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
-
-
-def test_missing_aim_names_the_extra_to_install(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
-    code = textwrap.dedent(
-        f"""
-        from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
-        from tuning.trackers.tracker_factory import build_trackers
-        from tuning.utils.error_logging import UserInputError
-        try:
-            build_trackers(["aim"], TrackerConfigFactory(aim_config=AimConfig(aim_repo={str(tmp_path / "r")!r})))
-        except UserInputError as exc:
-            print(exc)
-        """
-    )
-    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "pip install 'tuning-bench[aim]'" in done.stdout
 
 
 def test_registry_builds_the_aim_tracker(tmp_path):

@@ -6,7 +6,6 @@ import csv
 import json
 import signal
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -14,7 +13,14 @@ import pytest
 import yaml
 
 from tests.helpers.aim import read_runs
-from tests.helpers.training import BENCH_CALLBACKS, REPO_ROOT, RESPONSE_TEMPLATE, Job, subprocess_env, wait_until
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    REPO_ROOT,
+    RESPONSE_TEMPLATE,
+    Job,
+    run_python,
+    wait_until,
+)
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
@@ -56,14 +62,7 @@ def sweep_command(spec: Path, out: Path, *flags: str) -> list[str]:
 def sweep(
     spec: Path, out: Path, *flags: str, timeout: float = 900, cwd: Path = REPO_ROOT, **env: str
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *sweep_command(spec, out, *flags)],
-        env=subprocess_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python(*sweep_command(spec, out, *flags), timeout=timeout, cwd=cwd, **env)
 
 
 def state_lines(out: Path) -> list[dict]:

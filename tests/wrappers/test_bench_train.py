@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.aim import AimServer, read_runs
 from tests.helpers.bench import bench_args, read_dump, rebuild, run_bench, series, start_bench
+from tests.helpers.mlflow import MlflowServer
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     BENCH_TRAIN,
@@ -25,6 +26,10 @@ from tests.helpers.training import (
 from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, TOKENS_PER_SECOND, build_dump
 from tuning.benchmarking.journal import read_journal
 from tuning.sft_trainer import get_parser
+from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
+from tuning.trackers.aimstack_tracker import RUN_HASH_FILENAME
+from tuning.trackers.mlflow_tracker import DEGRADED_WARNING as MLFLOW_WARNING
+from tuning.trackers.mlflow_tracker import RUN_URI_FILENAME
 
 
 @pytest.fixture(scope="module")
@@ -339,30 +344,49 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
 
 
 @pytest.mark.slow
-def test_aim_server_killed_mid_run(tiny_model, tmp_path):
-    server = AimServer(tmp_path / "aim")
+@pytest.mark.parametrize(
+    ("tracker", "server_class", "url_flag", "close_timeout", "warning", "export_file", "reason_key", "run_key"),
+    [
+        ("aim", AimServer, "aim_url", 3, AIM_WARNING, RUN_HASH_FILENAME, "aim_degraded_reason", "run_hash"),
+        (
+            "mlflow",
+            MlflowServer,
+            "mlflow_tracking_uri",
+            20,
+            MLFLOW_WARNING,
+            RUN_URI_FILENAME,
+            "mlflow_degraded_reason",
+            "mlflow_run_id",
+        ),
+    ],
+)
+def test_tracking_server_killed_mid_run(
+    tracker, server_class, url_flag, close_timeout, warning, export_file, reason_key, run_key, tiny_model, tmp_path
+):
+    """The server dies once the run exists on it: one warning, the reason in the dump, every step trained and
+    recorded, exit 0, and the job ends soon after training, never waiting on the dead server."""
+    server = server_class(tmp_path / tracker)
     try:
+        flags = {url_flag: server.url, f"{tracker}_close_timeout": close_timeout}
         args = bench_args(
-            tiny_model,
-            tmp_path,
-            max_steps=10,
-            tracker="aim",
-            aim_url=server.url,
-            aim_close_timeout=3,
-            callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
+            tiny_model, tmp_path, max_steps=10, tracker=tracker, callbacks=f"{BENCH_CALLBACKS}:SlowSteps", **flags
         )
         process = start_bench(args)
         wait_for_steps(tmp_path / "bench.journal.jsonl", 2, process)
-        wait_until((tmp_path / "aimstack_tracker.json").exists, process, "its Aim run on the server")
+        wait_until((tmp_path / export_file).exists, process, "its run on the server")
         server.kill()
-        _, stderr = process.communicate(timeout=180)
+        killed_at = time.monotonic()
+        stderr = process.finish(timeout=180)
+        ended_after = time.monotonic() - killed_at
     finally:
         server.stop()
     assert process.returncode == 0, stderr[-3000:]
+    assert stderr.count(warning) == 1
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "ok" and dump["training_steps"] == 10
-    assert dump["aim_degraded_reason"] and dump["run_hash"]
+    assert "unreachable" in dump[reason_key] and dump[run_key]
     assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
+    assert ended_after < 120  # ten slow steps, saving and exit
 
 
 @pytest.mark.slow
