@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from tests.helpers.server import ServerProcess
-from tests.helpers.training import free_port
 
 AIM_CLI = str(Path(sys.executable).with_name("aim"))
 METADATA = {"gpu_model": "A100-80GB", "dataset_id": "my-amazing-dataset"}
@@ -19,11 +18,14 @@ class AimServer(ServerProcess):
     name = "aim server"
 
     def __init__(self, repo: Path, startup_timeout: float = 90.0):
-        self.repo, port = repo, free_port()
-        self.url = f"aim://127.0.0.1:{port}"
+        self.repo = repo
         repo.mkdir(parents=True, exist_ok=True)
-        command = [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
-        super().__init__(command, port, startup_timeout)
+
+        def command(port: int) -> list[str]:
+            return [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
+
+        super().__init__(command, startup_timeout)
+        self.url = f"aim://127.0.0.1:{self.port}"
 
 
 def read_runs(repo: Path, query: str = "True") -> list[dict]:

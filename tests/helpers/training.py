@@ -138,13 +138,13 @@ class Job(subprocess.Popen):
 
     def __init__(self, argv: list[str], log_dir: Path | None = None, **env: str):
         self.log_dir = log_dir
-        command = [sys.executable, *map(str, argv)]
-        if log_dir is None:
-            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-            super().__init__(command, env=subprocess_env(**env), cwd=REPO_ROOT, text=True, **pipes)
-            return
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_dir / "stdout", "w") as stdout, open(log_dir / "stderr", "w") as stderr:
+        with contextlib.ExitStack() as files:
+            if log_dir is None:
+                stdout = stderr = subprocess.PIPE
+            else:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                stdout, stderr = (files.enter_context(open(log_dir / name, "w")) for name in ("stdout", "stderr"))
+            command = [sys.executable, *map(str, argv)]
             super().__init__(command, env=subprocess_env(**env), cwd=REPO_ROOT, text=True, stdout=stdout, stderr=stderr)
 
     def finish(self, timeout: float = 300) -> str:
