@@ -358,6 +358,7 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
             "mlflow_run_id",
         ),
     ],
+    ids=["aim", "mlflow"],
 )
 def test_tracking_server_killed_mid_run(
     tracker, server_class, url_flag, warning, export_file, reason_key, run_key, tiny_model, tmp_path
