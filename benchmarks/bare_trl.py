@@ -47,7 +47,7 @@ def main() -> None:
     trainer.train()
     trainer.save_model(config.output_dir)
     if torch.cuda.is_available():  # imported only here: the baseline's start-up stays bare
-        from tuning.benchmarking import cuda_peak_memory
+        from tuning.benchmarking.system_metrics import cuda_peak_memory
 
         Path(config.output_dir, CUDA_PEAK_FILE).write_text(json.dumps(cuda_peak_memory()))
 

@@ -4,8 +4,8 @@ device, in under 8 minutes, with nothing downloaded.
 A random-initialised ~1 B Llama and its data, built locally; bench_train against bare TRL on identical work,
 alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML series and CUDA peak memory in
 bench_train's dump. One Markdown table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw
-numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise. The README's "On a GPU"
-section says what each figure means and what the check needs.
+numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise.
+docs/performance.md's "On a GPU" section says what each figure means and what the check needs.
 """
 
 import argparse

@@ -12,7 +12,7 @@ Two model sizes (``--cases``): ``realistic`` (a step of roughly 50-100 ms on one
 smallest model: every per-step cost looks its largest). After an untimed warm-up round the arms alternate run by run,
 each round starting one arm later: process, loop and step time against the same round's trl run (targets ≤ 1.03,
 1.01, 1.01). Then each arm runs once under ``py-spy`` (the ``dev`` extra), sampling 1000 times a second: our share
-of the training loop (target ≤ 1 %). The README's "Overhead" section says what each figure means.
+of the training loop (target ≤ 1 %). docs/performance.md's "Overhead" section says what each figure means.
 
     python benchmarks/overhead.py                                  # the full measurement, on a quiet machine
     python benchmarks/overhead.py --pairs 1 --max_steps 20         # a quick check that every arm runs

@@ -1,13 +1,8 @@
-"""Shared fixtures: a tiny local Llama built once per session, the shipped sample data, CLI runners."""
+"""The suite's root: an offline, single-threaded environment before anything imports the libraries, the shared
+fixtures of tests/helpers/fixtures.py, and a note on unmarked tests that take seconds. Shared helpers live in
+tests/helpers/."""
 
-import csv
-import importlib.util
 import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -18,107 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # training runs single-threaded, as the child jobs do (subprocess_env), unless the caller sets its own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SFT_TRAINER = str(REPO_ROOT / "tuning" / "sft_trainer.py")
-RESPONSE_TEMPLATE = "\n### Response:"
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    return build_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
-
-
-@pytest.fixture(scope="session")
-def sample_train() -> str:
-    return SAMPLE_TRAIN_PATH
-
-
-@pytest.fixture(scope="session")
-def sample_validation() -> str:
-    return SAMPLE_VALIDATION_PATH
-
-
-def subprocess_env(**overrides: str) -> dict[str, str]:
-    """The environment for child jobs: offline, importing this checkout, single-threaded math."""
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-        OMP_NUM_THREADS="1",
-    )
-    env.update(overrides)
-    return env
-
-
-def cli_args(model: str, output_dir: str, data: str = SAMPLE_TRAIN_PATH, **extra) -> list[str]:
-    """Flags of a short, quick CLI run on the tiny model; ``extra`` adds or overrides flags."""
-    flags = {
-        "model_name_or_path": model,
-        "training_data_path": data,
-        "dataset_text_field": "output",
-        "response_template": RESPONSE_TEMPLATE,
-        "output_dir": output_dir,
-        "max_steps": "3",
-        "per_device_train_batch_size": "4",
-        "logging_strategy": "steps",
-        "logging_steps": "1",
-        "save_strategy": "no",
-        "torch_dtype": "float32",
-        "use_flash_attn": "False",
-    }
-    flags.update({key: None if value is None else str(value) for key, value in extra.items()})
-    args = []
-    for key, value in flags.items():
-        if value is not None:
-            args += [f"--{key}", value]
-    return args
-
-
-def run_sft_trainer(args: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run ``python tuning/sft_trainer.py ARGS`` as users do; returns the finished process."""
-    return subprocess.run(
-        [sys.executable, SFT_TRAINER, *args],
-        env=subprocess_env(**env),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def run_script(path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``python PATH ARGS`` (a wrapper script) from the repository root; returns the finished process."""
-    return subprocess.run(
-        [sys.executable, str(path), *args],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def csv_by(path: Path, column: str) -> dict[str, dict[str, str]]:
-    """The rows of a CSV file by their value in ``column``."""
-    with path.open(newline="") as handle:
-        return {row[column]: row for row in csv.DictReader(handle)}
-
-
-def load_script(path: Path) -> ModuleType:
-    """A wrapper script imported as a module, for checks below its command line."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytest_plugins = ["tests.helpers.fixtures"]
 
 
 # A test not marked slow that takes seconds pushes `make test-fast` past its inner-loop budget: the summary names it

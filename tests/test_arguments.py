@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tests.conftest import RESPONSE_TEMPLATE
+from tests.helpers.training import RESPONSE_TEMPLATE
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import get_parser, parse_arguments
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
@@ -19,6 +19,13 @@ def parse(argv: list[str], monkeypatch):
 
 
 BASE = ["--model_name_or_path", "m", "--output_dir", "out", "--dataset_text_field", "output"]
+
+
+def test_parse_arguments_reads_the_flags_it_is_given_instead_of_argv(monkeypatch):
+    """A wrapper hands over its share of the command line as a list; ``sys.argv`` stays the wrapper's own."""
+    monkeypatch.setattr("sys.argv", ["bench_train.py", "--auto_stop", "--not_a_trainer_flag"])
+    args = parse_arguments(get_parser(), args=[*BASE, "--training_data_path", "d.jsonl"])
+    assert args.model_args.model_name_or_path == "m" and args.data_args.training_data_path == "d.jsonl"
 
 
 def test_seed_spellings_map_to_current_fields(monkeypatch):

@@ -7,16 +7,27 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
-from tests.test_bench_train import BENCH_TRAIN, HELPERS, bench_args, read_dump, wait_for_steps
-from tests.test_error_logging_e2e import finish, markers, termination_lines, worker_pid
+from tests.helpers.bench import bench_args, read_dump, start_bench
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    BENCH_TRAIN,
+    REPO_ROOT,
+    SFT_TRAINER,
+    Job,
+    cli_args,
+    markers,
+    run_python,
+    termination_lines,
+    two_ranks,
+    wait_for_steps,
+    worker_pid,
+)
 from tuning.benchmarking.journal import read_journal
 from tuning.launch import K8S_TERMINATION_MESSAGE_MAX_BYTES, RankFailure, termination_message
 
@@ -25,39 +36,21 @@ pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in m
 MANIFEST = REPO_ROOT / "docs" / "kubernetes" / "job.yaml"
 
 
-def start_launch(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
-    """``python -m tuning.launch ARGS``; its stderr goes to ``tmp_path/stderr`` (a pipe nobody reads would fill)."""
-    with open(tmp_path / "stderr", "w") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tuning.launch", *args],
-            env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log"), **env),
-            cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            text=True,
-        )
-
-
-def two_ranks(script: Path | str, args: list[str]) -> list[str]:
-    return ["--nproc_per_node=2", f"--master_port={free_port()}", str(script), *args]
+def start_launch(args: list[str], tmp_path: Path, **env: str) -> Job:
+    """``python -m tuning.launch ARGS``; the pod's termination log in ``tmp_path/termination-log``."""
+    return Job(["-m", "tuning.launch", *args], tmp_path, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"), **env)
 
 
 def slow_bench_args(model: str, tmp_path: Path) -> list[str]:
     """bench_train on 2 ranks, long enough to be stopped or killed mid-training."""
     return bench_args(
-        model, tmp_path, max_steps=200, per_device_train_batch_size=2, tracker="none", callbacks=f"{HELPERS}:SlowSteps"
+        model,
+        tmp_path,
+        max_steps=200,
+        per_device_train_batch_size=2,
+        tracker="none",
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
-
-
-def wait(process: subprocess.Popen, tmp_path: Path, timeout: float = 300) -> str:
-    """Wait for the launcher and return its stderr; kill it (failing the test) if it hangs."""
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
-    return (tmp_path / "stderr").read_text()
 
 
 def check_pod_log(tmp_path: Path) -> list[str]:
@@ -87,7 +80,7 @@ def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_pat
     }
     encoded = base64.b64encode(json.dumps(config).encode()).decode()
     launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_ENV_VAR=encoded)
-    stderr = wait(launcher, tmp_path)
+    stderr = launcher.finish()
     assert launcher.returncode == 0, stderr[-3000:]
     assert not (tmp_path / "termination-log").exists()  # a clean run writes nothing
     records = [json.loads(line) for line in (tmp_path / "out" / "training_logs.jsonl").read_text().splitlines()]
@@ -102,10 +95,10 @@ def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_
         max_steps=6,
         per_device_train_batch_size=2,
         tracker="none",
-        callbacks=f"{HELPERS}:OutOfMemoryOnLastRank",
+        callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank",
     )
     launcher = start_launch(two_ranks(BENCH_TRAIN, args), tmp_path)
-    stderr = wait(launcher, tmp_path)
+    stderr = launcher.finish()
     assert launcher.returncode == 204, stderr[-3000:]
     first, second = check_pod_log(tmp_path)
     assert first.startswith("gpu_oom: rank 1: OutOfMemoryError: CUDA out of memory")
@@ -118,7 +111,7 @@ def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):
     launcher = start_launch(two_ranks(BENCH_TRAIN, slow_bench_args(tiny_model, tmp_path)), tmp_path)
     wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher)
     os.kill(worker_pid(launcher, 1), signal.SIGKILL)
-    stderr = wait(launcher, tmp_path)
+    stderr = launcher.finish()
     assert launcher.returncode == 128 + signal.SIGKILL, stderr[-3000:]
     first, second = check_pod_log(tmp_path)
     assert first.startswith("interrupted: rank 1: killed by SIGKILL, without an error report of its own")
@@ -129,7 +122,7 @@ def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):
 def test_bad_input_on_every_rank_exits_1(tiny_model, tmp_path):
     args = cli_args(tiny_model, str(tmp_path / "out"), data=str(tmp_path / "missing.jsonl"))
     launcher = start_launch(two_ranks(SFT_TRAINER, args), tmp_path)
-    stderr = wait(launcher, tmp_path)
+    stderr = launcher.finish()
     assert launcher.returncode == 1, stderr[-3000:]
     lines = check_pod_log(tmp_path)
     assert len(lines) == 2 and lines[0].startswith("user_error: rank ")
@@ -139,9 +132,8 @@ def test_bad_input_on_every_rank_exits_1(tiny_model, tmp_path):
 
 def test_sigterm_to_the_launcher_stops_every_rank_and_exits_143(tiny_model, tmp_path):
     launcher = start_launch(two_ranks(BENCH_TRAIN, slow_bench_args(tiny_model, tmp_path)), tmp_path)
-    wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher)
-    launcher.send_signal(signal.SIGTERM)
-    stderr = wait(launcher, tmp_path)
+    wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher, signal.SIGTERM)
+    stderr = launcher.finish()
     assert launcher.returncode == 143, stderr[-3000:]
     assert check_pod_log(tmp_path) == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
     dump = read_dump(tmp_path / "bench.json")
@@ -182,16 +174,9 @@ CONSOLE_SCRIPT = "import sys; from tuning.launch import sft_trainer_main; sys.ex
 )
 def test_signal_while_sft_trainer_still_imports(command, signum, tiny_model, tmp_path):
     log = tmp_path / "termination-log"
-    process = subprocess.Popen(
-        [sys.executable, *command, *cli_args(tiny_model, str(tmp_path / "out"))],
-        env=subprocess_env(TERMINATION_LOG_FILE=str(log)),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = Job([*command, *cli_args(tiny_model, str(tmp_path / "out"))], tmp_path, TERMINATION_LOG_FILE=str(log))
     signal_once_handled(process, signum, after=1.5)
-    stderr = finish(process, timeout=60)
+    stderr = process.finish(timeout=60)
     name = signal.Signals(signum).name
     assert process.returncode == 128 + signum, stderr[-3000:]
     assert termination_lines(log) == [f"interrupted: SignalInterrupt: stopped by {name}"]
@@ -222,34 +207,21 @@ sys.exit(run_with_error_reporting(main, on_error=on_error))
 @pytest.mark.parametrize(("signals", "returncode", "reported"), [(1, 1, True), (2, -signal.SIGTERM, False)])
 def test_a_signal_while_reporting_is_ignored_once(signals, returncode, reported, tmp_path):
     report = tmp_path / "report"
-    result = subprocess.run(
-        [sys.executable, "-c", REPORTING_SCRIPT, str(report), str(signals)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_python("-c", REPORTING_SCRIPT, str(report), str(signals), timeout=60)
     assert result.returncode == returncode, result.stderr
     assert (report.read_text() == "user_error") if reported else not report.exists()
 
 
 def test_sigterm_to_bench_train_before_the_model_loads(tiny_model, tmp_path):
     journal = tmp_path / "bench.journal.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, str(BENCH_TRAIN), *bench_args(tiny_model, tmp_path, tracker="none")],
-        env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log")),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = bench_args(tiny_model, tmp_path, tracker="none")
+    process = start_bench(args, log_dir=tmp_path, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
     started = time.monotonic()
     while not (journal.exists() and journal.read_text().endswith("\n")):  # its start record, once the run has one
         assert process.poll() is None and time.monotonic() - started < 120, "no journal"
         time.sleep(0.01)
     process.send_signal(signal.SIGTERM)
-    stderr = finish(process, timeout=60)
+    stderr = process.finish(timeout=60)
     assert process.returncode == 143, stderr[-3000:]
     assert termination_lines(tmp_path / "termination-log") == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
     dump = read_dump(tmp_path / "bench.json")
@@ -262,9 +234,7 @@ def test_sigterm_to_bench_train_before_the_model_loads(tiny_model, tmp_path):
 def test_launcher_imports_without_torch():
     """Its signal handlers (and the sft_trainer console script's) come before torch's import."""
     probe = "import sys, tuning.launch; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", probe], env=subprocess_env(), capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
-    )
+    result = run_python("-c", probe, timeout=60)
     assert result.stdout.split() == ["False", "False"], result.stderr
 
 
@@ -277,7 +247,7 @@ def test_termination_message_keeps_the_root_cause_first_within_4_kib():
     assert 10 < len(lines) < 32  # one short line per other rank while they fit
 
 
-def test_manifest_has_what_the_readme_promises():
+def test_manifest_has_what_the_docs_promise():
     config_map, job = yaml.safe_load_all(MANIFEST.read_text())
     config = json.loads(config_map["data"]["config.json"])
     assert config["accelerate_launch_args"]["num_processes"] == 2

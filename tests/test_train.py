@@ -9,27 +9,18 @@ import pytest
 from transformers import TrainerCallback
 
 import tuning
-from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, free_port, run_sft_trainer, subprocess_env
-from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
+from tests.helpers.training import (
+    REPO_ROOT,
+    SEED_COMMAND,
+    cli_args,
+    free_port,
+    make_args,
+    run_sft_trainer,
+    subprocess_env,
+)
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.sft_trainer import train
 from tuning.utils.error_logging import UserInputError
-
-
-def make_args(model: str, output_dir: str, data: str, **training):
-    model_args = ModelArguments(model_name_or_path=model, torch_dtype="float32", use_flash_attn=False)
-    data_args = DataArguments(training_data_path=data, dataset_text_field="output", response_template=RESPONSE_TEMPLATE)
-    options = dict(
-        output_dir=output_dir,
-        max_steps=2,
-        per_device_train_batch_size=4,
-        logging_strategy="steps",
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-    )
-    options.update(training)
-    return model_args, data_args, TrainingArguments(**options)
 
 
 class SpyCallback(TrainerCallback):
@@ -174,17 +165,6 @@ def test_module_entry_point_shows_help():
     assert result.returncode == 0
     for flag in ("--training_data_path", "--peft_method", "--trackers", "--aim_repo", "--exp_metadata", "--r"):
         assert flag in result.stdout
-
-
-SEED_COMMAND = (
-    "torchrun --nnodes=1 --nproc_per_node=2 --master_port={port} tuning/sft_trainer.py "
-    "--tokenizer_name_or_path {model} --model_name_or_path {model} --data_path {data} --use_peft --bf16 True "
-    "--output_dir {output} --num_train_epochs 1 --per_device_train_batch_size 1 --per_device_eval_batch_size 1 "
-    '--gradient_accumulation_steps 8 --evaluation_strategy "no" --save_strategy "steps" --save_steps 2000 '
-    '--save_total_limit 1 --learning_rate 2e-5 --weight_decay 0. --warmup_ratio 0.03 --lr_scheduler_type "cosine" '
-    '--logging_steps 1 --fsdp "full_shard auto_wrap" --fsdp_config tuning/config/fsdp_config.json --bf16 True '
-    '--response_template "\\n### Response:" --dataset_text_field "output" '
-)
 
 
 @pytest.mark.slow

@@ -7,8 +7,7 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from tests.conftest import RESPONSE_TEMPLATE, cli_args, run_sft_trainer
-from tests.test_train import make_args
+from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_sft_trainer
 from tuning import sft_trainer
 from tuning.config.configs import ModelArguments
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
@@ -71,7 +70,9 @@ def test_train_takes_upstreams_arguments_in_upstreams_order():
 
 
 def test_parse_arguments_returns_upstreams_ten_values(monkeypatch):
-    assert list(inspect.signature(sft_trainer.parse_arguments).parameters) == ["parser", "json_config"]
+    parameters = inspect.signature(sft_trainer.parse_arguments).parameters
+    assert list(parameters)[:2] == ["parser", "json_config"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters.values())[2:])
     assert sft_trainer.ParsedArguments._fields == UPSTREAM_PARSED_FIELDS
     monkeypatch.setattr("sys.argv", ["sft_trainer.py", "--model_name_or_path", "m", "--output_dir", "out"])
     model_args, *_, exp_metadata = parsed = sft_trainer.parse_arguments(sft_trainer.get_parser())

@@ -4,8 +4,8 @@
     python -m tuning.launch [torchrun flags]    # container entrypoint: the job config from SFT_TRAINER_CONFIG_JSON_*
 
 torchrun's own parser and elastic agent run the workers; this adds how the job ends (the exit code of the rank that
-failed first, a termination log composed from the workers' lines) and the container entrypoint (README: "Running on
-Kubernetes"). Torch is imported only after the signal handlers are installed, hence the ``sft_trainer`` script here.
+failed first, a termination log composed from the workers' lines) and the container entrypoint (docs/kubernetes.md).
+Torch is imported only after the signal handlers are installed, hence the ``sft_trainer`` script here.
 """
 
 import argparse

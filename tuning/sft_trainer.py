@@ -1,5 +1,5 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (README: "Python API"). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
+Python API (docs/cli-and-api.md). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
 
 import argparse
 import dataclasses
@@ -126,12 +126,15 @@ def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list
     return list(dataclass_args), argparse.Namespace(**flags)
 
 
-def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -> ParsedArguments:
-    """Parse ``json_config`` (same keys as the flags) when given and not empty, else argv."""
+def parse_arguments(
+    parser: HfArgumentParser, json_config: dict | None = None, *, args: list[str] | None = None
+) -> ParsedArguments:
+    """Parse ``json_config`` (same keys as the flags) when given and not empty, else the flags in ``args`` (default:
+    the command line's), so that a wrapper hands over its share of the flags without touching ``sys.argv``."""
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
-        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(return_remaining_strings=True)
+        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
         if remaining:
             raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
     model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
@@ -290,7 +293,7 @@ def train(
     trackers: list[Tracker] | None = None,
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
     """Fine-tune and save the model (or adapter) into ``output_dir``; returns the train output and the additional
-    metrics (README: "Python API")."""
+    metrics (docs/cli-and-api.md, "Python API")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 

@@ -3,7 +3,7 @@
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
 The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
-adds its points' outcomes. ``--help`` describes the flags, the README ("Reports over many runs") the columns.
+adds its points' outcomes. ``--help`` describes the flags, docs/benchmarking.md ("Reports over many runs") the columns.
 """
 
 import contextlib
@@ -331,7 +331,7 @@ def main(
 
     One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
     status (ok, stopped, interrupted, error, killed), the root cause (the earliest failure across ranks), throughput,
-    memory and steps; a sweep's state file adds its skipped points. The README lists the columns and statuses.
+    memory and steps; a sweep's state file adds its skipped points. docs/benchmarking.md lists the columns and statuses.
 
     Args:
         inputs: Dumps, rank error reports, journals and sweep state files: files, directories (searched

@@ -3,7 +3,7 @@
     python wrappers/bench_sweep.py SWEEP.yaml --output_dir DIR [--executor local|ray] ...   # --help: every flag
 
 Each point (one combination of axis values) runs as its own process tree; its outcome is appended to
-``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. README: "Sweeps".
+``DIR/sweep_state.jsonl`` the moment it ends, so that a rerun runs only what is missing. Docs: docs/sweeps.md.
 """
 
 import contextlib

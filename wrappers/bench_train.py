@@ -3,16 +3,17 @@
     python wrappers/bench_train.py <every tuning/sft_trainer.py flag> [--metrics_path run.json] [--auto_stop] ...
     torchrun --nproc_per_node=8 wrappers/bench_train.py ...   # the same; --help lists both flag sets
 
-What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): README, "What a run leaves".
+What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): docs/benchmarking.md, "What a run leaves".
 This file is a template to copy: it reads top to bottom (1. flags, 2. metadata, 3. Aim and MLflow, 4. the job) and
-uses only ``tuning.benchmarking``. Add a flag as a parameter (and docstring line) of ``wrapper_flags``; add
-measurements with ``--callbacks`` or in ``BenchmarkJob.run``.
+takes everything from ``tuning.benchmarking.api``. Add a flag as a parameter (and docstring line) of
+``wrapper_flags``; add measurements with ``--callbacks`` or in ``BenchmarkJob.run``.
 """
 
 if __name__ == "__main__":
     # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
     # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
-    from tuning.benchmarking import install_early_signal_handlers
+    # (from error_logging itself: the api module loads torch, which is what these handlers must come before)
+    from tuning.utils.error_logging import install_early_signal_handlers
 
     install_early_signal_handlers()
 
@@ -37,8 +38,8 @@ import psutil
 import yaml
 from transformers import TrainerCallback
 
-# Everything from this project comes from one documented surface: tuning.benchmarking (its __all__).
-from tuning import benchmarking
+# Everything from this project comes from one documented surface: tuning.benchmarking.api (its __all__).
+from tuning.benchmarking import api as benchmarking
 
 PROG = "bench_train.py"
 logger = logging.getLogger(PROG)
@@ -132,11 +133,7 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, benchmarking.P
     raw = fire.decorators.SetParseFn(str)(functools.partial(wrapper_flags))
     values = fire.Fire(raw, command=wrapper_argv, name=PROG, serialize=lambda _: None)
     flags = SimpleNamespace(**{name: _typed(name, value) for name, value in values.items()})
-    saved_argv, sys.argv = sys.argv, [sys.argv[0], *trainer_argv]  # parse_arguments reads sys.argv
-    try:
-        args = benchmarking.parse_arguments(benchmarking.get_parser(), benchmarking.get_json_config())
-    finally:
-        sys.argv = saved_argv
+    args = benchmarking.parse_arguments(benchmarking.get_parser(), benchmarking.get_json_config(), args=trainer_argv)
     return flags, args
 
 

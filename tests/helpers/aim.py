@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import free_port
 from tests.helpers.server import ServerProcess
 
 AIM_CLI = str(Path(sys.executable).with_name("aim"))
@@ -19,11 +18,14 @@ class AimServer(ServerProcess):
     name = "aim server"
 
     def __init__(self, repo: Path, startup_timeout: float = 90.0):
-        self.repo, port = repo, free_port()
-        self.url = f"aim://127.0.0.1:{port}"
+        self.repo = repo
         repo.mkdir(parents=True, exist_ok=True)
-        command = [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
-        super().__init__(command, port, startup_timeout)
+
+        def command(port: int) -> list[str]:
+            return [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
+
+        super().__init__(command, startup_timeout)
+        self.url = f"aim://127.0.0.1:{self.port}"
 
 
 def read_runs(repo: Path, query: str = "True") -> list[dict]:

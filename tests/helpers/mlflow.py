@@ -3,7 +3,6 @@
 import sys
 from pathlib import Path
 
-from tests.conftest import free_port
 from tests.helpers.server import ServerProcess
 
 MLFLOW_CLI = str(Path(sys.executable).with_name("mlflow"))
@@ -18,12 +17,14 @@ class MlflowServer(ServerProcess):
 
     def __init__(self, root: Path, startup_timeout: float = 180.0):
         root.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         self.store = f"sqlite:///{root / 'mlflow.db'}"
-        command = [MLFLOW_CLI, "server", "--backend-store-uri", self.store, "--host", "127.0.0.1"]
-        command += ["--port", str(port), "--workers", "1", "--default-artifact-root", str(root / "artifacts")]
-        super().__init__(command, port, startup_timeout, log_path=root / "server.log")
+
+        def command(port: int) -> list[str]:
+            serve = [MLFLOW_CLI, "server", "--backend-store-uri", self.store, "--host", "127.0.0.1"]
+            return [*serve, "--port", str(port), "--workers", "1", "--default-artifact-root", str(root / "artifacts")]
+
+        super().__init__(command, startup_timeout, log_path=root / "server.log")
+        self.url = f"http://127.0.0.1:{self.port}"
 
 
 def search(tracking_uri: str, filter_string: str = "") -> list:

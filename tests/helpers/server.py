@@ -7,18 +7,26 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from tests.helpers.training import free_port
 
 
 class ServerProcess:
-    """``command`` run until it accepts TCP connections on ``port``; its stderr goes to ``log_path`` if given."""
+    """``command(port)`` run on a free port until it accepts TCP connections there; its stderr goes to ``log_path``
+    if given. ``stop()`` ends it as an operator would, ``kill()`` as a crash does."""
 
     name = "server"
 
-    def __init__(self, command: list[str], port: int, startup_timeout: float, log_path: Path | None = None):
-        self.port = port
+    def __init__(
+        self, command: Callable[[int], list[str]], startup_timeout: float, log_path: Path | None = None
+    ) -> None:
+        self.port = free_port()
         with open(log_path, "w") if log_path else contextlib.nullcontext(subprocess.DEVNULL) as stderr:
-            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+            self.process = subprocess.Popen(
+                command(self.port), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+            )
         deadline = time.monotonic() + startup_timeout
         while not self.accepts():
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -1,6 +1,6 @@
 """The journal: an append-only JSON-lines file holding every point of a run while it trains, since the dump is
-written at the end, which a run killed by SIGKILL or the OOM killer never reaches. Its records: README, "Journal and
-rebuilding a dump"; ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
+written at the end, which a run killed by SIGKILL or the OOM killer never reaches. Its records: docs/benchmarking.md,
+"Journal and rebuilding a dump"; ``tuning.benchmarking.rebuild`` turns a journal, complete or cut short, into a dump.
 """
 
 import contextlib

@@ -1,9 +1,10 @@
-"""The benchmark dump's schema as typed models, for ``validate_dump``, readers and the README's JSON Schema. Every
-object allows more keys than it declares (keys may be added); renaming or dropping one bumps ``SCHEMA_VERSION``. The
-training process never imports it: the series names and ``SCHEMA_VERSION`` live in ``dump``, which writes them.
+"""The benchmark dump's schema as typed models, for ``validate_dump``, readers and docs/dump-schema.md's JSON Schema.
+Every object allows more keys than it declares (keys may be added); renaming or dropping one bumps
+``SCHEMA_VERSION``. The training process never imports it: the series names and ``SCHEMA_VERSION`` live in
+``dump``, which writes them.
 
     python -m tuning.benchmarking.schema                    # print the JSON Schema
-    python -m tuning.benchmarking.schema --readme README.md # rewrite the README's schema block
+    python -m tuning.benchmarking.schema --markdown docs/dump-schema.md  # rewrite the page's schema block
 """
 
 import argparse
@@ -207,7 +208,7 @@ def json_schema() -> dict[str, Any]:
 
 
 def schema_text() -> str:
-    """The JSON Schema as the README shows it: one line per property."""
+    """The JSON Schema as docs/dump-schema.md shows it: one line per property."""
 
     def text(schema: dict[str, Any], depth: int, inline_children: bool) -> str:
         lines = []
@@ -222,12 +223,12 @@ def schema_text() -> str:
     return text(json_schema(), 0, False)
 
 
-_README_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?^```$", re.DOTALL | re.MULTILINE)
+_SCHEMA_BLOCK = re.compile(r"(<!-- dump-schema -->\n```json\n).*?^```$", re.DOTALL | re.MULTILINE)
 
 
-def readme_with_schema(readme: str) -> str:
-    """``readme`` with the JSON Schema in its ``<!-- dump-schema -->`` block."""
-    updated, found = _README_BLOCK.subn(lambda match: f"{match.group(1)}{schema_text()}\n```", readme)
+def markdown_with_schema(markdown: str) -> str:
+    """``markdown`` with the JSON Schema in its ``<!-- dump-schema -->`` block."""
+    updated, found = _SCHEMA_BLOCK.subn(lambda match: f"{match.group(1)}{schema_text()}\n```", markdown)
     if not found:
         raise ValueError("no <!-- dump-schema --> block followed by a ```json fence")
     return updated
@@ -235,10 +236,12 @@ def readme_with_schema(readme: str) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m tuning.benchmarking.schema", description=__doc__.split("\n")[0])
-    parser.add_argument("--readme", help="rewrite the schema block of this Markdown file instead of printing")
-    readme = parser.parse_args().readme
-    if readme is None:
+    parser.add_argument(
+        "--markdown", "--readme", help="rewrite the schema block of this Markdown file instead of printing"
+    )
+    markdown = parser.parse_args().markdown
+    if markdown is None:
         print(schema_text())
     else:
-        path = pathlib.Path(readme)
-        path.write_text(readme_with_schema(path.read_text(encoding="utf-8")), encoding="utf-8")
+        path = pathlib.Path(markdown)
+        path.write_text(markdown_with_schema(path.read_text(encoding="utf-8")), encoding="utf-8")

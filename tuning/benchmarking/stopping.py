@@ -1,5 +1,5 @@
 """When a benchmark may end before ``max_steps``: a time budget from the start of training, or, after the warmup,
-step times that have settled (auto-stop: README, "Stopping early"). A run whose step times never settle trains to its
+step times that have settled (auto-stop: docs/benchmarking.md). A run whose step times never settle trains to its
 natural end."""
 
 import statistics

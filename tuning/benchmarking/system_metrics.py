@@ -1,4 +1,4 @@
-"""System metrics sampled in a background thread (series: README, "Dump schema"). NVML (``nvidia-ml-py``, extra
+"""System metrics sampled in a background thread (series: docs/dump-schema.md). NVML (``nvidia-ml-py``, extra
 ``nvml``) is imported only by ``init_nvml``; without it or a driver the GPU series are absent. A sample that fails is
 logged once and skipped: measuring must never stop training.
 """

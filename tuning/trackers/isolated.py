@@ -1,7 +1,7 @@
 """Tracker helper processes: a tracker's library (Aim, MLflow) runs only in a child process, ``python -m
 tuning.trackers.isolated MODULE:BACKEND ADDRESS``, so that it can never hang or fail training (tracking libraries fail
 by blocking: a locked repository, a client retrying a dead server, a close that never returns, aim#3067). The training
-process only queues messages for it; the failure rules are the README's "Failure isolation".
+process only queues messages for it; the failure rules are docs/trackers.md's "Failure isolation".
 
 Protocol, over the ``multiprocessing.connection`` the child opens back to ADDRESS: the parent sends lists of messages,
 ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}`` first, then any of ``{"op": "track",

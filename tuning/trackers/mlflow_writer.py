@@ -1,5 +1,5 @@
 """The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's
-MLflow run through ``mlflow.MlflowClient``, with the metric and param names the README's MLflow section lists.
+MLflow run through ``mlflow.MlflowClient``, with the metric and param names docs/trackers.md's MLflow section lists.
 """
 
 import contextlib

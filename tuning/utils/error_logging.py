@@ -1,7 +1,7 @@
 """Error reporting shared by sft_trainer and every wrapper: classification, exit codes, termination log, report.
 
 Every failure gets a stable category and exit code, one termination-log line, one greppable ``TUNING_ERROR`` stderr
-line and, for wrappers, a JSON report (README: "Errors, exit codes and reports"). Imports neither torch nor
+line and, for wrappers, a JSON report (docs/errors.md). Imports neither torch nor
 transformers, so a supervisor can use it cheaply: torch exceptions are recognised by class name.
 """
 
@@ -293,7 +293,7 @@ def build_error_report(
     category: ErrorCategory | str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A failure as a JSON-ready dict (the README's report table). ``category`` overrides the classification (e.g.
+    """A failure as a JSON-ready dict (docs/errors.md's report table). ``category`` overrides the classification (e.g.
     ``hang`` from a watchdog); ``extra`` adds caller keys, which may not shadow the stable ones."""
     found, culprit = _diagnose(exc)
     if category is not None and ErrorCategory(category) is not found:

@@ -2,14 +2,13 @@
 which GPU each CUDA index is (CUDA_VISIBLE_DEVICES by index, UUID, UUID prefix, MIG UUID), what is read from it, and
 that a failing reading or a missing NVML costs only the series concerned."""
 
-import importlib.util
 import logging
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.helpers.nvml import load_fake_nvml
 from tuning.benchmarking.system_metrics import (
     GPU_MEMORY_USED,
     GPU_POWER,
@@ -21,7 +20,6 @@ from tuning.benchmarking.system_metrics import (
     visible_gpu_handles,
 )
 
-FAKE_NVML_DIR = Path(__file__).parent / "helpers" / "fake_nvml"
 GPU_SERIES = {GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT, GPU_TEMPERATURE}
 
 # Two GPUs whose UUIDs share a prefix, and one carrying a MIG instance. Enforced and management power limits differ.
@@ -52,14 +50,6 @@ DEVICES = [
         "temperature": 48,
     },
 ]
-
-
-def load_fake_nvml() -> ModuleType:
-    """A fresh copy of the stand-in module, so no state leaks between tests."""
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML_DIR / "pynvml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

@@ -6,20 +6,24 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, csv_by, free_port, load_script, run_script, subprocess_env
+from tests.helpers.bench import csv_by, rebuild, start_bench
 from tests.helpers.dumps import write_dump
-from tuning.benchmarking.dump import STEP_TIME
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    REPO_ROOT,
+    Job,
+    cli_args,
+    load_script,
+    run_python,
+    wait_for_steps,
+)
 from tuning.benchmarking.journal import journal_path
 
-BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
-HELPERS = "tests.helpers.bench_callbacks"
 BATCH_SIZE = "per_device_train_batch_size"
 
 # name → (metadata, extra bench_train flags, torchrun); output dirs land beside the dumps on purpose: the report
@@ -29,22 +33,22 @@ RUNS = {
     "ok-a4": ({"model": "a", "batch_size": 4}, {}, False),
     "stopped-b4": (
         {"model": "b", "batch_size": 4},
-        {"max_steps": 500, "stop_after_seconds": 2, "callbacks": f"{HELPERS}:SlowSteps"},
+        {"max_steps": 500, "stop_after_seconds": 2, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
         False,
     ),
     "oom-a8": (
         {"model": "a", "batch_size": 8},
-        {"per_device_train_batch_size": 8, "callbacks": f"{HELPERS}:OutOfMemoryOnLastRank"},
+        {"per_device_train_batch_size": 8, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
         False,
     ),
     "killed-b8": (
         {"model": "b", "batch_size": 8},
-        {"per_device_train_batch_size": 8, "max_steps": 500, "callbacks": f"{HELPERS}:SlowSteps"},
+        {"per_device_train_batch_size": 8, "max_steps": 500, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
         False,
     ),
     "ranks-b2": (
         {"model": "b", "batch_size": 2},
-        {"per_device_train_batch_size": 2, "max_steps": 6, "callbacks": f"{HELPERS}:OutOfMemoryOnLastRank"},
+        {"per_device_train_batch_size": 2, "max_steps": 6, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
         True,
     ),
 }
@@ -58,30 +62,13 @@ EXPECTED = {  # name → (status, root-cause category, root-cause rank)
 }
 
 
-def start(name: str, model: str, runs_dir: Path) -> subprocess.Popen:
+def start(name: str, model: str, runs_dir: Path) -> Job:
     metadata, extra, torchrun = RUNS[name]
     flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, **extra}
     args = cli_args(
         model, str(runs_dir / name), metrics_path=runs_dir / f"{name}.json", metadata=json.dumps(metadata), **flags
     )
-    launcher = [sys.executable]
-    if torchrun:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-    return subprocess.Popen(
-        [*launcher, str(BENCH_TRAIN), *args],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def logged_steps(journal: Path) -> int:
-    if not journal.exists():
-        return 0
-    lines = journal.read_text().splitlines()[:-1]  # the last line may be mid-write
-    return sum(1 for record in map(json.loads, lines) if record.get("name") == STEP_TIME)
+    return start_bench(args, torchrun, log_dir=runs_dir.with_name(f"{runs_dir.name}-logs") / name)
 
 
 @pytest.fixture(scope="session")
@@ -91,14 +78,9 @@ def runs_dir(tiny_model, tmp_path_factory) -> Path:
     processes = {name: start(name, tiny_model, runs_dir) for name in RUNS}
     killed = processes["killed-b8"]
     journal = Path(journal_path(str(runs_dir / "killed-b8.json")))
-    deadline = time.monotonic() + 300
-    while logged_steps(journal) < 2:
-        assert killed.poll() is None, killed.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the run to be killed did not get going"
-        time.sleep(0.2)
-    killed.send_signal(signal.SIGKILL)
+    wait_for_steps(journal, 2, killed, signal.SIGKILL, timeout=300)
     for name, process in processes.items():
-        _, stderr = process.communicate(timeout=300)
+        stderr = process.finish(timeout=300)
         assert (process.returncode == 0) == (EXPECTED[name][0] in ("ok", "stopped")), f"{name}: {stderr[-3000:]}"
     return runs_dir
 
@@ -110,7 +92,7 @@ def bench_report():
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
-    return run_script(BENCH_REPORT, *args)
+    return run_python(str(BENCH_REPORT), *args, timeout=120)
 
 
 def read_csv(path: Path) -> dict[str, dict[str, str]]:
@@ -169,9 +151,7 @@ def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
 def test_a_rebuilt_dump_stands_for_the_killed_run_it_came_from(runs_dir, tmp_path):
     journal = tmp_path / "killed-b8.journal.jsonl"
     shutil.copy(runs_dir / journal.name, journal)
-    rebuild = [sys.executable, "-m", "tuning.benchmarking.rebuild", str(journal)]
-    rebuilt = subprocess.run(rebuild, env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert rebuilt.returncode == 0, rebuilt.stderr
+    rebuild(journal)
     assert (tmp_path / "killed-b8.rebuilt.json").exists()
     for _ in ("with its journal", "alone"):
         result = report(str(tmp_path), "--output_dir", str(tmp_path / "out"))

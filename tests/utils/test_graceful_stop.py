@@ -4,64 +4,20 @@ all-reduce per step for both stopping callbacks on two real gloo ranks (torchrun
 import json
 import signal
 import subprocess
-import sys
-import threading
 
 import pytest
-import torch
 from transformers import TrainerControl
 
-from tests.conftest import REPO_ROOT, free_port, subprocess_env
+from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
+from tests.helpers.training import TORCHRUN, run_python, two_ranks
 from tuning.utils.error_logging import TrainingInterrupted, build_error_report, last_global_step
 from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement, Vote
-
-
-class _Regression(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x, y):
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)}
-
-
-def _tiny_trainer(tmp_path, callbacks, max_steps=50):
-    from transformers import Trainer, TrainingArguments
-
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        max_steps=max_steps,
-        per_device_train_batch_size=2,
-        save_strategy="steps",
-        save_steps=3,  # a checkpoint would be due at the step the signal arrives
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-    )
-    data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(64)]
-    return Trainer(model=_Regression(), args=args, train_dataset=data, callbacks=callbacks)
-
-
-def _signal_at_step(step: int, *signums: int):
-    from transformers import TrainerCallback
-
-    class SignalSender(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == step:
-                for signum in signums:
-                    # A real signal, to this (the main) thread, so that each is delivered, and handled, before the
-                    # next is sent (a signal sent while one of its kind is still pending is lost).
-                    signal.pthread_kill(threading.main_thread().ident, signum)
-
-    return SignalSender()
 
 
 def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     stop = GracefulStopCallback()
-    trainer = _tiny_trainer(tmp_path, [_signal_at_step(3, signal.SIGTERM), stop])
+    trainer = tiny_trainer(tmp_path, [SignalAtStep(3, signal.SIGTERM), stop])
     trainer.train()
     assert trainer.state.global_step == 3
     assert stop.received_signal == signal.SIGTERM
@@ -78,7 +34,7 @@ def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran in this process
     try:
         stop = GracefulStopCallback()
-        trainer = _tiny_trainer(tmp_path, [_signal_at_step(2, signal.SIGINT, signal.SIGINT), stop])
+        trainer = tiny_trainer(tmp_path, [SignalAtStep(2, signal.SIGINT, signal.SIGINT), stop])
         with pytest.raises(KeyboardInterrupt):
             trainer.train()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -88,20 +44,20 @@ def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
 
 SECOND_SIGTERM_SCRIPT = """
 import pathlib, signal, sys
-import tests.test_graceful_stop as t
+from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
 from tuning.utils.graceful_stop import GracefulStopCallback
-callbacks = [t._signal_at_step(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
-t._tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
+callbacks = [SignalAtStep(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
+tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
 print("survived")
 """
 
 
 SIGTERM_WHILE_REPORTING_SCRIPT = """
 import os, pathlib, signal, sys
-import tests.test_graceful_stop as t
+from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
 from tuning.utils.graceful_stop import GracefulStopCallback
 stop = GracefulStopCallback()
-trainer = t._tiny_trainer(pathlib.Path(sys.argv[1]), [t._signal_at_step(2, signal.SIGTERM), stop])
+trainer = tiny_trainer(pathlib.Path(sys.argv[1]), [SignalAtStep(2, signal.SIGTERM), stop])
 trainer.train()
 os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends it to every worker once one has exited
 print("survived", trainer.state.global_step, flush=True)
@@ -112,14 +68,7 @@ print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
 
 def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
     """Run ``script`` in its own Python process: a signal that kills it must not kill pytest."""
-    return subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_python("-c", script, str(tmp_path), timeout=180)
 
 
 @pytest.mark.slow
@@ -161,7 +110,7 @@ TWO_RANK_SCRIPT = """
 import json, os, pathlib, signal, sys
 import torch.distributed as dist
 from transformers import TrainerCallback
-import tests.test_graceful_stop as t
+from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
 from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.stopping import StopRule
 from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement
@@ -193,11 +142,11 @@ else:
     rule = StopRule(stop_after_seconds=3600)
 bench = BenchmarkCallback(None, rule, warmup_steps=1, stop_agreement=agreement)
 if mode == "signal":
-    senders = [t._signal_at_step(3, signal.SIGTERM)] if rank == 1 else []
+    senders = [SignalAtStep(3, signal.SIGTERM)] if rank == 1 else []
     callbacks = [*senders, bench, graceful, CountPerStep()]
 else:
     callbacks = [graceful, bench, CountPerStep()]
-trainer = t._tiny_trainer(out / f"rank{rank}", callbacks)
+trainer = tiny_trainer(out / f"rank{rank}", callbacks)
 trainer.train()
 result = {
     "step": trainer.state.global_step,
@@ -221,15 +170,7 @@ os._exit(0)
 def test_two_ranks_stop_after_the_same_step_with_one_all_reduce_per_step(tmp_path, mode, received_signal, stop_reason):
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANK_SCRIPT)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-        + [str(script), str(tmp_path), mode],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(*TORCHRUN, *two_ranks(script, [str(tmp_path), mode]), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         ended = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -6,21 +6,26 @@ import csv
 import json
 import signal
 import subprocess
-import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, SAMPLE_TRAIN_PATH, subprocess_env
 from tests.helpers.aim import read_runs
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    REPO_ROOT,
+    RESPONSE_TEMPLATE,
+    Job,
+    run_python,
+    wait_until,
+)
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
 
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
-HELPERS = "tests.helpers.bench_callbacks"
 GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2, 4]}
 TABLE_COLUMNS = ("run", "max_seq_length", "per_device_train_batch_size", "status", "error_category", "training_steps")
 
@@ -50,20 +55,14 @@ def write_spec(path: Path, base: dict, axes: dict, metadata: dict | None = None)
 
 
 def sweep_command(spec: Path, out: Path, *flags: str) -> list[str]:
-    return [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out), *flags]
+    """The driver's command line after ``python``."""
+    return [str(BENCH_SWEEP), str(spec), "--output_dir", str(out), *flags]
 
 
 def sweep(
     spec: Path, out: Path, *flags: str, timeout: float = 900, cwd: Path = REPO_ROOT, **env: str
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        sweep_command(spec, out, *flags),
-        env=subprocess_env(**env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_python(*sweep_command(spec, out, *flags), timeout=timeout, cwd=cwd, **env)
 
 
 def state_lines(out: Path) -> list[dict]:
@@ -95,21 +94,10 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     spec = write_spec(
         tmp / "sweep.yaml", base_flags(tiny_model, trackers=["file_logger", "aim"], aim_repo=str(aim_repo)), GRID
     )
-    driver = subprocess.Popen(
-        sweep_command(spec, out, "--concurrency", "2"),
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 600
-    while len(state_lines(out)) < 2:
-        assert driver.poll() is None, driver.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the sweep did not finish two points"
-        time.sleep(0.2)
+    driver = Job(sweep_command(spec, out, "--concurrency", "2"), tmp / "driver-logs")
+    wait_until(lambda: len(state_lines(out)) >= 2, driver, "two finished points", timeout=600)
     driver.send_signal(signal.SIGKILL)
-    driver.communicate(timeout=60)
+    driver.finish(timeout=60)
     before = state_lines(out)
     rerun = sweep(spec, out)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -182,7 +170,9 @@ def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_director
 
 
 def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"callbacks": [f"{HELPERS}:ExitsWithoutReport"]})
+    spec = write_spec(
+        tmp_path / "sweep.yaml", base_flags(tiny_model), {"callbacks": [f"{BENCH_CALLBACKS}:ExitsWithoutReport"]}
+    )
     result = sweep(spec, tmp_path / "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = state_lines(tmp_path / "sweep")
@@ -196,7 +186,7 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
     markers = tmp_path / "markers"
     markers.mkdir()
     axes = {
-        "callbacks": [f"{HELPERS}:SweepFaults", "no_such_module:Callback"],
+        "callbacks": [f"{BENCH_CALLBACKS}:SweepFaults", "no_such_module:Callback"],
         "per_device_train_batch_size": [1, 2, 4],
     }
     spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), axes)
@@ -229,7 +219,7 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
     """Run under tuning.launch: the point exits with its root cause's code, and the category and rank come from
     rank 1's report."""
     axes = {"nproc_per_node": [2], "per_device_train_batch_size": [1, 2]}
-    base = base_flags(tiny_model, max_steps=3, callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
+    base = base_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank")
     out = tmp_path / "sweep"
     result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -241,7 +231,7 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
 
 
 def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
-    base = base_flags(tiny_model, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps")  # 300 s of steps at least
+    base = base_flags(tiny_model, max_steps=1000, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")  # 300 s of steps at least
     out = tmp_path / "sweep"
     result = sweep(write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]}), out, "--point_timeout", "20")
     assert result.returncode == 0, result.stderr[-3000:]

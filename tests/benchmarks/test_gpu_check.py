@@ -14,11 +14,11 @@ from dataclasses import asdict
 import pytest
 
 from benchmarks import gpu_check, overhead
-from tests.conftest import REPO_ROOT, load_script, subprocess_env
+from tests.helpers.nvml import FAKE_NVML_DIR, load_fake_nvml
+from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, load_script, run_python
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.utils.tiny_model import EOS, build_tokenizer, llama_config
 
-FAKE_NVML_DIR = REPO_ROOT / "tests" / "helpers" / "fake_nvml"
 TINY = gpu_check.Workload(
     hidden_size=64,
     intermediate_size=128,
@@ -62,14 +62,7 @@ DEVICES = [
 @pytest.mark.slow
 def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
     output = tmp_path / "gpu_check.md"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--output", str(output)],
-        cwd=REPO_ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python("-m", "benchmarks.gpu_check", "--output", str(output))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == [
         "gpu_check: no CUDA device here (torch.cuda.is_available() is False), so nothing to check"
@@ -189,7 +182,7 @@ def fake_gpus(monkeypatch):
     monkeypatch.setenv("FAKE_NVML_DEVICES", json.dumps(DEVICES))
     monkeypatch.setenv("PYTHONPATH", f"{FAKE_NVML_DIR}:{REPO_ROOT}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    monkeypatch.setitem(sys.modules, "pynvml", load_script(FAKE_NVML_DIR / "pynvml.py"))
+    monkeypatch.setitem(sys.modules, "pynvml", load_fake_nvml())
 
 
 @pytest.mark.slow
@@ -301,7 +294,7 @@ def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_
     bench_command = gpu_check.job_command(
         "bench_train", workload, tmp_path / "model", data, tmp_path / "bench", attention
     )
-    bench_train = load_script(REPO_ROOT / "wrappers" / "bench_train.py")
+    bench_train = load_script(BENCH_TRAIN)
     flags, args = bench_train.parse_command_line(bench_command[2:])
     assert (flags.system_metrics_interval, flags.skip_warmup_steps) == (1.0, 10)
     assert (args.data_args.training_data_path, args.model_args.torch_dtype) == (str(data), "bfloat16")

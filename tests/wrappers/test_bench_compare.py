@@ -12,20 +12,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import (
+from tests.helpers.bench import csv_by
+from tests.helpers.dumps import write_dump
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
     REPO_ROOT,
     RESPONSE_TEMPLATE,
-    SAMPLE_TRAIN_PATH,
-    csv_by,
     load_script,
-    run_script,
+    run_python,
     subprocess_env,
 )
-from tests.helpers.dumps import write_dump
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 BENCH_COMPARE = REPO_ROOT / "wrappers" / "bench_compare.py"
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
-HELPERS = "tests.helpers.bench_callbacks"
 T_975_DF4 = 2.7764451051977987  # Student's t, 97.5 % quantile, 4 degrees of freedom (any table)
 
 
@@ -37,7 +37,7 @@ def bench_compare():
 
 
 def compare_command(*args: str) -> subprocess.CompletedProcess:
-    return run_script(BENCH_COMPARE, *args)
+    return run_python(str(BENCH_COMPARE), *args, timeout=120)
 
 
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
@@ -189,7 +189,9 @@ def run_sweeps(*specs_and_outputs: tuple[Path, Path]) -> None:
 def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny_model, tmp_path):
     steps = {"max_steps": 40}  # a within-run interval narrows with the steps it has
     baseline = write_sweep_spec(tmp_path / "base.yaml", tiny_model, **steps)
-    slowed = write_sweep_spec(tmp_path / "cand.yaml", tiny_model, callbacks=f"{HELPERS}:SlowStepsByFraction", **steps)
+    slowed = write_sweep_spec(
+        tmp_path / "cand.yaml", tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction", **steps
+    )
     run_sweeps((baseline, tmp_path / "base"), (slowed, tmp_path / "cand"))
     result = compare_command(str(tmp_path / "base"), str(tmp_path / "cand"), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1, result.stdout + result.stderr

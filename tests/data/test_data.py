@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
-from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, run_sft_trainer, subprocess_env
+from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, run_sft_trainer, subprocess_env
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.data.formatting import format_file, format_texts
 from tuning.data.loading import iter_records, load_records

@@ -13,39 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
 from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, read_runs, series
-from tests.test_train import SEED_COMMAND
+from tests.helpers.training import (
+    REPO_ROOT,
+    SEED_COMMAND,
+    SFT_TRAINER,
+    Job,
+    cli_args,
+    free_port,
+    logged_steps,
+    subprocess_env,
+    succeeded,
+    wait_until,
+)
 from tuning.sft_trainer import main
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME
 
 METADATA_FLAG = json.dumps(METADATA)
 MAX_STEPS = 4
-
-
-def start_job(args: list[str], workdir: Path) -> subprocess.Popen:
-    """Start one CLI job; its output goes to files, so concurrent jobs never block on a full pipe."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, SFT_TRAINER, *args],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        stdout=open(workdir / "stdout", "w"),  # noqa: SIM115 - closed when the child exits
-        stderr=open(workdir / "stderr", "w"),  # noqa: SIM115
-    )
-
-
-def finish(job: subprocess.Popen, workdir: Path, timeout: float = 300) -> str:
-    """Wait for the job; returns its stderr after checking it succeeded."""
-    job.wait(timeout=timeout)
-    stderr = (workdir / "stderr").read_text()
-    assert job.returncode == 0, stderr[-3000:]
-    return stderr
-
-
-def loss_steps(output_dir: Path) -> list[int]:
-    records = [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
-    return [record["data"]["step"] for record in records if record["name"] == "training_loss"]
 
 
 def aim_job_args(model: str, output_dir: Path, max_steps: int = MAX_STEPS, **aim_flags: str) -> list[str]:
@@ -77,9 +62,10 @@ def healthy_jobs(tiny_model, tmp_path_factory):
             "never": {"aim_url": f"aim://127.0.0.1:{free_port()}"},
         }
         jobs = {
-            name: start_job(aim_job_args(tiny_model, root / name, **flag), root / name) for name, flag in flags.items()
+            name: Job([SFT_TRAINER, *aim_job_args(tiny_model, root / name, **flag)], root / name)
+            for name, flag in flags.items()
         }
-        stderr = {name: finish(job, root / name) for name, job in jobs.items()}
+        stderr = {name: succeeded(job) for name, job in jobs.items()}
     finally:
         server.stop()
     return root, server, stderr
@@ -91,7 +77,7 @@ def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
     assert DEGRADED_WARNING not in stderr["local"]
     (run,) = read_runs(root / "local-repo", METADATA_QUERY)
     check_run(run, root / "local")
-    assert loss_steps(root / "local") == list(range(1, MAX_STEPS + 1))
+    assert logged_steps(root / "local" / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
 
 
 @pytest.mark.slow
@@ -106,7 +92,7 @@ def test_live_server_gets_the_same_run(healthy_jobs):
 def test_server_that_never_existed_costs_one_warning(healthy_jobs):
     root, _server, stderr = healthy_jobs
     assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
-    assert loss_steps(root / "never") == list(range(1, MAX_STEPS + 1))
+    assert logged_steps(root / "never" / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
     assert not (root / "never" / RUN_HASH_FILENAME).exists()
 
 
@@ -116,18 +102,16 @@ def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_mo
     server = AimServer(tmp_path / "server-repo")
     try:
         output_dir = tmp_path / "job"
-        job = start_job(aim_job_args(tiny_model, output_dir, max_steps=max_steps, aim_url=server.url), output_dir)
+        args = aim_job_args(tiny_model, output_dir, max_steps=max_steps, aim_url=server.url)
+        job = Job([SFT_TRAINER, *args], output_dir)
         logs, run_hash_file = output_dir / "training_logs.jsonl", output_dir / RUN_HASH_FILENAME
-        deadline = time.monotonic() + 240
-        while not (run_hash_file.exists() and logs.exists() and '"training_loss"' in logs.read_text()):
-            assert job.poll() is None and time.monotonic() < deadline, "the job never got its run and a step"
-            time.sleep(0.1)
+        wait_until(lambda: run_hash_file.exists() and logged_steps(logs), job, "its Aim run and a step", timeout=240)
         server.kill()
-        stderr = finish(job, output_dir, timeout=240)
+        stderr = succeeded(job, timeout=240)
         exited_at = time.time()
     finally:
         server.kill()
-    assert loss_steps(output_dir) == list(range(1, max_steps + 1))
+    assert logged_steps(logs) == list(range(1, max_steps + 1))
     assert stderr.count(DEGRADED_WARNING) == 1 and "unreachable" in stderr
     last_log = json.loads(logs.read_text().splitlines()[-1])["data"]["timestamp"]
     assert exited_at - last_log < 30, "the job lingered after training ended"  # saving + interpreter teardown

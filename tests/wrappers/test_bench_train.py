@@ -6,86 +6,39 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, load_script, subprocess_env
 from tests.helpers.aim import AimServer, read_runs
+from tests.helpers.bench import bench_args, read_dump, rebuild, run_bench, series, start_bench
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
+from tests.helpers.mlflow import MlflowServer
+from tests.helpers.nvml import FAKE_NVML_DIR
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    BENCH_TRAIN,
+    REPO_ROOT,
+    cli_args,
+    load_script,
+    logged_steps,
+    wait_for_steps,
+    wait_until,
+)
 from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, build_dump
 from tuning.benchmarking.journal import read_journal
-from tuning.benchmarking.schema import validate_dump
 from tuning.sft_trainer import get_parser
-
-BENCH_TRAIN = REPO_ROOT / "wrappers" / "bench_train.py"
-HELPERS = "tests.helpers.bench_callbacks"
+from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
+from tuning.trackers.aimstack_tracker import RUN_HASH_FILENAME
+from tuning.trackers.mlflow_tracker import DEGRADED_WARNING as MLFLOW_WARNING
+from tuning.trackers.mlflow_tracker import RUN_URI_FILENAME
 
 
 @pytest.fixture(scope="module")
 def bench_train():
     """The wrapper as a module, for the checks that need no training."""
     return load_script(BENCH_TRAIN)
-
-
-def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
-    extra.setdefault("metrics_path", output_dir / "bench.json")
-    extra.setdefault("skip_warmup_steps", 1)
-    extra.setdefault("system_metrics_interval", 0.2)
-    return cli_args(model, str(output_dir), **extra)
-
-
-def start_bench(args: list[str], torchrun: bool = False, **env: str) -> subprocess.Popen:
-    launcher = [sys.executable]
-    if torchrun:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-    return subprocess.Popen(
-        [*launcher, str(BENCH_TRAIN), *args],
-        env=subprocess_env(**env),
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def run_bench(args: list[str], torchrun: bool = False, timeout: float = 300, **env: str):
-    process = start_bench(args, torchrun, **env)
-    stdout, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stdout, stderr
-
-
-def read_dump(path: Path) -> dict:
-    dump = json.loads(path.read_text())
-    assert validate_dump(dump) == []
-    return dump
-
-
-def series(dump: dict, name: str, context: dict | None = None) -> dict:
-    return next(m for m in dump["metrics"] if m["name"] == name and m["context"] == (context or {}))
-
-
-def steps_in_journal(path: Path) -> list[int]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()[:-1]  # the last line may be mid-write
-    return [r["step"] for r in map(json.loads, lines) if r["type"] == "point" and r["name"] == STEP_TIME]
-
-
-def rebuild(journal: Path) -> dict:
-    """``python -m tuning.benchmarking.rebuild`` as users run it; the dump it wrote beside the journal."""
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "tuning.benchmarking.rebuild", str(journal)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rebuilt.returncode == 0, rebuilt.stderr
-    return read_dump(journal.with_name(journal.name.replace(".journal.jsonl", ".rebuilt.json")))
 
 
 @pytest.fixture
@@ -110,14 +63,6 @@ def small_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def wait_for_steps(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while len(steps_in_journal(path)) < count:
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "training did not get going"
-        time.sleep(0.2)
-
-
 # ---- runs that end well ----
 
 
@@ -136,7 +81,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
         exp_metadata='{"dataset_id": "samples", "batch_size": 1}',
         metadata_path=metadata_file,
         metadata='{"benchmark_id": "b-7", "nightly": true}',
-        callbacks=f"{HELPERS}:AddsMetric",
+        callbacks=f"{BENCH_CALLBACKS}:AddsMetric",
     )
     returncode, _, stderr = run_bench(args)
     assert returncode == 0, stderr[-3000:]
@@ -194,7 +139,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
         auto_stop_min_steps=3,
         auto_stop_min_seconds=0,
         auto_stop_tolerance=0.5,
-        callbacks=f"{HELPERS}:SlowSteps",
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
     returncode, _, stderr = run_bench(args)
     assert returncode == 0, stderr[-3000:]
@@ -223,7 +168,7 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
         per_device_train_batch_size=2,
         tracker="none",
         stop_after_seconds=2,
-        callbacks=f"{HELPERS}:SlowSteps,{HELPERS}:CountsStopCollectives",
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps,{BENCH_CALLBACKS}:CountsStopCollectives",
     )
     returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path))
     assert returncode == 0, stderr[-3000:]
@@ -252,7 +197,7 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path
         per_device_train_batch_size=2,
         tracker="none",
         stop_after_seconds=3600,
-        callbacks=f"{HELPERS}:SigtermOnLastRankInStep3,{HELPERS}:CountsStopCollectives",
+        callbacks=f"{BENCH_CALLBACKS}:SigtermOnLastRankInStep3,{BENCH_CALLBACKS}:CountsStopCollectives",
     )
     returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path))
     assert returncode != 0
@@ -269,23 +214,13 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path
 @pytest.mark.slow
 def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path):
     journal = tmp_path / "bench.journal.jsonl"
-    process = start_bench(bench_args(tiny_model, tmp_path, max_steps=200, callbacks=f"{HELPERS}:SlowSteps"))
-    wait_for_steps(journal, 3, process)
-    process.send_signal(signal.SIGKILL)
+    process = start_bench(bench_args(tiny_model, tmp_path, max_steps=200, callbacks=f"{BENCH_CALLBACKS}:SlowSteps"))
+    wait_for_steps(journal, 3, process, signal.SIGKILL)
     process.communicate(timeout=30)
     assert not (tmp_path / "bench.json").exists()
 
-    logged = steps_in_journal(journal)
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "tuning.benchmarking.rebuild", str(journal)],
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert rebuilt.returncode == 0, rebuilt.stderr
-    dump = read_dump(tmp_path / "bench.rebuilt.json")
+    logged = logged_steps(journal)
+    dump = rebuild(journal)
     assert dump["rebuilt_from_journal"] and dump["status"] == "error" and dump["error"]["category"] is None
     steps = series(dump, STEP_TIME)["steps"]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= len(logged) >= 3  # every step before the kill
@@ -299,15 +234,18 @@ def test_sigkilled_aim_run_rebuilds_with_its_run_hash(tiny_model, tmp_path):
     """The run hash is journaled when the Aim run opens, not at the end: a killed run's dump still links its run."""
     journal = tmp_path / "bench.journal.jsonl"
     args = bench_args(
-        tiny_model, tmp_path, max_steps=1000, tracker="aim", aim_repo=tmp_path / "aim", callbacks=f"{HELPERS}:SlowSteps"
+        tiny_model,
+        tmp_path,
+        max_steps=1000,
+        tracker="aim",
+        aim_repo=tmp_path / "aim",
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
     process = start_bench(args)
     wait_for_steps(journal, 2, process)
-    while not (tmp_path / "aimstack_tracker.json").exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        time.sleep(0.2)
-    wait_for_steps(journal, len(steps_in_journal(journal)) + 1, process)  # a journal flush after the hash came
-    process.send_signal(signal.SIGKILL)
+    wait_until((tmp_path / "aimstack_tracker.json").exists, process, "its Aim run")
+    # a journal flush after the hash came, then the kill
+    wait_for_steps(journal, len(logged_steps(journal)) + 1, process, signal.SIGKILL)
     process.communicate(timeout=30)
 
     dump = rebuild(journal)
@@ -323,7 +261,11 @@ def test_second_run_on_the_same_metrics_path_is_refused(tiny_model, tmp_path):
     metrics_path = tmp_path / "shared" / "bench.json"
     journal = metrics_path.with_name("bench.journal.jsonl")
     args = bench_args(
-        tiny_model, tmp_path / "out", metrics_path=metrics_path, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps"
+        tiny_model,
+        tmp_path / "out",
+        metrics_path=metrics_path,
+        max_steps=1000,
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
     first = start_bench(args)
     try:
@@ -365,7 +307,7 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
         tmp_path / "out",
         metrics_path=full / "bench.json",
         max_steps=10,
-        callbacks=f"{HELPERS}:FillsDiskAfterStep2",
+        callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2",
     )
     returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
 
@@ -390,7 +332,7 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
         tmp_path / "out",
         metrics_path=full / "bench.json",
         max_steps=10,
-        callbacks=f"{HELPERS}:FillsDiskAfterStep2,{HELPERS}:OutOfMemoryOnLastRank",
+        callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2,{BENCH_CALLBACKS}:OutOfMemoryOnLastRank",
     )
     returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
 
@@ -405,37 +347,57 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
 
 
 @pytest.mark.slow
-def test_aim_server_killed_mid_run(tiny_model, tmp_path):
-    server = AimServer(tmp_path / "aim")
+@pytest.mark.parametrize(
+    ("tracker", "server_class", "url_flag", "warning", "export_file", "reason_key", "run_key"),
+    [
+        ("aim", AimServer, "aim_url", AIM_WARNING, RUN_HASH_FILENAME, "aim_degraded_reason", "run_hash"),
+        (
+            "mlflow",
+            MlflowServer,
+            "mlflow_tracking_uri",
+            MLFLOW_WARNING,
+            RUN_URI_FILENAME,
+            "mlflow_degraded_reason",
+            "mlflow_run_id",
+        ),
+    ],
+    ids=["aim", "mlflow"],
+)
+def test_tracking_server_killed_mid_run(
+    tracker, server_class, url_flag, warning, export_file, reason_key, run_key, tiny_model, tmp_path
+):
+    """The server dies once the run exists on it: one warning, the reason in the dump, every step trained and
+    recorded, exit 0, and the job ends soon after training, never waiting on the dead server."""
+    server = server_class(tmp_path / tracker)
     try:
+        # a close timeout that creating the run on a loaded machine stays within
+        flags = {url_flag: server.url, f"{tracker}_close_timeout": 20}
         args = bench_args(
-            tiny_model,
-            tmp_path,
-            max_steps=10,
-            tracker="aim",
-            aim_url=server.url,
-            aim_close_timeout=3,
-            callbacks=f"{HELPERS}:SlowSteps",
+            tiny_model, tmp_path, max_steps=10, tracker=tracker, callbacks=f"{BENCH_CALLBACKS}:SlowSteps", **flags
         )
         process = start_bench(args)
         wait_for_steps(tmp_path / "bench.journal.jsonl", 2, process)
-        while not (tmp_path / "aimstack_tracker.json").exists():  # the run exists on the server
-            assert process.poll() is None, process.communicate()[1][-3000:]
-            time.sleep(0.2)
+        wait_until((tmp_path / export_file).exists, process, "its run on the server")
         server.kill()
-        _, stderr = process.communicate(timeout=180)
+        killed_at = time.monotonic()
+        stderr = process.finish(timeout=180)
+        ended_after = time.monotonic() - killed_at
     finally:
         server.stop()
     assert process.returncode == 0, stderr[-3000:]
+    assert stderr.count(warning) == 1
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "ok" and dump["training_steps"] == 10
-    assert dump["aim_degraded_reason"] and dump["run_hash"]
+    assert "unreachable" in dump[reason_key] and dump[run_key]
     assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
+    assert ended_after < 120  # ten slow steps, saving and exit
 
 
 @pytest.mark.slow
 def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
-    args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", callbacks=f"{HELPERS}:OutOfMemoryOnLastRank")
+    args = bench_args(
+        tiny_model, tmp_path, max_steps=6, tracker="none", callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"
+    )
     returncode, _, stderr = run_bench(args, torchrun=True, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
     assert returncode != 0
     assert "TUNING_ERROR category=gpu_oom rank=1 step=2 exit_code=204" in stderr
@@ -453,7 +415,7 @@ def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_stall_is_reported_as_hang(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", stall_timeout=2)
-    args += ["--callbacks", f"{HELPERS}:StallAtStep2"]
+    args += ["--callbacks", f"{BENCH_CALLBACKS}:StallAtStep2"]
     started = time.monotonic()
     returncode, _, stderr = run_bench(args, timeout=120, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
     assert returncode == 208, stderr[-3000:]
@@ -468,7 +430,6 @@ def test_stall_is_reported_as_hang(tiny_model, tmp_path):
 
 # ---- MFU, energy, rank skew ----
 
-FAKE_NVML_DIR = REPO_ROOT / "tests" / "helpers" / "fake_nvml"
 FAKE_GPU = {
     "uuid": "GPU-a",
     "utilization": 50,
@@ -539,7 +500,7 @@ def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(tiny
 def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model, tmp_path):
     """Rank 1's forward passes sleep 50 ms: both ranks' steps last as long, its forward time shows it. (Rank 0's own
     compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.)"""
-    args = bench_args(tiny_model, tmp_path, max_steps=6, callbacks=f"{HELPERS}:SlowForward")
+    args = bench_args(tiny_model, tmp_path, max_steps=6, callbacks=f"{BENCH_CALLBACKS}:SlowForward")
     returncode, _, stderr = run_bench(args, torchrun=True, SLOW_FORWARD_SECONDS="0.05", SLOW_FORWARD_RANK="1")
     assert returncode == 0, stderr
     summary = read_dump(tmp_path / "bench.json")["summary"]

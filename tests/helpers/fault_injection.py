@@ -1,6 +1,7 @@
 """Train like ``python tuning/sft_trainer.py`` with one real fault injected mid-training (error-reporting e2e tests).
 
-    FAULT=gpu_oom|host_oom FAULT_STEP=3 REPORT_PATH=report.json python -m tests.fault_injection <sft_trainer flags>
+    FAULT=gpu_oom|host_oom FAULT_STEP=3 REPORT_PATH=report.json \\
+        python -m tests.helpers.fault_injection <sft_trainer flags>
 
 Once FAULT_STEP optimizer steps are done, ``gpu_oom`` raises torch.OutOfMemoryError from inside the training loop
 (no GPU here), and ``host_oom`` caps the address space (RLIMIT_AS) just above what the process already uses, so the

@@ -3,7 +3,6 @@ inside training steps, real signals, and a real rank death under torchrun."""
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -13,10 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, run_sft_trainer, subprocess_env
+from tests.helpers.training import (
+    SFT_TRAINER,
+    TORCHRUN,
+    Job,
+    cli_args,
+    logged_steps,
+    markers,
+    run_python,
+    run_sft_trainer,
+    termination_lines,
+    two_ranks,
+    wait_for_steps,
+    worker_pid,
+)
 from tuning.utils.error_logging import TERMINATION_LOG_MAX_BYTES
-
-MARKER = re.compile(r"^TUNING_ERROR category=(\w+) rank=(\d+) step=(\S+) exit_code=(\d+) type=", re.M)
 
 BAD_INPUTS = {
     "missing data file": {"training_data_path": "{tmp}/missing.jsonl"},
@@ -35,14 +45,6 @@ BAD_INPUTS = {
     "exp_metadata not an object": {"exp_metadata": "[1, 2]"},
     "misspelled flag": {"learnig_rate": "1e-4"},
 }
-
-
-def termination_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-
-
-def markers(stderr: str) -> list[tuple[str, str, str, str]]:
-    return MARKER.findall(stderr)
 
 
 def bad_input_args(name: str, model: str, tmp: Path) -> list[str]:
@@ -125,18 +127,14 @@ def test_bad_input_through_the_script(name, tiny_model, tmp_path):
 
 
 def run_fault_injection(fault: str, args: list[str], tmp_path: Path, step: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tests.fault_injection", *args],
-        env=subprocess_env(
-            FAULT=fault,
-            FAULT_STEP=str(step),
-            REPORT_PATH=str(tmp_path / "error_report.json"),
-            TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
-        ),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return run_python(
+        "-m",
+        "tests.helpers.fault_injection",
+        *args,
+        FAULT=fault,
+        FAULT_STEP=str(step),
+        REPORT_PATH=str(tmp_path / "error_report.json"),
+        TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
     )
 
 
@@ -173,85 +171,42 @@ def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("host_oom: ")
 
 
-def wait_for_training_loss(log: Path, process: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and '"training_loss"' in log.read_text():
-            return
-        assert process.poll() is None, "training ended before it logged a loss"
-        time.sleep(0.2)
-    raise AssertionError(f"no training_loss in {log} after {timeout} s")
-
-
-def finish(process: subprocess.Popen, timeout: float) -> str:
-    """Wait for ``process`` and return its stderr; kill it (failing the test) if it hangs."""
-    try:
-        return process.communicate(timeout=timeout)[1]
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        raise
-
-
 @pytest.mark.slow
 def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
     log = tmp_path / "termination-log"
-    process = subprocess.Popen(
-        [sys.executable, SFT_TRAINER, *cli_args(tiny_model, str(tmp_path), max_steps=100_000)],
-        env=subprocess_env(TERMINATION_LOG_FILE=str(log)),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    args = cli_args(tiny_model, str(tmp_path), max_steps=100_000)
+    process = Job([SFT_TRAINER, *args], tmp_path / "logs", TERMINATION_LOG_FILE=str(log))
     training_logs = tmp_path / "training_logs.jsonl"
-    wait_for_training_loss(training_logs, process)
-    process.send_signal(signal.SIGTERM)
-    stderr = finish(process, timeout=60)
+    wait_for_steps(training_logs, 1, process, signal.SIGTERM)
+    stderr = process.finish(timeout=60)
     assert process.returncode == 143, stderr[-3000:]
     assert termination_lines(log) == ["interrupted: TrainingInterrupted: training stopped by SIGTERM"]
     [(category, rank, step, code)] = markers(stderr)
     assert (category, rank, code) == ("interrupted", "0", "143")
-    records = [json.loads(line) for line in training_logs.read_text().splitlines()]
-    logged_steps = [record["data"]["step"] for record in records if record["name"] == "training_loss"]
-    assert logged_steps[-1] == int(step)  # every step up to the stop was logged and flushed
+    assert logged_steps(training_logs)[-1] == int(step)  # every step up to the stop was logged and flushed
     assert int(step) < 100_000
 
 
-def worker_pid(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of the torchrun worker with ``RANK=rank``: a child of the launcher we started."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if parent == launcher.pid and f"RANK={rank}".encode() in (stat.parent / "environ").read_bytes().split(
-                b"\0"
-            ):
-                return int(stat.parent.name)
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while we looked
-    raise AssertionError(f"no worker with RANK={rank} under torchrun pid {launcher.pid}")
-
-
-def start_torchrun(tiny_model: str, tmp_path: Path) -> subprocess.Popen:
-    args = cli_args(tiny_model, str(tmp_path), max_steps=100_000, per_device_train_batch_size=2)
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-        + [SFT_TRAINER, *args, "--ddp_timeout", "30"],
-        env=subprocess_env(TERMINATION_LOG_FILE=str(tmp_path / "termination-log")),
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+def start_torchrun(tiny_model: str, tmp_path: Path) -> Job:
+    args = [
+        *cli_args(tiny_model, str(tmp_path), max_steps=100_000, per_device_train_batch_size=2),
+        "--ddp_timeout",
+        "30",
+    ]
+    return Job(
+        [*TORCHRUN, *two_ranks(SFT_TRAINER, args)],
+        tmp_path / "logs",
+        TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
     )
 
 
 @pytest.mark.slow
 def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
-    wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
+    wait_for_steps(tmp_path / "training_logs.jsonl", 1, launcher)
     started = time.monotonic()
     os.kill(worker_pid(launcher, 1), signal.SIGKILL)
-    stderr = finish(launcher, timeout=120)
+    stderr = launcher.finish(timeout=120)
     assert time.monotonic() - started < 60  # far below --ddp_timeout's worst case plus torchrun's grace period
     [line] = termination_lines(tmp_path / "termination-log")  # the killed rank wrote nothing
     survivor = [m for m in markers(stderr) if m[1] == "0"]
@@ -266,9 +221,9 @@ def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp
 @pytest.mark.slow
 def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
     launcher = start_torchrun(tiny_model, tmp_path)
-    wait_for_training_loss(tmp_path / "training_logs.jsonl", launcher)
+    wait_for_steps(tmp_path / "training_logs.jsonl", 1, launcher)
     os.kill(worker_pid(launcher, 1), signal.SIGTERM)
-    stderr = finish(launcher, timeout=120)
+    stderr = launcher.finish(timeout=120)
     found = sorted(markers(stderr), key=lambda marker: marker[1])
     expected = [("interrupted", "0", "143"), ("interrupted", "1", "143")]
     assert [(m[0], m[1], m[3]) for m in found] == expected, stderr[-6000:]

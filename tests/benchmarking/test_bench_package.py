@@ -7,16 +7,16 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.training import REPO_ROOT
 from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, build_dump, rank_report_path
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output
 from tuning.benchmarking.rebuild import main as rebuild_main
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.schema import json_schema, readme_with_schema, validate_dump
+from tuning.benchmarking.schema import json_schema, markdown_with_schema, validate_dump
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler, peak_rss_bytes
 from tuning.benchmarking.tokens import StepTokenCounter
@@ -335,8 +335,10 @@ def test_benchmark_callback_mirrors_each_step_slower_than_the_mirror_interval(tm
     ]
 
 
-def test_the_readme_shows_the_generated_json_schema():
-    """The README's schema block is what ``python -m tuning.benchmarking.schema --readme README.md`` writes."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert readme_with_schema(readme) == readme, "run: python -m tuning.benchmarking.schema --readme README.md"
+def test_the_dump_schema_page_shows_the_generated_json_schema():
+    """docs/dump-schema.md's schema block is what ``python -m tuning.benchmarking.schema --markdown`` writes."""
+    page = (REPO_ROOT / "docs" / "dump-schema.md").read_text(encoding="utf-8")
+    assert markdown_with_schema(page) == page, (
+        "run: python -m tuning.benchmarking.schema --markdown docs/dump-schema.md"
+    )
     assert json_schema()["required"][:3] == ["schema_version", "status", "stop_reason"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.conftest import REPO_ROOT, free_port, subprocess_env
+from tests.helpers.training import REPO_ROOT, free_port, subprocess_env
 from tuning.utils import error_logging as er
 from tuning.utils.error_logging import (
     ErrorCategory,

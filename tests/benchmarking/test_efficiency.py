@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from tests.helpers.fake_nvml import pynvml as fake_nvml
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
+from tests.helpers.nvml import load_fake_nvml
 from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS
 from tuning.benchmarking.flops import config_parameter_counts, flops_per_token, parameter_counts, peak_tflops_of
 from tuning.benchmarking.journal import Journal
@@ -140,6 +140,7 @@ def test_rank_skew_is_the_slowest_over_the_fastest_forward_time(tmp_path):
 
 
 def test_sampler_reads_the_energy_counter_of_each_gpu(monkeypatch):
+    fake_nvml = load_fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("FAKE_NVML_DEVICES", raising=False)

@@ -6,7 +6,6 @@ runs in a child process, since a hang there is exactly the failure under test.
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -17,12 +16,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
-from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from tests.conftest import REPO_ROOT, free_port, subprocess_env
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
+from tests.helpers.training import REPO_ROOT, free_port, subprocess_env, wait_for_exit, wait_until
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
 from tuning.trackers import isolated
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
@@ -30,43 +28,6 @@ from tuning.utils.error_logging import UserInputError
 
 # Almost every test here starts an Aim writer process or an Aim server.
 pytestmark = pytest.mark.slow
-
-# ---- in-process helpers ----
-
-
-def drive(callback: SafeAimCallback, output_dir: Path, steps: int = 5) -> TrainerState:
-    """The hook sequence of a short training run, with real transformers objects."""
-    args = TrainingArguments(output_dir=str(output_dir), report_to="none")
-    state, control = TrainerState(), TrainerControl()
-    callback.on_init_end(args, state, control)
-    callback.on_train_begin(args, state, control)
-    for step in range(1, steps + 1):
-        state.global_step, state.epoch = step, step / steps
-        callback.on_log(args, state, control, logs={"loss": 1.0 / step, "learning_rate": 1e-5, "epoch": state.epoch})
-    # numpy numbers (callbacks log them too) are numbers in Aim, not strings
-    callback.on_log(
-        args, state, control, logs={"train_runtime": 1.5, "train_loss": 0.4, "train_tflops": np.float32(2.5)}
-    )
-    callback.on_train_end(args, state, control)
-    return state
-
-
-def wait_for_exit(pid: int, timeout: float, message: str) -> None:
-    """Wait until process ``pid`` has exited (gone, or a zombie: an orphan nobody may reap); fail with ``message``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        assert time.monotonic() < deadline, message
-        time.sleep(0.05)
-
-
-def degraded_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
-
 
 # ---- configuration ----
 
@@ -128,13 +89,10 @@ def test_local_repo_records_logs_metrics_and_searchable_metadata(tmp_path, caplo
     tracker.track(1.25, "model_load_time")
     # The writer tracks a row of points of one step and context with one call: the same series twice in a row (step
     # None: Aim counts on) must still be two points.
-    tracker.callback.track_many(
-        [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
-        + [("step_time_seconds", 0.25, 3, None), ("tokens_per_second", 400.0, 3, None)]
-    )
+    tracker.callback.track_many(MIRRORED_POINTS)
     drive(tracker.get_hf_callback(), output_dir)
 
-    assert not tracker.degraded and not degraded_warnings(caplog)
+    assert not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     assert json.loads((export_dir / RUN_HASH_FILENAME).read_text()) == {"run_hash": tracker.run_hash}
     assert not (output_dir / RUN_HASH_FILENAME).exists()
     (run,) = read_runs(repo, METADATA_QUERY)
@@ -188,7 +146,7 @@ def test_four_jobs_into_a_new_repo_all_get_their_run(tmp_path):
     code = textwrap.dedent(
         """
         import sys
-        from tests.test_aim_tracker import drive
+        from tests.helpers.trackers import drive
         from tuning.trackers.aimstack_tracker import SafeAimCallback
         from pathlib import Path
         callback = SafeAimCallback(sys.argv[1], experiment="together")
@@ -260,7 +218,7 @@ def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
     drive(tracker.get_hf_callback(), tmp_path / "out")
     assert time.monotonic() - start < 5
     assert tracker.degraded and "creating the Aim run" in tracker.degraded_reason
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
 
 
 def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
@@ -277,7 +235,7 @@ def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
         drive(callback, tmp_path / "out")
         assert time.monotonic() - start < 6  # the 2 s bound plus scheduling slack
     assert "more than 2s" in callback.degraded_reason and callback.run_hash is None
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
 
 
 # ---- a real Aim server ----
@@ -296,7 +254,7 @@ def test_remote_server_records_the_run(aim_server, tmp_path, caplog):
     tracker.set_params(METADATA)
     tracker.track(2.5, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_hash and not tracker.degraded and not degraded_warnings(caplog)
+    assert tracker.run_hash and not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     aim_server.stop()
     (run,) = read_runs(aim_server.repo, METADATA_QUERY)
     assert run["hash"] == tracker.run_hash and run["experiment"] == "remote"
@@ -313,7 +271,7 @@ def test_server_that_never_existed(tmp_path, caplog):
     drive(tracker.get_hf_callback(), tmp_path / "out")
     assert time.monotonic() - start < 5
     assert tracker.run_hash is None and "unreachable" in tracker.degraded_reason
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
 
 
 # ---- failures that must not keep the process alive: each in a child process ----
@@ -382,10 +340,7 @@ def run_driver(
     child = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if pause_at:
-            deadline = time.monotonic() + 120
-            while not os.path.exists(marker + ".paused"):
-                assert child.poll() is None and time.monotonic() < deadline, "driver never reached the pause"
-                time.sleep(0.1)
+            wait_until(Path(marker + ".paused").exists, child, "the driver's pause", timeout=120)
             on_pause()
             Path(marker + ".go").touch()
         stdout, stderr = child.communicate(timeout=120)
@@ -483,7 +438,7 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable(tmp_path, cap
             time.sleep(0.05)
         assert "unreachable" in callback.degraded_reason
         wait_for_exit(callback._process.pid, 5, "the helper outlived its server")
-        assert len(degraded_warnings(caplog)) == 1
+        assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     finally:
         callback.close()
         listener.close()
@@ -499,10 +454,7 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     argv = [sys.executable, str(script), config, str(tmp_path / "out"), "10", "3", marker, "end"]
     child = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(marker + ".paused"):
-            assert child.poll() is None and time.monotonic() < deadline, "driver never reached the pause"
-            time.sleep(0.1)
+        wait_until(Path(marker + ".paused").exists, child, "the driver's pause", timeout=120)
     finally:
         child.kill()
         child.wait()
@@ -510,25 +462,6 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     (run,) = read_runs(repo)
     assert not run["active"]
     assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
-
-
-def test_missing_aim_names_the_extra_to_install(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['aim'] = None  # import aim -> ImportError\n")
-    code = textwrap.dedent(
-        f"""
-        from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
-        from tuning.trackers.tracker_factory import build_trackers
-        from tuning.utils.error_logging import UserInputError
-        try:
-            build_trackers(["aim"], TrackerConfigFactory(aim_config=AimConfig(aim_repo={str(tmp_path / "r")!r})))
-        except UserInputError as exc:
-            print(exc)
-        """
-    )
-    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "pip install 'tuning-bench[aim]'" in done.stdout
 
 
 def test_registry_builds_the_aim_tracker(tmp_path):

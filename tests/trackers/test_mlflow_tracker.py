@@ -3,7 +3,6 @@ hooks (real transformers objects) and real jobs (``sft_trainer``, ``bench_train`
 
 import dataclasses
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,11 +12,21 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tests.helpers.bench import bench_args, read_dump, series, start_bench
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
-from tests.test_aim_e2e import finish, loss_steps, start_job
-from tests.test_aim_tracker import drive, wait_for_exit
-from tests.test_bench_train import STEP_TIME, bench_args, read_dump, series, start_bench, wait_for_steps
+from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
+from tests.helpers.training import (
+    REPO_ROOT,
+    SFT_TRAINER,
+    Job,
+    cli_args,
+    free_port,
+    logged_steps,
+    subprocess_env,
+    succeeded,
+    wait_for_exit,
+)
+from tuning.benchmarking.dump import STEP_TIME
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
@@ -25,12 +34,6 @@ from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
-
-HELPERS = "tests.helpers.bench_callbacks"
-
-
-def degraded_warnings(caplog) -> list[str]:
-    return [record.getMessage() for record in caplog.records if DEGRADED_WARNING in record.getMessage()]
 
 
 @pytest.fixture(scope="module")
@@ -98,25 +101,6 @@ def test_a_backend_registered_from_outside_gets_its_flags_parsed(tmp_path, monke
     assert isinstance(tracker, DemoTracker) and tracker.config == DemoConfig(demo_level=3)
 
 
-def test_missing_mlflow_names_the_extra_to_install(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None  # import -> ImportError\n")
-    code = textwrap.dedent(
-        """
-        from tuning.config.tracker_configs import TrackerConfigFactory
-        from tuning.trackers.tracker_factory import build_trackers
-        from tuning.utils.error_logging import UserInputError
-        try:
-            build_trackers(["mlflow"], TrackerConfigFactory())
-        except UserInputError as exc:
-            print(exc)
-        """
-    )
-    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "pip install 'tuning-bench[mlflow]'" in done.stdout
-
-
 # ---- local stores ----
 
 
@@ -132,13 +116,10 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     long_keys = {"k" * 300 + "a": "first", "k" * 300 + "b": "second"}  # alike in MLflow's first 250 characters
     tracker.set_params({**METADATA, "cluster": {"zone": "a", "gpus": [0, 1]}, "notes": long_value, **long_keys})
     tracker.track(1.25, "model_load_time")
-    tracker.callback.track_many(
-        [("gpu_power_watts", 100.0, None, {"gpu": 0}), ("gpu_power_watts", 120.0, None, {"gpu": 0})]
-        + [("step_time_seconds", 0.25, 3, None), ("tokens_per_second", 400.0, 3, None)]
-    )
+    tracker.callback.track_many(MIRRORED_POINTS)
     drive(tracker.get_hf_callback(), output_dir)
 
-    assert not tracker.degraded and not degraded_warnings(caplog)
+    assert not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     exported = json.loads((export_dir / RUN_URI_FILENAME).read_text())
     assert exported["run_id"] == tracker.run_id and exported["run_uri"] == f"runs:/{tracker.run_id}"
     assert not (output_dir / RUN_URI_FILENAME).exists()
@@ -210,7 +191,7 @@ def test_remote_server_records_the_run(mlflow_server, tmp_path, caplog):
     tracker.set_params(METADATA)
     tracker.track(2.5, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_id and not tracker.degraded and not degraded_warnings(caplog)
+    assert tracker.run_id and not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
     (run,) = search(mlflow_server.url, METADATA_FILTER)
     assert run.info.run_id == tracker.run_id
     assert history(mlflow_server.url, tracker.run_id, "loss") == {
@@ -227,7 +208,7 @@ def test_server_that_never_existed(tmp_path, caplog):
     drive(tracker.get_hf_callback(), tmp_path / "out")
     assert time.monotonic() - start < 5
     assert tracker.run_id is None and "unreachable" in tracker.degraded_reason
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     assert not (tmp_path / "out" / RUN_URI_FILENAME).exists()
 
 
@@ -242,7 +223,7 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
         drive(tracker.get_hf_callback(), tmp_path / "out")
         took = time.monotonic() - start
     assert "blocked for more than 2s" in tracker.degraded_reason and tracker.run_id is None
-    assert len(degraded_warnings(caplog)) == 1
+    assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     assert took < 10  # the 2 s bound plus scheduling slack (MLflow's client would wait 120 s per try)
     assert tracker.callback._process.wait(timeout=10) == -signal.SIGKILL
 
@@ -269,8 +250,8 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
             "--exp_metadata",
             json.dumps(METADATA),
         ]
-        jobs[name] = start_job(args + extra, tmp_path / name)
-    stderr = {name: finish(job, tmp_path / name) for name, job in jobs.items()}
+        jobs[name] = Job([SFT_TRAINER, *args, *extra], tmp_path / name)
+    stderr = {name: succeeded(job) for name, job in jobs.items()}
 
     assert DEGRADED_WARNING not in stderr["local"]
     exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
@@ -283,7 +264,7 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
     assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
 
     assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
-    assert loss_steps(tmp_path / "never") == [1, 2, 3, 4]
+    assert logged_steps(tmp_path / "never" / "training_logs.jsonl") == [1, 2, 3, 4]
     assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
 
 
@@ -292,9 +273,7 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
     args = bench_args(
         tiny_model, tmp_path, max_steps=6, tracker="mlflow", mlflow_tracking_uri=mlflow_server.url, metadata=metadata
     )
-    process = start_bench(args)
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr[-3000:]
+    stderr = succeeded(start_bench(args))
     assert DEGRADED_WARNING not in stderr
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "ok" and dump["mlflow_degraded_reason"] is None
@@ -307,35 +286,3 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
         assert set(mirrored) <= set(steps) and steps[-1] in mirrored
     assert history(mlflow_server.url, run.info.run_id, "cpu_percent")  # a system series
     assert sorted(history(mlflow_server.url, run.info.run_id, "loss")) == list(range(1, 7))
-
-
-def test_bench_train_server_killed_mid_run(tiny_model, tmp_path):
-    server = MlflowServer(tmp_path / "mlflow")
-    try:
-        args = bench_args(
-            tiny_model,
-            tmp_path,
-            max_steps=10,
-            tracker="mlflow",
-            mlflow_tracking_uri=server.url,
-            mlflow_close_timeout=20,
-            callbacks=f"{HELPERS}:SlowSteps",
-        )
-        process = start_bench(args)
-        wait_for_steps(tmp_path / "bench.journal.jsonl", 2, process)
-        while not (tmp_path / RUN_URI_FILENAME).exists():  # the run exists on the server
-            assert process.poll() is None, process.communicate()[1][-3000:]
-            time.sleep(0.2)
-        server.kill()
-        killed_at = time.monotonic()
-        _, stderr = process.communicate(timeout=180)
-        ended_after = time.monotonic() - killed_at
-    finally:
-        server.stop()
-    assert process.returncode == 0, stderr[-3000:]
-    assert stderr.count(DEGRADED_WARNING) == 1
-    dump = read_dump(tmp_path / "bench.json")
-    assert dump["status"] == "ok" and dump["training_steps"] == 10
-    assert "unreachable" in dump["mlflow_degraded_reason"] and dump["mlflow_run_id"]
-    assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
-    assert ended_after < 120  # ten slow steps, saving and exit; never an endless wait on the dead server

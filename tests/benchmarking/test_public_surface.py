@@ -1,0 +1,82 @@
+"""tuning.benchmarking.api as the one surface a wrapper uses: a copy of bench_train.py, edited as a third party would,
+runs outside the repo; bench_train takes nothing else from the project; light entry points stay light."""
+
+import ast
+import json
+
+import pytest
+
+import tuning.benchmarking.api
+from tests.helpers.training import BENCH_TRAIN, cli_args, run_python
+from tuning.benchmarking.dump import STEP_TIME
+from tuning.benchmarking.schema import validate_dump
+
+
+def test_bench_train_uses_only_the_exported_names():
+    """What bench_train reads from ``benchmarking`` is the api module's ``__all__``, which editors and type checkers
+    see as ordinary imports; its only other import from the project is the early signal handlers'."""
+    tree = ast.parse(BENCH_TRAIN.read_text(encoding="utf-8"))
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "benchmarking"
+    }
+    assert used and used <= set(tuning.benchmarking.api.__all__), used - set(tuning.benchmarking.api.__all__)
+    project_imports = {
+        (node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tuning"
+        for alias in node.names
+    }
+    assert project_imports == {
+        ("tuning.benchmarking", "api"),
+        ("tuning.utils.error_logging", "install_early_signal_handlers"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("module", "unwanted"),
+    [
+        ("tuning.benchmarking", ("torch", "transformers", "tuning.sft_trainer", "tuning.benchmarking.api")),
+        ("tuning.benchmarking.rebuild", ("torch", "transformers")),
+        ("tuning.benchmarking.schema", ("torch", "transformers")),
+        ("tuning.benchmarking.dump", ("torch", "transformers")),
+        ("tuning.utils.tiny_model", ("tuning.data", "torch")),
+    ],
+)
+def test_light_modules_import_nothing_heavy(module, unwanted):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith({unwanted!r})))"
+    result = run_python("-c", code, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_training_run_imports_no_pydantic():
+    """Only ``validate_dump`` needs the schema's models: the surface a wrapper imports loads without pydantic, whose
+    model classes would cost every job's start-up."""
+    code = (
+        "import sys, tuning.benchmarking.api\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('pydantic', 'tuning.benchmarking.schema'))))"
+    )
+    result = run_python("-c", code, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_model, tmp_path):
+    """Copied into an empty folder and given another default warmup, it trains against the package as it is."""
+    mine = tmp_path / "my-bench"
+    mine.mkdir()
+    source = BENCH_TRAIN.read_text(encoding="utf-8")
+    edited = source.replace("skip_warmup_steps: int = 5,", "skip_warmup_steps: int = 2,")
+    assert edited != source
+    (mine / "my_bench.py").write_text(edited, encoding="utf-8")
+    metrics = tmp_path / "out" / "bench.json"
+    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=4, tracker="none", metrics_path=metrics)
+    result = run_python(str(mine / "my_bench.py"), *args, "--system_metrics_interval", "0", cwd=mine)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dump = json.loads(metrics.read_text())
+    assert validate_dump(dump) == [] and dump["status"] == "ok"
+    assert dump["warmup_steps"] == 2  # the copy's own default
+    step_time = next(a for a in dump["aggregates"] if a["name"] == STEP_TIME)
+    assert step_time["count"] == 2

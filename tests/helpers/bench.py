@@ -1,0 +1,55 @@
+"""bench_train for tests: the flags of a short benchmark run, the run as a job, its dump and its rebuilt journal."""
+
+import csv
+import json
+from pathlib import Path
+
+from tests.helpers.training import BENCH_TRAIN, TORCHRUN, Job, cli_args, run_python, two_ranks
+from tuning.benchmarking.schema import validate_dump
+
+
+def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
+    """A short bench_train run on the tiny model: dump in ``output_dir/bench.json``, one warmup step, quick system
+    samples; ``extra`` adds or overrides flags."""
+    extra.setdefault("metrics_path", output_dir / "bench.json")
+    extra.setdefault("skip_warmup_steps", 1)
+    extra.setdefault("system_metrics_interval", 0.2)
+    return cli_args(model, str(output_dir), **extra)
+
+
+def start_bench(args: list[str], torchrun: bool = False, log_dir: Path | None = None, **env: str) -> Job:
+    """``python wrappers/bench_train.py ARGS``, or under torchrun on two ranks."""
+    argv = [*TORCHRUN, *two_ranks(BENCH_TRAIN, args)] if torchrun else [BENCH_TRAIN, *args]
+    return Job(argv, log_dir, **env)
+
+
+def run_bench(args: list[str], torchrun: bool = False, timeout: float = 300, **env: str) -> tuple[int, str, str]:
+    """bench_train run to its end: its exit code, stdout and stderr."""
+    process = start_bench(args, torchrun, **env)
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stdout, stderr
+
+
+def read_dump(path: Path) -> dict:
+    """A dump, checked against the schema."""
+    dump = json.loads(path.read_text())
+    assert validate_dump(dump) == []
+    return dump
+
+
+def series(dump: dict, name: str, context: dict | None = None) -> dict:
+    """A dump's series by name and context."""
+    return next(m for m in dump["metrics"] if m["name"] == name and m["context"] == (context or {}))
+
+
+def rebuild(journal: Path) -> dict:
+    """``python -m tuning.benchmarking.rebuild`` as users run it; the dump it wrote beside the journal."""
+    rebuilt = run_python("-m", "tuning.benchmarking.rebuild", str(journal), timeout=60)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    return read_dump(journal.with_name(journal.name.replace(".journal.jsonl", ".rebuilt.json")))
+
+
+def csv_by(path: Path, column: str) -> dict[str, dict[str, str]]:
+    """The rows of a CSV file (a report's, a comparison's) by their value in ``column``."""
+    with path.open(newline="") as handle:
+        return {row[column]: row for row in csv.DictReader(handle)}

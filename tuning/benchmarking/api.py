@@ -1,0 +1,87 @@
+"""Everything a benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) takes from this project, in one
+module of ordinary imports: ``from tuning.benchmarking import api as benchmarking``. It imports the trainer (torch,
+transformers) but not pydantic: ``validate_dump``, the one name that needs the schema's models, stays in
+``tuning.benchmarking.schema``, so a training run never pays for them.
+"""
+
+from tuning.benchmarking.callback import BenchmarkCallback
+from tuning.benchmarking.dump import SCHEMA_VERSION, rank_report_path, write_dump
+from tuning.benchmarking.journal import Journal, journal_path
+from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.stopping import StopRule
+from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
+from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
+from tuning.config.tracker_configs import AimConfig
+from tuning.sft_trainer import ParsedArguments, check_output_dir, get_parser, parse_arguments, train, validate_arguments
+from tuning.trackers import (
+    AIMSTACK_TRACKER,
+    MLFLOW_TRACKER,
+    Tracker,
+    get_tracker,
+    hf_callbacks,
+    validate_tracker_names,
+)
+from tuning.trackers.aimstack_tracker import AimStackTracker
+from tuning.utils.config_utils import get_json_config
+from tuning.utils.error_logging import (
+    ErrorCategory,
+    StorageError,
+    TrainingInterrupted,
+    TrainingStalled,
+    UserInputError,
+    build_error_report,
+    install_early_signal_handlers,
+    print_error_marker,
+    print_own_line,
+    run_with_error_reporting,
+    termination_line,
+    write_termination_log,
+)
+from tuning.utils.file_utils import write_json_atomic
+from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement
+
+__all__ = [
+    "AIMSTACK_TRACKER",
+    "MLFLOW_TRACKER",
+    "SCHEMA_VERSION",
+    "AimConfig",
+    "AimStackTracker",
+    "BenchmarkCallback",
+    "ErrorCategory",
+    "GracefulStopCallback",
+    "Journal",
+    "ParsedArguments",
+    "RunRecord",
+    "StallWatchdog",
+    "StopAgreement",
+    "StopRule",
+    "StorageError",
+    "Tracker",
+    "TrainingInterrupted",
+    "TrainingStalled",
+    "UserInputError",
+    "build_error_report",
+    "check_output_dir",
+    "cuda_peak_memory",
+    "environment_info",
+    "get_json_config",
+    "get_parser",
+    "get_tracker",
+    "hf_callbacks",
+    "install_early_signal_handlers",
+    "journal_path",
+    "parse_arguments",
+    "peak_rss_bytes",
+    "print_error_marker",
+    "print_own_line",
+    "rank_report_path",
+    "run_with_error_reporting",
+    "termination_line",
+    "thread_stacks",
+    "train",
+    "validate_arguments",
+    "validate_tracker_names",
+    "write_dump",
+    "write_json_atomic",
+    "write_termination_log",
+]
