@@ -33,6 +33,7 @@ from transformers.utils import is_flash_attn_2_available
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.data.cache import removes_data_caches
 from tuning.data.formatting import format_file
 from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
@@ -274,6 +275,7 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
     return SFTConfig(**values, max_length=max_length, packing=train_args.packing)
 
 
+@removes_data_caches
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,
