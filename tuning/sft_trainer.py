@@ -264,7 +264,8 @@ def _attention_implementation(use_flash_attn: bool) -> str:
 
 def _to_sft_config(train_args: TrainingArguments, max_length: int):
     """TRL needs its own SFTConfig; copy every transformers field so TRL's defaults (bf16, gradient
-    checkpointing on) never override what the user asked for."""
+    checkpointing on) never override what the user asked for. Our datasets come truncated to ``max_length`` with
+    fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own."""
     from trl import SFTConfig
 
     values = {
@@ -272,7 +273,8 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
         for spec in dataclasses.fields(transformers.TrainingArguments)
         if spec.init
     }
-    return SFTConfig(**values, max_length=max_length, packing=train_args.packing)
+    prepared = {"skip_prepare_dataset": not train_args.packing}
+    return SFTConfig(**values, max_length=max_length, packing=train_args.packing, dataset_kwargs=prepared)
 
 
 @removes_data_caches
