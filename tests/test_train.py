@@ -19,7 +19,9 @@ from tests.helpers.training import (
     subprocess_env,
 )
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
-from tuning.sft_trainer import train
+from tuning.data.formatting import format_file
+from tuning.data.masking import tokenize_and_mask
+from tuning.sft_trainer import _to_sft_config, train
 from tuning.utils.error_logging import UserInputError
 
 
@@ -91,6 +93,52 @@ def test_template_validation_data_and_packing(tiny_model, sample_train, sample_v
     spy = SpyCallback()
     output, _ = train(model_args, data_args, train_args, callbacks=[spy])
     assert output.global_step == 2
+
+
+class LossCallback(TrainerCallback):
+    def __init__(self):
+        self.losses = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(logs["loss"])
+
+
+TRL_PASSES = ("Truncating train dataset", "Dropping fully masked examples")
+
+
+@pytest.mark.slow
+def test_trl_makes_no_pass_over_our_prepared_data_and_the_losses_are_unchanged(
+    tiny_model, sample_train, tmp_path, capfd
+):
+    """TRL's own truncation and fully-masked filter found nothing to do on our data: skipping them trains the same.
+    max_seq_length 16 truncates every row and drops those that lose their whole response."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    model_args, data_args, train_args = make_args(
+        tiny_model, str(tmp_path), sample_train, max_seq_length=16, max_steps=4
+    )
+    skipped = LossCallback()
+    train(model_args, data_args, train_args, callbacks=[skipped], trackers=[])
+    stderr = capfd.readouterr().err
+    assert not [name for name in TRL_PASSES if name in stderr], stderr[-2000:]
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.pad_token = tokenizer.eos_token
+    texts = format_file(sample_train, tokenizer.eos_token, "output")
+    dataset = tokenize_and_mask(texts, tokenizer, 16, RESPONSE_TEMPLATE)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype="float32", attn_implementation="sdpa")
+    trl_prepared = LossCallback()
+    config = _to_sft_config(train_args, 16)
+    config.dataset_kwargs = None  # TRL prepares the data itself, as before
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[trl_prepared]
+    )
+    stderr = capfd.readouterr().err
+    assert all(name in stderr for name in TRL_PASSES), stderr[-2000:]
+    trainer.train()
+    assert len(skipped.losses) == 4 and skipped.losses == pytest.approx(trl_prepared.losses, rel=1e-5)
 
 
 class ExtraMetricsTracker(tuning.trackers.Tracker):

@@ -33,6 +33,7 @@ from transformers.utils import is_flash_attn_2_available
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.data.cache import removes_data_caches
 from tuning.data.formatting import format_file
 from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
@@ -266,7 +267,8 @@ def _attention_implementation(use_flash_attn: bool) -> str:
 
 def _to_sft_config(train_args: TrainingArguments, max_length: int):
     """TRL needs its own SFTConfig; copy every transformers field so TRL's defaults (bf16, gradient
-    checkpointing on) never override what the user asked for."""
+    checkpointing on) never override what the user asked for. Our datasets come truncated to ``max_length`` with
+    fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own."""
     from trl import SFTConfig
 
     values = {
@@ -274,9 +276,11 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
         for spec in dataclasses.fields(transformers.TrainingArguments)
         if spec.init
     }
-    return SFTConfig(**values, max_length=max_length, packing=train_args.packing)
+    prepared = {"skip_prepare_dataset": not train_args.packing}
+    return SFTConfig(**values, max_length=max_length, packing=train_args.packing, dataset_kwargs=prepared)
 
 
+@removes_data_caches
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,

@@ -11,7 +11,14 @@ import time
 import pytest
 
 from tests.helpers.training import REPO_ROOT
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, build_dump, rank_report_path
+from tuning.benchmarking.dump import (
+    PROCESS_ANON_RSS,
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    build_dump,
+    rank_report_path,
+)
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.rebuild import default_output
 from tuning.benchmarking.rebuild import main as rebuild_main
@@ -51,6 +58,17 @@ def simulated_run(path, steps: int = 6, warmup: int = 2) -> RunRecord:
         if step == warmup:
             record.note(warmup_steps=warmup)
     return record
+
+
+def test_the_summary_peak_of_anonymous_memory_is_the_largest_sample_warmup_included(tmp_path):
+    record = simulated_run(tmp_path / "run.journal.jsonl")
+    assert record.finish("ok", training_steps=6)["summary"]["peak_anon_rss_bytes"] is None  # no samples, no figure
+    record = simulated_run(tmp_path / "sampled.journal.jsonl")
+    for step, value in ((1, 300.0), (4, 200.0), (6, 250.0)):
+        record.record(PROCESS_ANON_RSS, value, step=step, context={})
+    dump = record.finish("ok", training_steps=6, peak_rss_bytes=1000)
+    assert validate_dump(dump) == []
+    assert (dump["summary"]["peak_anon_rss_bytes"], dump["summary"]["peak_rss_bytes"]) == (300, 1000)
 
 
 def test_dump_from_a_finished_run(tmp_path):

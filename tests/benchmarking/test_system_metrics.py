@@ -3,6 +3,7 @@ which GPU each CUDA index is (CUDA_VISIBLE_DEVICES by index, UUID, UUID prefix, 
 that a failing reading or a missing NVML costs only the series concerned."""
 
 import logging
+import mmap
 import sys
 from types import ModuleType
 
@@ -20,6 +21,7 @@ from tuning.benchmarking.system_metrics import (
     visible_gpu_handles,
 )
 
+ANON_SERIES = {"process_anon_rss_bytes"} if sys.platform.startswith("linux") else set()
 GPU_SERIES = {GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT, GPU_TEMPERATURE}
 
 # Two GPUs whose UUIDs share a prefix, and one carrying a MIG instance. Enforced and management power limits differ.
@@ -159,5 +161,30 @@ def test_without_a_usable_nvml_only_the_host_series(fake_nvml, monkeypatch, fail
     sampler = SystemMetricsSampler(3600, lambda name, value, context: points.append((name, value, context)))
     sampler.start()
     sampler.stop()
-    assert {name for name, _, _ in points} == {"cpu_percent", "memory_percent", "process_rss_bytes"}
+    assert {name for name, _, _ in points} == {"cpu_percent", "memory_percent", "process_rss_bytes", *ANON_SERIES}
     assert fake_nvml._initialised == 0
+
+
+def memory_sample() -> dict[str, float]:
+    points: dict[str, float] = {}
+    SystemMetricsSampler(3600, lambda name, value, context: points.setdefault(name, value)).sample()
+    return points
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="resident anonymous memory is read on Linux")
+def test_anonymous_memory_leaves_out_memory_mapped_file_pages(tmp_path):
+    """Reading a memory-mapped file (as training reads Arrow data) grows RSS by the pages read, not anonymous memory;
+    allocating grows both."""
+    size = 64 << 20
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * size)
+    before = memory_sample()
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[offset] for offset in range(0, size, mmap.PAGESIZE)) == ord("x") * (size // mmap.PAGESIZE)
+        mapped_pages = memory_sample()
+    allocated = bytearray(b"y" * size)
+    after_allocating = memory_sample()
+    assert mapped_pages["process_rss_bytes"] - before["process_rss_bytes"] > 0.9 * size
+    assert abs(mapped_pages["process_anon_rss_bytes"] - before["process_anon_rss_bytes"]) < 0.1 * size
+    assert after_allocating["process_anon_rss_bytes"] - mapped_pages["process_anon_rss_bytes"] > 0.9 * size
+    assert len(allocated) == size

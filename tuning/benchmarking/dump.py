@@ -24,6 +24,8 @@ STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the g
 TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
 PROCESS_RSS = "process_rss_bytes"
 GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
+# Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
+PROCESS_ANON_RSS = "process_anon_rss_bytes"
 MODEL_LOAD_TIME = "model_load_time"
 
 INCOMPLETE_RUN_MESSAGE = (
@@ -236,6 +238,7 @@ def _summary(
     train_start = notes.get("train_start")
     train_end = notes.get("train_end", end["time"])
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
+    anon_rss = _values(series, PROCESS_ANON_RSS)
     durations = [step_times[step] for step in steps]
     # Deciles interpolated between closest ranks, as numpy's default.
     step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
@@ -250,6 +253,7 @@ def _summary(
         "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
+        "peak_anon_rss_bytes": int(max(anon_rss)) if anon_rss else None,
         "cuda": end.get("cuda"),
         **_efficiency(series, notes, measured_by),
     }

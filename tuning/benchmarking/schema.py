@@ -77,6 +77,8 @@ class Summary(_Model):
     """post-warmup steps the step figures cover; 0 = never left warmup, the figures then cover all steps"""
     peak_rss_bytes: int | None
     """rank 0's peak resident memory"""
+    peak_anon_rss_bytes: int | None = None
+    """rank 0's largest sampled resident anonymous memory (RSS less file-backed pages); null without samples"""
     cuda: list[CudaDevice] | None
     """peak memory per device; null without CUDA"""
     model_flops_per_token: Number = None

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import torch
 
-from tuning.benchmarking.dump import GPU_POWER, PROCESS_RSS
+from tuning.benchmarking.dump import GPU_POWER, PROCESS_ANON_RSS, PROCESS_RSS
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ class SystemMetricsSampler:
         self._read("cpu_percent", lambda: psutil.cpu_percent(interval=None))
         self._read("memory_percent", lambda: psutil.virtual_memory().percent)
         self._read(PROCESS_RSS, lambda: self._process.memory_info().rss)
+        if sys.platform.startswith("linux"):
+            self._read(PROCESS_ANON_RSS, lambda: anon_rss_bytes(self._process))
         for index, handle in enumerate(self._gpus):
             self._sample_gpu(index, handle)
 
@@ -186,6 +188,13 @@ def peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
     return max(peak, psutil.Process().memory_info().rss)
+
+
+def anon_rss_bytes(process: psutil.Process) -> int:
+    """``process``'s resident anonymous memory on Linux: its RSS less the file-backed and shared pages (``statm``'s
+    shared), which include memory-mapped Arrow data that the kernel can drop and read again."""
+    memory = process.memory_info()
+    return memory.rss - memory.shared
 
 
 def cuda_peak_memory() -> list[dict[str, int]] | None:

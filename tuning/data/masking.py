@@ -2,16 +2,13 @@
 
 TRL 1.16 has no ``DataCollatorForCompletionOnlyLM``; we mask while tokenising, by character offsets (a token is in
 the response when it starts at or after the template's end), which cannot miss a template that tokenises differently
-in context. Rows go a batch at a time to an Arrow file in a directory of its own under ``HF_DATASETS_CACHE``, removed
-at exit: memory is bounded by a batch, not by the data.
+in context. Rows go a batch at a time to an Arrow file in a directory of its own under ``HF_DATASETS_CACHE``
+(``tuning.data.cache``: removed when the run ends, or by the next run if it was killed): memory is bounded by a batch,
+not by the data.
 """
 
-import atexit
 import functools
 import logging
-import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -19,6 +16,7 @@ import datasets
 from datasets import Dataset
 from datasets.exceptions import DatasetGenerationError
 
+from tuning.data.cache import new_cache_dir
 from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
@@ -98,9 +96,7 @@ def tokenize_and_mask(
 ) -> Dataset:
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
     drop texts lacking it. Our errors raised while reading ``texts`` come out unwrapped by ``datasets``."""
-    os.makedirs(datasets.config.HF_DATASETS_CACHE, exist_ok=True)
-    cache_dir = tempfile.mkdtemp(prefix="tuning-data-", dir=datasets.config.HF_DATASETS_CACHE)
-    atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
+    cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
     try:
         return Dataset.from_generator(
             # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
