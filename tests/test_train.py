@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 import tuning
 from tests.helpers.training import (
     REPO_ROOT,
+    RESPONSE_TEMPLATE,
     SEED_COMMAND,
     cli_args,
     free_port,
