@@ -1,6 +1,7 @@
 """Argument parsing: fms-hf-tuning flags, aliases, JSON job configs."""
 
 import base64
+import dataclasses
 import json
 import logging
 
@@ -8,6 +9,7 @@ import pytest
 
 from tests.conftest import RESPONSE_TEMPLATE
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
+from tuning.config.tracker_configs import TrackerConfigs
 from tuning.sft_trainer import get_parser, parse_arguments
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import UserInputError
@@ -47,20 +49,28 @@ def test_result_unpacks_and_has_names(monkeypatch):
         training_args,
         trainer_controller_args,
         tune_config,
-        file_logger_config,
-        aim_config,
+        quantization_config,
         quantized_lora_config,
         fusedops_kernels_config,
+        attention_and_distributed_packing_config,
+        fast_moe_config,
+        tracker_configs,
         exp_metadata,
     ) = args
     assert model_args is args.model_args and model_args.model_name_or_path == "m"
     assert isinstance(tune_config, PromptTuningConfig) and tune_config.num_virtual_tokens == 4
     assert json.loads(exp_metadata) == {"a": {"b": 1}} == args.experiment_metadata
     assert training_args.trackers == ["file_logger"]
-    assert file_logger_config.training_logs_filename == "training_logs.jsonl"
-    assert args.tracker_configs.file_logger_config is file_logger_config
-    assert args.tracker_configs.aim_config is aim_config
-    assert trainer_controller_args is quantized_lora_config is fusedops_kernels_config is None
+    assert tracker_configs == TrackerConfigs() and tracker_configs is args.tracker_configs
+    assert args.file_logger_config.training_logs_filename == "training_logs.jsonl"
+    assert args.aim_config.experiment == tracker_configs.aim_experiment == "fms-hf-tuning"
+    assert quantization_config is None
+    for config in (trainer_controller_args, quantized_lora_config, fusedops_kernels_config):
+        assert dataclasses.asdict(config) == dataclasses.asdict(type(config)())
+    for config in (attention_and_distributed_packing_config, fast_moe_config):
+        assert dataclasses.asdict(config) == dataclasses.asdict(type(config)())
+    monkeypatch.delenv(CONFIG_BASE64_ENV, raising=False)
+    assert get_json_config() == {}
 
 
 def test_defaults_follow_fms_hf_tuning(monkeypatch):
@@ -77,13 +87,22 @@ def test_defaults_follow_fms_hf_tuning(monkeypatch):
         (["--peft_method", "qlora"], "qlora"),
         (["--exp_metadata", "{not json"], "exp_metadata"),
         (["--exp_metadata", "[1, 2]"], "JSON object"),
-        (["--num_train_epochz", "2"], "num_train_epochz"),
         (["--warmup_ratio", "1.5"], "warmup_ratio"),
     ],
 )
 def test_bad_flags_name_the_culprit(argv, culprit, monkeypatch):
     with pytest.raises(UserInputError, match=culprit):
         parse(BASE + argv, monkeypatch)
+
+
+def test_leftover_arguments_are_ignored_with_one_warning_naming_them(monkeypatch, caplog):
+    """As fms-hf-tuning v3.1.0 drops what its parser leaves over (IBM ado passes transformers 4 flags), but said."""
+    leftovers = ["--num_train_epochz", "2", "--dataset_kwargs", '{"a": 1}']
+    with caplog.at_level(logging.WARNING, logger="tuning.sft_trainer"):
+        args = parse([*BASE[:2], *leftovers, *BASE[2:]], monkeypatch)
+    assert args.model_args.model_name_or_path == "m" and args.data_args.dataset_text_field == "output"
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warning.endswith("no sft_trainer flag: " + " ".join(leftovers))
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from tuning.data.formatting import format_file, format_texts
 from tuning.data.loading import iter_records, load_records
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
-from tuning.sft_trainer import _to_sft_config, train
+from tuning.sft_trainer import _to_sft_config, save, train
 from tuning.utils.data_utils import apply_custom_formatting_template
 from tuning.utils.error_logging import ErrorCategory, UserInputError, classify
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
@@ -322,7 +322,8 @@ def _eager_rows(path: str, tokenizer, max_length: int) -> list[dict]:
 def test_training_on_the_streamed_dataset_equals_training_in_memory(tiny_model, sample_train, tmp_path):
     model_args, data_args, train_args = _args(tiny_model, str(tmp_path / "streamed"), sample_train)
     train_args.max_steps = 4
-    train(model_args, data_args, train_args)
+    trainer, *_ = train(model_args, data_args, train_args)
+    save(str(tmp_path / "streamed"), trainer)
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.pad_token = tokenizer.eos_token

@@ -1,7 +1,9 @@
-"""fms-hf-tuning's Python API (commit 6f2d2127): names, signatures, defaults, exceptions and log files."""
+"""fms-hf-tuning's Python API (v3.1.0, and the older names that still work): names, signatures, defaults,
+exceptions and log files."""
 
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -10,8 +12,10 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from tests.conftest import RESPONSE_TEMPLATE, cli_args, run_sft_trainer
 from tests.test_train import make_args
 from tuning import sft_trainer
-from tuning.config.configs import ModelArguments
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.config.acceleration_configs import AttentionAndDistributedPackingConfig, FastMoeConfig
+from tuning.config.configs import ModelArguments, TrainerControllerArguments
+from tuning.config.peft_config import Mxfp4Config
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
 from tuning.trackers.filelogging_tracker import FileLoggingTracker
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
@@ -19,7 +23,6 @@ from tuning.trackers.tracker_factory import (
     AVAILABLE_TRACKERS,
     FILE_LOGGING_TRACKER,
     get_tracker,
-    tracker_config_classes,
     validate_tracker_names,
 )
 from tuning.utils import config_utils, error_logging
@@ -32,12 +35,16 @@ UPSTREAM_TRAIN_PARAMETERS = [
     ("data_args", inspect.Parameter.empty),
     ("train_args", inspect.Parameter.empty),
     ("peft_config", None),
+    ("quantization_config", None),
     ("trainer_controller_args", None),
-    ("tracker_configs", TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig())),
+    ("tracker_configs", TrackerConfigs()),
     ("additional_callbacks", None),
     ("exp_metadata", None),
     ("quantized_lora_config", None),
     ("fusedops_kernels_config", None),
+    ("attention_and_distributed_packing_config", None),
+    ("fast_moe_config", None),
+    ("additional_data_handlers", None),
 ]
 UPSTREAM_PARSED_FIELDS = (
     "model_args",
@@ -45,10 +52,12 @@ UPSTREAM_PARSED_FIELDS = (
     "training_args",
     "trainer_controller_args",
     "tune_config",
-    "file_logger_config",
-    "aim_config",
+    "quantization_config",
     "quantized_lora_config",
     "fusedops_kernels_config",
+    "attention_and_distributed_packing_config",
+    "fast_moe_config",
+    "tracker_configs",
     "exp_metadata",
 )
 
@@ -70,23 +79,112 @@ def test_train_takes_upstreams_arguments_in_upstreams_order():
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None for p in ours.values())
 
 
-def test_parse_arguments_returns_upstreams_ten_values(monkeypatch):
+def test_parse_arguments_returns_upstreams_twelve_values(monkeypatch):
     assert list(inspect.signature(sft_trainer.parse_arguments).parameters) == ["parser", "json_config"]
     assert sft_trainer.ParsedArguments._fields == UPSTREAM_PARSED_FIELDS
     monkeypatch.setattr("sys.argv", ["sft_trainer.py", "--model_name_or_path", "m", "--output_dir", "out"])
-    model_args, *_, exp_metadata = parsed = sft_trainer.parse_arguments(sft_trainer.get_parser())
-    assert len(parsed) == 10 and model_args.model_name_or_path == "m" and exp_metadata is None
+    model_args, *_, tracker_configs, exp_metadata = parsed = sft_trainer.parse_arguments(sft_trainer.get_parser())
+    assert len(parsed) == 12 and model_args.model_name_or_path == "m" and exp_metadata is None
+    assert isinstance(tracker_configs, TrackerConfigs)
+
+
+def test_save_takes_upstreams_arguments():
+    parameters = inspect.signature(sft_trainer.save).parameters
+    assert [(p.name, p.default) for p in parameters.values()] == [
+        ("path", inspect.Parameter.empty),
+        ("trainer", inspect.Parameter.empty),
+        ("tc_callback", None),
+        ("log_level", "WARNING"),
+        ("args", None),
+    ]
+
+
+# Flags of fms-hf-tuning v3.1.0's parser (tag v3.1.0, tuning/sft_trainer.py get_parser and its dataclasses) that
+# are not transformers.TrainingArguments' own.
+UPSTREAM_FLAGS = [
+    "--model_name_or_path",
+    "--use_flash_attn",
+    "--torch_dtype",
+    "--embedding_size_multiple_of",
+    "--tokenizer_name_or_path",
+    "--flash_attn_implementation",
+    "--training_data_path",
+    "--dataset_text_field",
+    "--dataset_conversation_field",
+    "--validation_data_path",
+    "--data_formatter_template",
+    "--data_config_path",
+    "--chat_template",
+    "--response_template",
+    "--instruction_template",
+    "--dataset_image_field",
+    "--add_special_tokens",
+    "--do_dataprocessing_only",
+    "--num_train_dataset_shards",
+    "--num_eval_dataset_shards",
+    "--cache_dir",
+    "--max_seq_length",
+    "--packing",
+    "--save_model_dir",
+    "--trackers",
+    "--enable_reduce_loss_sum",
+    "--trainer_controller_config_file",
+    "--r",
+    "--lora_alpha",
+    "--target_modules",
+    "--exclude_modules",
+    "--lora_dropout",
+    "--fan_in_fan_out",
+    "--bias",
+    "--use_rslora",
+    "--modules_to_save",
+    "--init_lora_weights",
+    "--layers_to_transform",
+    "--layers_pattern",
+    "--trainable_token_indices",
+    "--use_dora",
+    "--lora_bias",
+    "--target_parameters",
+    "--prompt_tuning_init",
+    "--num_virtual_tokens",
+    "--prompt_tuning_init_text",
+    "--dequantize",
+    "--auto_gptq",
+    "--bnb_qlora",
+    "--fused_lora",
+    "--fast_kernels",
+    "--padding_free",
+    "--multipack",
+    "--fast_moe",
+    "--experiment",
+    "--run_uri_export_path",
+    "--aim_experiment",
+    "--aim_repo",
+    "--aim_remote_server_ip",
+    "--aim_remote_server_port",
+    "--aim_url",
+    "--mlflow_experiment",
+    "--mlflow_tracking_uri",
+    "--clearml_project",
+    "--clearml_task",
+    "--scanner_output_filename",
+    "--training_logs_filename",
+    "--peft_method",
+    "--quantization_method",
+    "--exp_metadata",
+    "--alora_invocation_string",
+    "--include_tokens_per_second",
+]
+
+
+def test_parser_has_every_upstream_flag():
+    help_text = sft_trainer.get_parser().format_help()
+    assert [flag for flag in UPSTREAM_FLAGS if flag not in re.findall(r"--\w+", help_text)] == []
+    assert "--peft_method {lora,pt,none,alora}" in help_text
 
 
 def test_get_json_config_is_the_config_utils_one():
     assert sft_trainer.get_json_config is config_utils.get_json_config
-
-
-def test_parser_has_every_registered_trackers_config():
-    parser = sft_trainer.get_parser()
-    assert set(tracker_config_classes().values()) <= set(parser.dataclass_types)
-    assert tracker_config_classes()[FILE_LOGGING_TRACKER] is FileLoggingTrackerConfig
-    assert tracker_config_classes()[AIMSTACK_TRACKER] is AimConfig
 
 
 def test_tracker_constructors_take_their_config():
@@ -114,6 +212,29 @@ def test_write_termination_log_takes_a_log_file_that_the_environment_overrides(t
 
 
 # ---- configs ----
+
+
+def test_tracker_configs_defaults_and_post_init():
+    configs = TrackerConfigs()
+    assert (configs.experiment, configs.run_uri_export_path) == ("fms-hf-tuning", None)
+    assert configs.aim_experiment == configs.mlflow_experiment == "fms-hf-tuning"
+    assert (configs.clearml_project, configs.clearml_task) == ("fms-hf-tuning", "SFTTrainer")
+    assert configs.scanner_output_filename == "scanner_output.json"
+    assert configs.training_logs_filename == "training_logs.jsonl"
+    assert configs.aim_repo is configs.aim_url is configs.mlflow_tracking_uri is None
+    assert TrackerConfigs(experiment="e", mlflow_experiment="m").aim_experiment == "e"
+    assert TrackerConfigs(experiment="e", mlflow_experiment="m").mlflow_experiment == "m"
+    assert TrackerConfigs(aim_remote_server_ip="h", aim_remote_server_port=5).aim_url == "aim://h:5/"
+    assert TrackerConfigs(aim_remote_server_ip="h", aim_remote_server_port="5").aim_url == "aim://h:5/"
+
+
+def test_tracker_configs_split_into_the_2x_sections():
+    configs = TrackerConfigs(experiment="e", aim_repo="r", run_uri_export_path="x", training_logs_filename="l.jsonl")
+    sections = configs.as_factory()
+    assert sections.file_logger_config == FileLoggingTrackerConfig("l.jsonl") == configs.file_logger_config
+    assert (sections.aim_config.experiment, sections.aim_config.aim_repo) == ("e", "r")
+    assert sections.aim_config.aim_run_id_export_path == sections.mlflow_config.mlflow_run_uri_export_path == "x"
+    assert sections.mlflow_config.mlflow_experiment == "e"
 
 
 def test_aim_config_defaults_and_server_url():
@@ -154,6 +275,7 @@ def test_get_tracker_builds_a_file_logger_from_its_config(tmp_path):
     configs = TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig(training_logs_filename="logs.jsonl"))
     tracker = get_tracker("file_logger", configs)
     assert isinstance(tracker, FileLoggingTracker) and tracker.config is configs.file_logger_config
+    assert get_tracker("file_logger", TrackerConfigs(training_logs_filename="logs.jsonl")).config == tracker.config
     # Tracked before the trainer exists, written once the callback learns the trainer's output_dir.
     tracker.track(1.5, "model_load_time")
     callback = tracker.get_hf_callback()
@@ -187,9 +309,13 @@ def test_get_tracker_builds_aim_from_its_config(tmp_path):
         ("NotAValidTracker", TrackerConfigFactory(), "Requested Tracker NotAValidTracker not found"),
         ("aim", TrackerConfigFactory(), "Aim tracker requested but repo or server is not specified"),
         ("aim", None, "Aim tracker requested but repo or server is not specified"),
+        ("aim", TrackerConfigs(), "Aim tracker requested but repo or server is not specified"),
+        ("mlflow", TrackerConfigs(), "mlflow tracker requested but mlflow_uri is not specified"),
+        ("mlflow,aim", TrackerConfigs(), "separate tracker names with spaces: --trackers mlflow aim"),
     ],
 )
-def test_get_tracker_rejects_what_it_cannot_build(name, configs, message):
+def test_get_tracker_rejects_what_it_cannot_build(name, configs, message, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(UserInputError, match=message) as caught:
         get_tracker(name, configs)
     assert isinstance(caught.value, ValueError)
@@ -218,15 +344,15 @@ def test_train_with_aim_keeps_the_file_logger(tiny_model, sample_train, tmp_path
 
 
 def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path):
-    sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train, max_steps=1, trackers=["none"]))
+    trainer, *_ = sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train, max_steps=1, trackers=["none"]))
     assert not (tmp_path / "training_logs.jsonl").exists()
-    assert (tmp_path / "model.safetensors").exists()
+    assert trainer.state.global_step == 1
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"tracker_configs": "NotSupposedToBeHere"}, "tracker configs should adhere to the TrackerConfigFactory type"),
+        ({"tracker_configs": "NotSupposedToBeHere"}, "tracker configs should adhere to the TrackerConfigs type"),
         ({"additional_callbacks": ["NotSupposedToBeHere"]}, "additional callbacks should be of type TrainerCallback"),
         ({"callbacks": [object()]}, "additional callbacks should be of type TrainerCallback"),
         ({"callbacks": [], "additional_callbacks": []}, "not both"),
@@ -234,6 +360,17 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
         ({"trainer_controller_args": object()}, "trainer_controller_args: the trainer controller is not supported"),
         ({"quantized_lora_config": object()}, "quantized_lora_config: fms-acceleration's quantized LoRA"),
         ({"fusedops_kernels_config": object()}, "fusedops_kernels_config: fms-acceleration's fused ops"),
+        ({"quantization_config": Mxfp4Config()}, "quantization_config: MXFP4 quantized models is not supported"),
+        (
+            {"trainer_controller_args": TrainerControllerArguments("rules.yaml")},
+            r"trainer_controller_args \(--trainer_controller_config_file\): the trainer controller",
+        ),
+        (
+            {"attention_and_distributed_packing_config": AttentionAndDistributedPackingConfig(padding_free=["hf"])},
+            r"\(--padding_free\): fms-acceleration's padding-free attention and multipack is not supported",
+        ),
+        ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, r"\(--fast_moe\): fms-acceleration's fast MoE"),
+        ({"additional_data_handlers": {"mine": object()}}, "additional_data_handlers: data handlers"),
     ],
 )
 def test_train_rejects_bad_arguments(arguments, message, tiny_model, sample_train, tmp_path):

@@ -12,7 +12,7 @@ from typing import Any
 
 # module: the names it exports, separated by spaces
 _EXPORTS = {
-    "tuning.sft_trainer": "train get_parser parse_arguments validate_arguments check_output_dir ParsedArguments",
+    "tuning.sft_trainer": "train save get_parser parse_arguments validate_arguments check_output_dir ParsedArguments",
     "tuning.config.tracker_configs": "AimConfig",
     "tuning.utils.config_utils": "get_json_config",
     "tuning.trackers": "AIMSTACK_TRACKER MLFLOW_TRACKER Tracker get_tracker hf_callbacks validate_tracker_names",
