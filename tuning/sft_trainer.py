@@ -56,7 +56,7 @@ from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, T
 from tuning.data.formatting import format_file
 from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
-from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
+from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
     AVAILABLE_TRACKERS,
