@@ -7,7 +7,15 @@ import re
 
 import pytest
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    DefaultFlowCallback,
+    PrinterCallback,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from tests.conftest import RESPONSE_TEMPLATE, cli_args, run_sft_trainer
 from tests.test_train import make_args
@@ -16,7 +24,7 @@ from tuning.config.acceleration_configs import AttentionAndDistributedPackingCon
 from tuning.config.configs import ModelArguments, TrainerControllerArguments
 from tuning.config.peft_config import Mxfp4Config
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
-from tuning.trackers.filelogging_tracker import FileLoggingTracker
+from tuning.trackers.filelogging_tracker import FileLoggingCallback, FileLoggingTracker
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
     AIMSTACK_TRACKER,
@@ -29,6 +37,7 @@ from tuning.utils import config_utils, error_logging
 from tuning.utils.data_type_utils import get_torch_dtype, str_to_torch_dtype
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+from tuning.utils.tokens_per_second import count_train_tokens
 
 UPSTREAM_TRAIN_PARAMETERS = [
     ("model_args", inspect.Parameter.empty),
@@ -447,3 +456,127 @@ def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path
     warnings = [line for line in result.stderr.splitlines() if "ignoring job config keys" in line]
     assert len(warnings) == 1 and "accelerate_launch_args, launcher_note" in warnings[0]
     assert [r["data"]["step"] for r in training_logs(tmp_path / "out") if r["name"] == "training_loss"] == [1, 2, 3]
+
+
+# ---- v3.1.0 behaviour: unsupported features, resuming, tokens per second, tracker wiring ----
+
+
+@pytest.mark.parametrize(
+    ("flags", "culprit"),
+    [
+        (["--data_config_path", "data.yaml"], "--data_config_path data.yaml: not supported by tuning-bench"),
+        (["--chat_template", "{{x}}"], "--chat_template {{x}}: not supported"),
+        (["--dataset_conversation_field", "messages"], "--dataset_conversation_field messages: not supported"),
+        (["--instruction_template", "### User:"], "--instruction_template ### User:: not supported"),
+        (
+            ["--dataset_image_field", "image"],
+            "--dataset_image_field image: not supported by tuning-bench (vision models)",
+        ),
+        (["--do_dataprocessing_only", "True"], "--do_dataprocessing_only True: not supported"),
+        (["--num_train_dataset_shards", "2"], "--num_train_dataset_shards 2: not supported"),
+        (["--enable_reduce_loss_sum", "True"], "--enable_reduce_loss_sum True: not supported"),
+        (["--trainer_controller_config_file", "rules.yaml"], "(--trainer_controller_config_file): the trainer"),
+        (["--padding_free", "huggingface"], "(--padding_free): fms-acceleration's padding-free"),
+        (["--multipack", "16"], "(--multipack): fms-acceleration's padding-free attention and multipack"),
+        (["--fast_moe", "1"], "(--fast_moe): fms-acceleration's fast MoE"),
+        (["--auto_gptq", "triton_v2"], "(--auto_gptq): fms-acceleration's quantized LoRA"),
+        (["--fast_kernels", "True", "True", "True"], "(--fast_kernels): fms-acceleration's fused ops"),
+        (["--peft_method", "alora", "--alora_invocation_string", "<x>"], "--peft_method alora"),
+        (["--quantization_method", "mxfp4"], "--quantization_method mxfp4"),
+    ],
+)
+def test_unsupported_flags_fail_as_user_errors_before_the_model_loads(
+    flags, culprit, tiny_model, tmp_path, monkeypatch
+):
+    termination_log = tmp_path / "termination-log"
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(termination_log))
+    monkeypatch.delenv(config_utils.CONFIG_PATH_ENV, raising=False)
+    monkeypatch.delenv(config_utils.CONFIG_BASE64_ENV, raising=False)
+    monkeypatch.setattr("sys.argv", ["sft_trainer.py", *cli_args(tiny_model, str(tmp_path / "out")), *flags])
+    assert sft_trainer.main() == 1
+    line = termination_log.read_text()
+    assert line.startswith("user_error: ") and culprit in line
+    assert not (tmp_path / "out").exists()  # nothing was trained, logged or saved
+
+
+def test_resume_from_checkpoint_follows_v3(tiny_model, sample_train, tmp_path):
+    """Unset or "true": the last checkpoint in output_dir (a restarted job continues); a path; "false": afresh."""
+    output_dir = tmp_path / "out"
+    model_args, data_args, train_args = make_args(tiny_model, str(output_dir), sample_train)
+    train_args.save_strategy, train_args.save_steps = "steps", 1
+    sft_trainer.train(model_args, data_args, train_args)
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    train_args.save_strategy, train_args.max_steps = "no", 3
+    for resume, steps_run in ((None, 1), ("true", 1), (str(output_dir / "checkpoint-1"), 2), ("false", 3)):
+        train_args.resume_from_checkpoint = resume
+        spy = StepCounter()
+        trainer, *_ = sft_trainer.train(model_args, data_args, train_args, additional_callbacks=[spy])
+        assert (trainer.state.global_step, spy.steps) == (3, steps_run), resume
+    train_args.resume_from_checkpoint = str(tmp_path / "missing")
+    with pytest.raises(UserInputError, match=f"--resume_from_checkpoint {tmp_path / 'missing'} is not a directory"):
+        sft_trainer.train(model_args, data_args, train_args)
+
+
+class StepCounter(TrainerCallback):
+    def __init__(self):
+        self.steps, self.final_logs = 0, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "train_runtime" in logs:
+            self.final_logs = dict(logs)
+
+
+class Batches(list):
+    """A stand-in train dataloader: a list of batches."""
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "epochs", "accumulation", "tokens"),
+    [(5, 1, 2, 3 * 4 * 5 * 2), (-1, 2, 1, (3 * 4 + 3 * 6) * 2), (-1, 0.5, 3, (3 * 4 + 3 * 6) * 0.5)],
+)
+def test_tokens_are_counted_as_transformers_4_did(max_steps, epochs, accumulation, tokens):
+    """With max_steps: the first batch's size x max_steps x accumulation; else all batches x epochs."""
+    loader = Batches([{"input_ids": torch.zeros(3, 4)}, {"input_ids": torch.zeros(3, 6)}])
+    args = TrainingArguments(
+        output_dir="out", max_steps=max_steps, num_train_epochs=epochs, gradient_accumulation_steps=accumulation
+    )
+    assert count_train_tokens(loader, args) == int(tokens)
+
+
+def test_include_tokens_per_second_reaches_callbacks_history_and_training_logs(tiny_model, sample_train, tmp_path):
+    spy = StepCounter()
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path), sample_train)
+    train_args.include_tokens_per_second = True
+    trainer, *_ = sft_trainer.train(model_args, data_args, train_args, additional_callbacks=[spy])
+    figure = spy.final_logs["train_tokens_per_second"]
+    assert figure > 0 and trainer.state.log_history[-1]["train_tokens_per_second"] == figure
+    (record,) = [r for r in training_logs(tmp_path) if r["name"] == "train_tokens_per_second"]
+    assert record["data"]["value"] == figure and record["data"]["step"] == 2
+
+
+def test_without_include_tokens_per_second_there_is_no_figure(tiny_model, sample_train, tmp_path):
+    spy = StepCounter()
+    sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train, max_steps=1), additional_callbacks=[spy])
+    assert "train_tokens_per_second" not in spy.final_logs
+
+
+def test_trackers_handed_to_train_get_their_callbacks_installed(tiny_model, sample_train, tmp_path):
+    """One wiring: the caller builds the trackers and hands them in; train() places their callbacks."""
+    file_logger = get_tracker("file_logger", TrackerConfigs())
+    trainer, *_ = sft_trainer.train(*make_args(tiny_model, str(tmp_path), sample_train), trackers=[file_logger])
+    assert [r["data"]["step"] for r in training_logs(tmp_path) if r["name"] == "training_loss"] == [1, 2]
+    assert trainer.callback_handler.callbacks.count(file_logger.get_hf_callback()) == 1
+
+
+def test_no_trackers_and_own_callbacks_give_exactly_those_plus_the_file_logger(tiny_model, sample_train, tmp_path):
+    """IBM ado's way: training_args.trackers = [] and its own callbacks."""
+    own = StepCounter()
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path), sample_train, max_steps=1)
+    train_args.trackers = []
+    trainer, *_ = sft_trainer.train(model_args, data_args, train_args, additional_callbacks=[own])
+    transformers_own = (DefaultFlowCallback, PrinterCallback, ProgressCallback)
+    added = [c for c in trainer.callback_handler.callbacks if not isinstance(c, transformers_own)]
+    assert [type(c) for c in added] == [StepCounter, FileLoggingCallback] and added[0] is own

@@ -16,7 +16,7 @@ def count_train_tokens(train_dataloader, args) -> int:
 class TokensPerSecondCallback(TrainerCallback):
     """Counts the tokens when training begins (a pass over the train dataloader, as transformers 4 made) and adds
     ``train_tokens_per_second`` (tokens / ``train_runtime``, 4 decimals) to the trainer's final log: callbacks
-    placed after this one, and the metrics that ``trainer.train()`` returns, carry it."""
+    placed after this one, the metrics that ``trainer.train()`` returns and ``state.log_history`` carry it."""
 
     def __init__(self) -> None:
         self.train_tokens: int | None = None
@@ -29,3 +29,5 @@ class TokensPerSecondCallback(TrainerCallback):
         runtime = (logs or {}).get("train_runtime")
         if self.train_tokens is not None and runtime:
             logs["train_tokens_per_second"] = round(self.train_tokens / runtime, 4)
+            if state.log_history and state.log_history[-1].get("train_runtime") == runtime:  # a copy of logs
+                state.log_history[-1]["train_tokens_per_second"] = logs["train_tokens_per_second"]
