@@ -219,6 +219,8 @@ def parse_arguments(parser: HfArgumentParser, json_config: dict | None = None) -
         raise UserInputError(
             f"--quantization_method {flags.quantization_method}: quantized models are not supported by tuning-bench"
         )
+    if changed_fields(mxfp4_config):
+        raise UserInputError("--dequantize: MXFP4 quantized models are not supported by tuning-bench")
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
