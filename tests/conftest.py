@@ -76,10 +76,12 @@ def cli_args(model: str, output_dir: str, data: str = SAMPLE_TRAIN_PATH, **extra
     return args
 
 
-def run_sft_trainer(args: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run ``python tuning/sft_trainer.py ARGS`` as users do; returns the finished process."""
+def run_sft_trainer(
+    args: list[str], timeout: float = 300, script: str = SFT_TRAINER, **env: str
+) -> subprocess.CompletedProcess:
+    """Run ``python tuning/sft_trainer.py ARGS`` (or another ``script``) as users do; returns the finished process."""
     return subprocess.run(
-        [sys.executable, SFT_TRAINER, *args],
+        [sys.executable, script, *args],
         env=subprocess_env(**env),
         cwd=REPO_ROOT,
         capture_output=True,

@@ -4,12 +4,11 @@ where no helper module shadows the ``aim`` package) runs on tuning-bench as it r
 import base64
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, subprocess_env
+from tests.conftest import REPO_ROOT, RESPONSE_TEMPLATE, run_sft_trainer
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 WRAPPER = str(REPO_ROOT / "tests" / "helpers" / "third_party" / "ado_style_wrapper.py")
@@ -35,14 +34,7 @@ def job(tiny_model: str, output_dir: str, data: str = SAMPLE_TRAIN_PATH) -> dict
 
 
 def run_wrapper(argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, WRAPPER, *argv],
-        env=subprocess_env(**env),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_sft_trainer(argv, script=WRAPPER, **env)
 
 
 @pytest.mark.slow

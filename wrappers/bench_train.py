@@ -278,6 +278,8 @@ class BenchmarkJob:
     def run(self, argv: list[str]) -> None:
         flags, args = parse_command_line(argv)
         train_args = args.training_args
+        if train_args.resume_from_checkpoint is None:  # a benchmark measures whole runs: resume only when told to
+            train_args.resume_from_checkpoint = "false"
         check_flags(flags)
         benchmarking.check_output_dir(train_args.output_dir)
         metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
