@@ -21,6 +21,7 @@ from tuning.data.formatting import apply_custom_formatting_template, format_file
 from tuning.data.loading import iter_records, load_records
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
+from tuning.data.tokenizer_utils import get_special_tokens_dict
 from tuning.sft_trainer import _to_sft_config, save, train
 from tuning.utils.error_logging import ErrorCategory, UserInputError, classify
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
@@ -489,3 +490,14 @@ def test_cli_fills_template_keys_with_spaces(tiny_model, tmp_path):
     args = cli_args(tiny_model, str(tmp_path), data=data, dataset_text_field=None, data_formatter_template=template)
     result = run_sft_trainer([*args, "--per_device_train_batch_size", "2", "--max_steps", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_special_tokens_dict_of_v3(tiny_model):
+    """fms-hf-tuning v3.1.0's get_special_tokens_dict: nothing for a separately named tokenizer; otherwise each
+    missing special token, and a pad token distinct from eos."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    assert get_special_tokens_dict("separate-tokenizer", tokenizer) == {}
+    tokenizer.pad_token = tokenizer.eos_token
+    special_tokens = get_special_tokens_dict(None, tokenizer)
+    assert special_tokens["pad_token"] == tokenizer.pad_token != tokenizer.eos_token
+    assert all(getattr(tokenizer, name) is not None or name in special_tokens for name in ("bos_token", "unk_token"))

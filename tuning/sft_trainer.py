@@ -1,5 +1,5 @@
-"""Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (README: "Python API"). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
+"""Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning v3.1.0's ``sft_trainer`` CLI and
+Python API (docs/cli-and-api.md). ``main()`` parses, trains and saves to ``--save_model_dir`` as v3.1.0 does."""
 
 import argparse
 import dataclasses
