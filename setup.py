@@ -22,7 +22,8 @@ setup(
     package_data={"tuning": ["config/*.json", "data/samples/*"]},
     install_requires=_requirements(),
     extras_require={
-        "aim": ["aim>=3.29,<4"],
+        # Aim's own AimCallback(log_system_params=True) imports pkg_resources, which setuptools 81 removed.
+        "aim": ["aim>=3.29,<4", "setuptools<81"],
         "mlflow": ["mlflow>=3.17,<4"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
@@ -31,6 +32,7 @@ setup(
             "pytest>=8",
             "ruff>=0.6",
             "aim>=3.29,<4",
+            "setuptools<81",
             "mlflow>=3.17,<4",
             "matplotlib>=3.7",
             "ray==2.60.0",

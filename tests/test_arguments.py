@@ -1,16 +1,31 @@
 """Argument parsing: fms-hf-tuning flags, aliases, JSON job configs."""
 
 import base64
+import dataclasses
 import json
 import logging
+import pickle
 
 import pytest
 
 from tests.helpers.training import RESPONSE_TEMPLATE
+from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
+from tuning.config.tracker_configs import TrackerConfigs
+from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize as legacy_resize
+from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.sft_trainer import get_parser, parse_arguments
-from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
+from tuning.trackers.tracker_factory import validate_tracker_names
+from tuning.utils.config_utils import (
+    CONFIG_BASE64_ENV,
+    CONFIG_PATH_ENV,
+    create_tuning_config,
+    get_hf_peft_config,
+    get_json_config,
+    update_config,
+)
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.logging import set_log_level
 
 
 def parse(argv: list[str], monkeypatch):
@@ -54,20 +69,28 @@ def test_result_unpacks_and_has_names(monkeypatch):
         training_args,
         trainer_controller_args,
         tune_config,
-        file_logger_config,
-        aim_config,
+        quantization_config,
         quantized_lora_config,
         fusedops_kernels_config,
+        attention_and_distributed_packing_config,
+        fast_moe_config,
+        tracker_configs,
         exp_metadata,
     ) = args
     assert model_args is args.model_args and model_args.model_name_or_path == "m"
     assert isinstance(tune_config, PromptTuningConfig) and tune_config.num_virtual_tokens == 4
     assert json.loads(exp_metadata) == {"a": {"b": 1}} == args.experiment_metadata
     assert training_args.trackers == ["file_logger"]
-    assert file_logger_config.training_logs_filename == "training_logs.jsonl"
-    assert args.tracker_configs.file_logger_config is file_logger_config
-    assert args.tracker_configs.aim_config is aim_config
-    assert trainer_controller_args is quantized_lora_config is fusedops_kernels_config is None
+    assert tracker_configs == TrackerConfigs() and tracker_configs is args.tracker_configs
+    assert args.file_logger_config.training_logs_filename == "training_logs.jsonl"
+    assert args.aim_config.experiment == tracker_configs.aim_experiment == "fms-hf-tuning"
+    assert quantization_config is None
+    for config in (trainer_controller_args, quantized_lora_config, fusedops_kernels_config):
+        assert dataclasses.asdict(config) == dataclasses.asdict(type(config)())
+    for config in (attention_and_distributed_packing_config, fast_moe_config):
+        assert dataclasses.asdict(config) == dataclasses.asdict(type(config)())
+    monkeypatch.delenv(CONFIG_BASE64_ENV, raising=False)
+    assert get_json_config() == {}
 
 
 def test_defaults_follow_fms_hf_tuning(monkeypatch):
@@ -84,13 +107,22 @@ def test_defaults_follow_fms_hf_tuning(monkeypatch):
         (["--peft_method", "qlora"], "qlora"),
         (["--exp_metadata", "{not json"], "exp_metadata"),
         (["--exp_metadata", "[1, 2]"], "JSON object"),
-        (["--num_train_epochz", "2"], "num_train_epochz"),
         (["--warmup_ratio", "1.5"], "warmup_ratio"),
     ],
 )
 def test_bad_flags_name_the_culprit(argv, culprit, monkeypatch):
     with pytest.raises(UserInputError, match=culprit):
         parse(BASE + argv, monkeypatch)
+
+
+def test_leftover_arguments_are_ignored_with_one_warning_naming_them(monkeypatch, caplog):
+    """As fms-hf-tuning v3.1.0 drops what its parser leaves over (IBM ado passes transformers 4 flags), but said."""
+    leftovers = ["--num_train_epochz", "2", "--dataset_kwargs", '{"a": 1}']
+    with caplog.at_level(logging.WARNING, logger="tuning.sft_trainer"):
+        args = parse([*BASE[:2], *leftovers, *BASE[2:]], monkeypatch)
+    assert args.model_args.model_name_or_path == "m" and args.data_args.dataset_text_field == "output"
+    (warning,) = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert warning.endswith("no sft_trainer flag: " + " ".join(leftovers))
 
 
 @pytest.mark.parametrize(
@@ -179,3 +211,67 @@ def test_unknown_job_config_keys_are_ignored_with_one_warning(caplog):
     check_job(args)
     (warning,) = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert "accelerate_launch_args, not_a_flag" in warning
+
+
+def test_base64_job_config_wrapped_at_76_columns_is_read(monkeypatch):
+    """GNU base64 wraps at 76 columns; fms-hf-tuning reads that, and so do we."""
+    wrapped = base64.encodebytes(json.dumps(JOB).encode()).decode()  # 76-column lines, as `base64` prints them
+    assert "\n" in wrapped.strip()
+    monkeypatch.setenv(CONFIG_BASE64_ENV, wrapped)
+    check_job(parse_arguments(get_parser(), get_json_config()))
+
+
+def test_pickled_base64_job_config_is_refused_without_unpickling(tmp_path, monkeypatch):
+    marker = tmp_path / "unpickled"
+    # Unpickling this would create the marker file; it must never be unpickled.
+    payload = pickle.dumps(type("Job", (), {"__reduce__": lambda self: (open, (str(marker), "w"))})())
+    monkeypatch.setenv(CONFIG_BASE64_ENV, base64.b64encode(payload).decode())
+    with pytest.raises(UserInputError, match="pickled object, which is refused .*base64-encoded JSON"):
+        get_json_config()
+    assert not marker.exists()
+
+
+def test_trackers_given_as_one_string_from_python_is_one_name():
+    assert TrainingArguments(output_dir="out", trackers="aim").trackers == ["aim"]
+
+
+def test_comma_separated_trackers_get_a_hint(monkeypatch):
+    args = parse([*BASE, "--tracker", "mlflow,aim"], monkeypatch)
+    with pytest.raises(UserInputError, match=r"separate tracker names with spaces: --trackers mlflow aim"):
+        validate_tracker_names(args.training_args.trackers)
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--peft_method", "alora", "--alora_invocation_string", "<x>"], "--peft_method alora"),
+        (["--alora_invocation_string", "<x>"], "aLoRA is not supported"),
+        (["--quantization_method", "mxfp4"], "--quantization_method mxfp4: quantized models are not supported"),
+        (["--dequantize", "False"], "--dequantize: MXFP4 quantized models are not supported"),
+    ],
+)
+def test_unsupported_peft_and_quantization_methods_are_refused_by_name(argv, culprit, monkeypatch):
+    with pytest.raises(UserInputError, match=culprit):
+        parse(BASE + argv, monkeypatch)
+
+
+def test_module_aliases_of_v3():
+    """v3.1.0's helper modules, on our dataclasses."""
+    tune_config = create_tuning_config("lora", r=4, lora_alpha=16, **{"PromptTuningConfig.num_virtual_tokens": 3})
+    assert isinstance(tune_config, LoraConfig) and (tune_config.r, tune_config.lora_alpha) == (4, 16)
+    assert create_tuning_config(None) is None and create_tuning_config("none") is None
+    prompt = create_tuning_config("pt", **{"PromptTuningConfig.num_virtual_tokens": 3, "r": 4})
+    assert isinstance(prompt, PromptTuningConfig) and prompt.num_virtual_tokens == 3
+    configs = [LoraConfig(), PromptTuningConfig()]
+    update_config(configs, **{"LoraConfig.r": 2, "num_virtual_tokens": 5})
+    assert configs[0].r == 2 and configs[1].num_virtual_tokens == 5
+    with pytest.raises(UserInputError, match="aLoRA is not supported"):
+        create_tuning_config("alora")
+    hf_config = get_hf_peft_config("CAUSAL_LM", LoraConfig(r=4, target_modules=["all-linear"]), None)
+    assert (hf_config.r, hf_config.target_modules, hf_config.task_type) == (4, "all-linear", "CAUSAL_LM")
+    assert get_hf_peft_config("CAUSAL_LM", None, None) is None
+    logger, level = set_log_level("mine", "info")
+    assert (logger.name, level, logging.getLogger().level) == ("mine", "info", logging.INFO)
+    set_log_level("mine", "warning")
+    assert DataArguments(add_special_tokens=["<x>"]).add_special_tokens == ["<x>"]
+    assert legacy_resize is tokenizer_and_embedding_resize

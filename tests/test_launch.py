@@ -77,6 +77,7 @@ def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_pat
         "torch_dtype": "float32",
         "use_flash_attn": False,
         "accelerate_launch_args": {"num_processes": 2},
+        "save_model_dir": str(tmp_path / "final"),
     }
     encoded = base64.b64encode(json.dumps(config).encode()).decode()
     launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_ENV_VAR=encoded)
@@ -85,7 +86,7 @@ def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_pat
     assert not (tmp_path / "termination-log").exists()  # a clean run writes nothing
     records = [json.loads(line) for line in (tmp_path / "out" / "training_logs.jsonl").read_text().splitlines()]
     assert [record["data"]["step"] for record in records if record["name"] == "training_loss"] == [1, 2]
-    assert (tmp_path / "out" / "model.safetensors").exists()
+    assert (tmp_path / "final" / "model.safetensors").exists()
 
 
 def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):

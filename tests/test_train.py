@@ -22,7 +22,7 @@ from tests.helpers.training import (
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
 from tuning.data.formatting import format_file
 from tuning.data.masking import tokenize_and_mask
-from tuning.sft_trainer import _to_sft_config, train
+from tuning.sft_trainer import _to_sft_config, save, train
 from tuning.utils.error_logging import UserInputError
 
 
@@ -47,20 +47,25 @@ def test_package_exports_train():
     assert tuning.train is train
 
 
-def test_full_fine_tuning_calls_given_callbacks(tiny_model, sample_train, tmp_path):
+def test_full_fine_tuning_calls_given_callbacks_and_saves_only_when_asked(tiny_model, sample_train, tmp_path):
     spy = SpyCallback()
-    output, metrics = train(*make_args(tiny_model, str(tmp_path), sample_train), callbacks=[spy])
-    assert output.global_step == 2
-    assert metrics["model_load_time"] > 0
+    output_dir = tmp_path / "out"
+    trainer, info, tc_callback = train(*make_args(tiny_model, str(output_dir), sample_train), callbacks=[spy])
+    assert trainer.state.global_step == 2 and tc_callback is None
+    assert info["model_load_time"] > 0 and info["added_tokens_info"]["num_new_tokens"] == 0
     assert spy.events[0] == "train_begin" and spy.events[-1] == "train_end"
     assert spy.events.count("step_end") == 2 and "log" in spy.events
-    assert (tmp_path / "model.safetensors").exists() and (tmp_path / "tokenizer.json").exists()
+    assert not list(output_dir.glob("*.safetensors"))  # the final model goes where save() is told, as in v3.1.0
+    save(str(tmp_path / "final"), trainer, tc_callback)
+    assert (tmp_path / "final" / "model.safetensors").exists() and (tmp_path / "final" / "tokenizer.json").exists()
 
 
 def test_lora_writes_an_adapter(tiny_model, sample_train, tmp_path):
-    train(
-        *make_args(tiny_model, str(tmp_path), sample_train), peft_config=LoraConfig(r=4, target_modules=["all-linear"])
+    trainer, *_ = train(
+        *make_args(tiny_model, str(tmp_path / "out"), sample_train),
+        peft_config=LoraConfig(r=4, target_modules=["all-linear"]),
     )
+    save(str(tmp_path), trainer, None)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4
     assert (tmp_path / "adapter_model.safetensors").exists()
@@ -68,10 +73,11 @@ def test_lora_writes_an_adapter(tiny_model, sample_train, tmp_path):
 
 
 def test_prompt_tuning_writes_an_adapter(tiny_model, sample_train, tmp_path):
-    train(
-        *make_args(tiny_model, str(tmp_path), sample_train),
+    trainer, *_ = train(
+        *make_args(tiny_model, str(tmp_path / "out"), sample_train),
         peft_config=PromptTuningConfig(num_virtual_tokens=4, prompt_tuning_init_text="Answer the question"),
     )
+    save(str(tmp_path), trainer, None)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["peft_type"] == "PROMPT_TUNING" and config["num_virtual_tokens"] == 4
 
@@ -92,8 +98,8 @@ def test_template_validation_data_and_packing(tiny_model, sample_train, sample_v
     data_args.response_template = None
     data_args.validation_data_path = sample_validation
     spy = SpyCallback()
-    output, _ = train(model_args, data_args, train_args, callbacks=[spy])
-    assert output.global_step == 2
+    trainer, *_ = train(model_args, data_args, train_args, callbacks=[spy])
+    assert trainer.state.global_step == 2
 
 
 class LossCallback(TrainerCallback):
@@ -155,12 +161,12 @@ class ExtraMetricsTracker(tuning.trackers.Tracker):
 
 def test_trackers_receive_additional_metrics_and_metadata(tiny_model, sample_train, tmp_path):
     tracker = ExtraMetricsTracker()
-    _, metrics = train(
+    _, info, _ = train(
         *make_args(tiny_model, str(tmp_path), sample_train, max_steps=1),
         trackers=[tracker],
         exp_metadata={"dataset_id": "sample"},
     )
-    assert tracker.tracked == metrics
+    assert tracker.tracked == {"model_load_time": info["model_load_time"]}
     assert tracker.params == {"experiment_metadata": {"dataset_id": "sample"}}
 
 
@@ -191,14 +197,17 @@ def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sam
 
 @pytest.mark.slow
 def test_cli_script_writes_training_logs(tiny_model, tmp_path):
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora"))
+    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final"))
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
     losses = [r for r in records if r["name"] == "training_loss"]
     assert [r["data"]["step"] for r in losses] == [1, 2, 3]
     assert all(set(r["data"]) == {"epoch", "step", "value", "timestamp"} for r in records)
     assert [r["name"] for r in records].count("model_load_time") == 1
-    assert (tmp_path / "adapter_model.safetensors").exists()
+    assert (tmp_path / "final" / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "adapter_model.safetensors").exists()
+    for directory in (tmp_path, tmp_path / "final"):  # fms-hf-tuning's LoRA artifact, in both places
+        assert json.loads((directory / "added_tokens_info.json").read_text())["num_new_tokens"] == 0
 
 
 @pytest.mark.slow
@@ -228,4 +237,4 @@ def test_seed_torchrun_command_with_two_ranks(tiny_model, sample_train, tmp_path
     # 96 records / (2 ranks x batch 1 x accumulation 8) = 6 steps: the ranks really split the data, and only rank 0
     # logs (logging_strategy defaults to epoch, as in fms-hf-tuning).
     assert [r["data"]["step"] for r in records if r["name"] == "training_loss"] == [6]
-    assert (tmp_path / "adapter_model.safetensors").exists()
+    assert (tmp_path / "added_tokens_info.json").exists()  # no --save_model_dir: no final adapter (v3.1.0)

@@ -1,5 +1,5 @@
-"""Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning's ``sft_trainer`` CLI and
-Python API (docs/cli-and-api.md). ``main()`` builds the trackers and hands them to ``train(trackers=...)``."""
+"""Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning v3.1.0's ``sft_trainer`` CLI and
+Python API (docs/cli-and-api.md). ``main()`` parses, trains and saves to ``--save_model_dir`` as v3.1.0 does."""
 
 import argparse
 import dataclasses
@@ -28,59 +28,104 @@ import torch
 import transformers
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_flash_attn_2_available
 
-from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
-from tuning.config.peft_config import PEFT_METHODS, LoraConfig, PromptTuningConfig, to_peft_config
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory
+from tuning.config.acceleration_configs import (
+    AttentionAndDistributedPackingConfig,
+    FastMoeConfig,
+    FusedOpsAndKernelsConfig,
+    QuantizedLoraConfig,
+)
+from tuning.config.configs import (
+    UNSUPPORTED_FLAGS,
+    DataArguments,
+    ModelArguments,
+    TrainerControllerArguments,
+    TrainingArguments,
+)
+from tuning.config.peft_config import (
+    PEFT_METHODS,
+    QUANTIZATION_METHODS,
+    LoraConfig,
+    Mxfp4Config,
+    PromptTuningConfig,
+    to_peft_config,
+)
+from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
 from tuning.data.cache import removes_data_caches
 from tuning.data.formatting import format_file
 from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
-from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
+from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
-from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
+from tuning.trackers.tracker_factory import (
+    AVAILABLE_TRACKERS,
+    build_trackers,
+    external_tracker_config_classes,
+    hf_callbacks,
+)
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
+from tuning.utils.tokens_per_second import TokensPerSecondCallback
 
 logger = logging.getLogger("tuning.sft_trainer")
 
 # Names from earlier fms-hf-tuning releases and transformers 4, accepted in JSON job configs as on the CLI.
 KEY_ALIASES = {"data_path": "training_data_path", "evaluation_strategy": "eval_strategy", "tracker": "trackers"}
 # What train() uses when not told otherwise: the file logger with its defaults (fms-hf-tuning's default too).
-DEFAULT_TRACKER_CONFIGS = TrackerConfigFactory(file_logger_config=FileLoggingTrackerConfig())
-# fms-hf-tuning features this package does not have; train() rejects them by these argument names.
+DEFAULT_TRACKER_CONFIGS = TrackerConfigs()
+# train()'s arguments for fms-hf-tuning features this package does not have: refused unless None or, for argument
+# dataclasses, left at their defaults (what parse_arguments returns when their flags are not given).
 UNSUPPORTED_FEATURES = {
+    "quantization_config": "MXFP4 quantized models",
     "trainer_controller_args": "the trainer controller",
     "quantized_lora_config": "fms-acceleration's quantized LoRA",
     "fusedops_kernels_config": "fms-acceleration's fused ops and kernels",
+    "attention_and_distributed_packing_config": "fms-acceleration's padding-free attention and multipack",
+    "fast_moe_config": "fms-acceleration's fast MoE",
+    "additional_data_handlers": "data handlers of --data_config_path pipelines",
+}
+# The plain flags beside the dataclasses: name → value when not given.
+_PLAIN_FLAGS = {
+    "peft_method": None,
+    "use_peft": False,
+    "quantization_method": None,
+    "alora_invocation_string": None,
+    "exp_metadata": None,
 }
 
 
-class _UpstreamValues(NamedTuple):
+class ParsedArguments(NamedTuple):
+    """fms-hf-tuning v3.1.0's twelve values of ``parse_arguments`` in its order; by name also ``experiment_metadata``
+    (a dict) and the 2.x tracker sections ``file_logger_config`` and ``aim_config``."""
+
     model_args: ModelArguments
     data_args: DataArguments
     training_args: TrainingArguments
-    trainer_controller_args: None
+    trainer_controller_args: TrainerControllerArguments
     tune_config: LoraConfig | PromptTuningConfig | None
-    file_logger_config: FileLoggingTrackerConfig
-    aim_config: AimConfig
-    quantized_lora_config: None
-    fusedops_kernels_config: None
+    quantization_config: Mxfp4Config | None
+    quantized_lora_config: QuantizedLoraConfig
+    fusedops_kernels_config: FusedOpsAndKernelsConfig
+    attention_and_distributed_packing_config: AttentionAndDistributedPackingConfig
+    fast_moe_config: FastMoeConfig
+    tracker_configs: TrackerConfigs
     exp_metadata: str | None
-
-
-class ParsedArguments(_UpstreamValues):
-    """fms-hf-tuning's ten values of ``parse_arguments`` in its order, plus ``tracker_configs`` and
-    ``experiment_metadata`` (a dict) by name."""
-
-    tracker_configs: TrackerConfigFactory
 
     @property
     def experiment_metadata(self) -> dict | None:
         return None if self.exp_metadata is None else json.loads(self.exp_metadata)
+
+    @property
+    def file_logger_config(self) -> FileLoggingTrackerConfig:
+        return self.tracker_configs.file_logger_config
+
+    @property
+    def aim_config(self) -> AimConfig:
+        return self.tracker_configs.aim_config
 
 
 class _ArgumentParser(HfArgumentParser):
@@ -90,14 +135,37 @@ class _ArgumentParser(HfArgumentParser):
         raise UserInputError(message)
 
 
-_PARSER_DATACLASSES = (ModelArguments, DataArguments, TrainingArguments, LoraConfig, PromptTuningConfig)
+_PARSER_DATACLASSES = (
+    ModelArguments,
+    DataArguments,
+    TrainingArguments,
+    TrainerControllerArguments,
+    LoraConfig,
+    PromptTuningConfig,
+    Mxfp4Config,
+    QuantizedLoraConfig,
+    FusedOpsAndKernelsConfig,
+    AttentionAndDistributedPackingConfig,
+    FastMoeConfig,
+    TrackerConfigs,
+)
 
 
 def get_parser() -> HfArgumentParser:
-    """The CLI parser: the argument dataclasses, every registered tracker's config and the plain flags."""
-    parser = _ArgumentParser((*_PARSER_DATACLASSES, *tracker_config_classes().values()))
-    parser.add_argument("--peft_method", choices=PEFT_METHODS, default=None, help="lora, pt or none (default).")
+    """The CLI parser: fms-hf-tuning v3.1.0's argument dataclasses and plain flags, this package's aliases, and the
+    config of every tracker registered from outside the package."""
+    parser = _ArgumentParser(
+        (*_PARSER_DATACLASSES, *external_tracker_config_classes().values()),
+        description=f"Fine-tune a causal LM. Trackers (--trackers): {', '.join(AVAILABLE_TRACKERS)}.",
+    )
+    parser.add_argument(
+        "--peft_method", type=str.lower, choices=PEFT_METHODS, default=None, help="lora, pt or none (default)."
+    )
     parser.add_argument("--use_peft", action="store_true", help="Same as --peft_method lora (the oldest spelling).")
+    parser.add_argument(
+        "--quantization_method", type=str.lower, choices=QUANTIZATION_METHODS, default=None, help="Not supported."
+    )
+    parser.add_argument("--alora_invocation_string", default=None, help="Not supported: aLoRA.")
     parser.add_argument("--exp_metadata", default=None, help="JSON object recorded as the run's searchable params.")
     return parser
 
@@ -114,7 +182,7 @@ def _exp_metadata_json(value: Any) -> str | None:
 def _parse_job_config(parser: HfArgumentParser, json_config: dict) -> tuple[list, argparse.Namespace]:
     """The dataclasses and plain flags of a JSON job config; keys that are no flag are ignored with one warning."""
     config = {KEY_ALIASES.get(key, key): value for key, value in json_config.items()}
-    flags = {name: config.pop(name, parser.get_default(name)) for name in ("peft_method", "use_peft", "exp_metadata")}
+    flags = {name: config.pop(name, default) for name, default in _PLAIN_FLAGS.items()}
     if isinstance(config.get("trackers"), str):
         config["trackers"] = [config["trackers"]]
     known = {spec.name for dtype in parser.dataclass_types for spec in dataclasses.fields(dtype) if spec.init}
@@ -131,50 +199,80 @@ def parse_arguments(
     parser: HfArgumentParser, json_config: dict | None = None, *, args: list[str] | None = None
 ) -> ParsedArguments:
     """Parse ``json_config`` (same keys as the flags) when given and not empty, else the flags in ``args`` (default:
-    the command line's), so that a wrapper hands over its share of the flags without touching ``sys.argv``."""
+    the command line's), so that a wrapper hands over its share of the flags without touching ``sys.argv``. What is
+    no flag (a leftover command-line string, an unknown job-config key) is ignored with one warning naming it, as
+    fms-hf-tuning ignores it (silently there)."""
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
         *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
         if remaining:
-            raise UserInputError(f"unrecognized arguments: {' '.join(remaining)}")
-    model_args, data_args, training_args, lora_config, prompt_config = dataclass_args[: len(_PARSER_DATACLASSES)]
-    tracker_configs = tracker_configs_from(
-        dict(zip(tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True))
-    )
+            logger.warning("ignoring command-line arguments that are no sft_trainer flag: %s", " ".join(remaining))
+    own = dataclass_args[: len(_PARSER_DATACLASSES)]
+    (model_args, data_args, training_args, controller_args, lora_config, prompt_config, mxfp4_config) = own[:7]
+    tracker_configs = own[-1]
+    for name, config in zip(external_tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True):
+        setattr(tracker_configs, f"{name}_config", config)
 
     peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
+    if peft_method == "alora" or flags.alora_invocation_string is not None:
+        raise UserInputError("--peft_method alora (--alora_invocation_string): aLoRA is not supported by tuning-bench")
+    if (flags.quantization_method or "none") != "none":
+        raise UserInputError(
+            f"--quantization_method {flags.quantization_method}: quantized models are not supported by tuning-bench"
+        )
+    if changed_fields(mxfp4_config):
+        raise UserInputError("--dequantize: MXFP4 quantized models are not supported by tuning-bench")
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
     for name in ("response_template", "data_formatter_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
             setattr(data_args, name, value.replace("\\n", "\n"))
-    parsed = ParsedArguments(
+    return ParsedArguments(
         model_args,
         data_args,
         training_args,
-        None,
+        controller_args,
         tune_config,
-        tracker_configs.file_logger_config,
-        tracker_configs.aim_config,
         None,
-        None,
+        *own[7:11],
+        tracker_configs,
         _exp_metadata_json(flags.exp_metadata),
     )
-    parsed.tracker_configs = tracker_configs
-    return parsed
 
 
 def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
     """Warn about the PEFT flags set away from their defaults that the chosen method ignores."""
     for method, config in (("lora", lora_config), ("pt", prompt_config)):
-        defaults = vars(type(config)())
-        ignored = " ".join(f"--{name}" for name, value in vars(config).items() if value != defaults[name])
+        ignored = " ".join(f"--{name}" for name in changed_fields(config))
         if ignored and method != peft_method:
             logger.warning("ignoring %s: only for --peft_method %s; this run has %s", ignored, method, peft_method)
+
+
+def changed_fields(config: Any) -> list[str]:
+    """The init fields of dataclass instance ``config`` whose values differ from their declared defaults."""
+    changed = []
+    for spec in dataclasses.fields(config):
+        default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
+        if spec.init and getattr(config, spec.name) != default:
+            changed.append(spec.name)
+    return changed
+
+
+def check_supported(arguments: dict[str, Any]) -> None:
+    """Refuse ``train()``'s arguments for features not implemented here (``UNSUPPORTED_FEATURES``), naming them;
+    an argument dataclass left at its defaults is no request for the feature."""
+    for argument, value in arguments.items():
+        if value is None or value == {}:
+            continue
+        flags = changed_fields(value) if dataclasses.is_dataclass(value) and argument != "quantization_config" else None
+        if flags == []:
+            continue
+        named = f"{argument} (--{', --'.join(flags)})" if flags else argument
+        raise UserInputError(f"{named}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
 
 
 def check_output_dir(path: str) -> None:
@@ -212,6 +310,11 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
 
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
     """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
+    for name, feature in UNSUPPORTED_FLAGS.items():
+        args = data_args if hasattr(data_args, name) else train_args
+        spec = next(spec for spec in dataclasses.fields(args) if spec.name == name)
+        if getattr(args, name) != spec.default:
+            raise UserInputError(f"--{name} {getattr(args, name)}: not supported by tuning-bench ({feature})")
     if not model_args.model_name_or_path:
         raise UserInputError("--model_name_or_path is required")
     for flag, path in (
@@ -249,6 +352,19 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
             raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
         raise UserInputError(f"--max_steps must be a number of steps or -1 (all epochs), got {train_args.max_steps}")
+    checkpoint = resume_checkpoint(train_args)
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        raise UserInputError(f"--resume_from_checkpoint {checkpoint} is not a directory")
+
+
+def resume_checkpoint(train_args: TrainingArguments) -> str | None:
+    """Where training resumes from, as fms-hf-tuning v3.1.0 reads ``--resume_from_checkpoint``: unset or "true", the
+    last ``checkpoint-N`` in ``output_dir`` (None when there is none: a fresh start); "false", None; else the path."""
+    value = train_args.resume_from_checkpoint
+    if value is None or str(value).lower() == "true":
+        output_dir = train_args.output_dir
+        return get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
+    return None if str(value).lower() == "false" else value
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
@@ -256,11 +372,11 @@ def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: i
     return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
-def _attention_implementation(use_flash_attn: bool) -> str:
-    if not use_flash_attn:
+def _attention_implementation(model_args: ModelArguments) -> str:
+    if not model_args.use_flash_attn:
         return "sdpa"
     if torch.cuda.is_available() and is_flash_attn_2_available():
-        return "flash_attention_2"
+        return model_args.flash_attn_implementation
     logger.warning("flash attention 2 is not available here (needs CUDA and flash-attn); using sdpa instead")
     return "sdpa"
 
@@ -286,18 +402,27 @@ def train(
     data_args: DataArguments,
     train_args: TrainingArguments,
     peft_config: LoraConfig | PromptTuningConfig | Any | None = None,
-    trainer_controller_args: Any = None,
-    tracker_configs: TrackerConfigFactory | None = DEFAULT_TRACKER_CONFIGS,
+    quantization_config: Mxfp4Config | None = None,
+    trainer_controller_args: TrainerControllerArguments | None = None,
+    tracker_configs: TrackerConfigs | TrackerConfigFactory | None = DEFAULT_TRACKER_CONFIGS,
     additional_callbacks: list[TrainerCallback] | None = None,
     exp_metadata: dict | None = None,
-    quantized_lora_config: Any = None,
-    fusedops_kernels_config: Any = None,
+    quantized_lora_config: QuantizedLoraConfig | None = None,
+    fusedops_kernels_config: FusedOpsAndKernelsConfig | None = None,
+    attention_and_distributed_packing_config: AttentionAndDistributedPackingConfig | None = None,
+    fast_moe_config: FastMoeConfig | None = None,
+    additional_data_handlers: dict | None = None,
     *,
     callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
-) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
-    """Fine-tune and save the model (or adapter) into ``output_dir``; returns the train output and the additional
-    metrics (docs/cli-and-api.md, "Python API")."""
+) -> tuple[Any, dict[str, Any], None]:
+    """Fine-tune (resuming as ``--resume_from_checkpoint`` says); checkpoints go to ``output_dir`` by
+    ``save_strategy``, the final model nowhere (``save()`` writes it). Returns fms-hf-tuning v3.1.0's ``(trainer,
+    {"added_tokens_info": ..., "model_load_time": ...}, None)``, the last being the trainer controller it lacks.
+
+    Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
+    their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -305,13 +430,20 @@ def train(
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
     tracker_configs = DEFAULT_TRACKER_CONFIGS if tracker_configs is None else tracker_configs
-    unsupported = (trainer_controller_args, quantized_lora_config, fusedops_kernels_config)
-    for argument, value in zip(UNSUPPORTED_FEATURES, unsupported, strict=True):
-        if value is not None:
-            raise UserInputError(f"{argument}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
-    if not isinstance(tracker_configs, TrackerConfigFactory):
+    check_supported(
+        {
+            "quantization_config": quantization_config,
+            "trainer_controller_args": trainer_controller_args,
+            "quantized_lora_config": quantized_lora_config,
+            "fusedops_kernels_config": fusedops_kernels_config,
+            "attention_and_distributed_packing_config": attention_and_distributed_packing_config,
+            "fast_moe_config": fast_moe_config,
+            "additional_data_handlers": additional_data_handlers,
+        }
+    )
+    if not isinstance(tracker_configs, TrackerConfigs | TrackerConfigFactory):
         raise UserInputError(
-            f"tracker configs should adhere to the TrackerConfigFactory type, got {type(tracker_configs).__name__}"
+            f"tracker configs should adhere to the TrackerConfigs type, got {type(tracker_configs).__name__}"
         )
     wrong = [type(callback).__name__ for callback in additional_callbacks if not isinstance(callback, TrainerCallback)]
     if wrong:
@@ -319,10 +451,12 @@ def train(
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
-    trainer_callbacks = additional_callbacks
     if trackers is None:
         trackers = build_trackers(train_args.trackers, tracker_configs)
-        trainer_callbacks = [*hf_callbacks(trackers), *additional_callbacks]
+    placed = {id(callback) for callback in additional_callbacks}
+    trainer_callbacks = [*additional_callbacks, *(c for c in hf_callbacks(trackers) if id(c) not in placed)]
+    if train_args.include_tokens_per_second:  # first: every later callback's final log carries the figure
+        trainer_callbacks.insert(0, TokensPerSecondCallback())
     if exp_metadata:
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
@@ -330,7 +464,10 @@ def train(
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
     )
-    added_tokens = tokenizer.add_special_tokens({"eos_token": "</s>"}) if tokenizer.eos_token is None else 0
+    special_tokens = {"eos_token": "</s>"} if tokenizer.eos_token is None else {}
+    if data_args.add_special_tokens:
+        special_tokens["extra_special_tokens"] = list(data_args.add_special_tokens)
+    added_tokens = tokenizer.add_special_tokens(special_tokens, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
@@ -343,14 +480,17 @@ def train(
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
         dtype=get_torch_dtype(model_args.torch_dtype),
-        attn_implementation=_attention_implementation(model_args.use_flash_attn),
+        attn_implementation=_attention_implementation(model_args),
         cache_dir=train_args.cache_dir,
     )
+    embedding_size = model.get_input_embeddings().weight.shape[0]
+    added_tokens_info = {"num_new_tokens": added_tokens, "new_embedding_size": embedding_size}
     if added_tokens:
-        tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
-    additional_metrics = {"model_load_time": time.time() - load_start}
+        resized = tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
+        added_tokens_info["new_embedding_size"] = resized["new_embedding_size"]
+    model_load_time = time.time() - load_start
     for tracker in trackers:
-        tracker.track(additional_metrics["model_load_time"], "model_load_time")
+        tracker.track(model_load_time, "model_load_time")
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
@@ -365,9 +505,16 @@ def train(
         peft_config=peft_config,
         callbacks=trainer_callbacks,
     )
-    train_output = trainer.train()
-    trainer.save_model(train_args.output_dir)
-    return train_output, additional_metrics
+    trainer.train(resume_from_checkpoint=resume_checkpoint(train_args))
+    return trainer, {"added_tokens_info": added_tokens_info, "model_load_time": model_load_time}, None
+
+
+def save(path: str, trainer, tc_callback: Any = None, log_level: str = "WARNING", args: Any = None) -> None:
+    """Write the trained model (or adapter) and its tokenizer to ``path`` (fms-hf-tuning v3.1.0's ``save``;
+    ``tc_callback`` and ``args`` are accepted for it, and unused: there is no trainer controller here)."""
+    logger.log(logging.getLevelName("WARNING" if log_level == "passive" else log_level.upper()), "saving to %s", path)
+    os.makedirs(path, exist_ok=True)
+    trainer.save_model(path)
 
 
 def main() -> int:
@@ -375,20 +522,31 @@ def main() -> int:
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
-        validate_arguments(args.model_args, args.data_args, args.training_args)
-        trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
-        train(
+        trainer, train_info, _ = train(
             args.model_args,
             args.data_args,
             args.training_args,
             args.tune_config,
-            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
-            exp_metadata=args.experiment_metadata,
-            trackers=trackers,
+            args.quantization_config,
+            args.trainer_controller_args,
+            args.tracker_configs,
+            [graceful_stop],
+            args.experiment_metadata,
+            args.quantized_lora_config,
+            args.fusedops_kernels_config,
+            args.attention_and_distributed_packing_config,
+            args.fast_moe_config,
         )
         if graceful_stop.received_signal is not None:
             raise TrainingInterrupted(graceful_stop.received_signal)
+        training_args = args.training_args
+        if training_args.save_model_dir:
+            save(training_args.save_model_dir, trainer, None, training_args.log_level, training_args)
+        if isinstance(args.tune_config, LoraConfig):  # as fms-hf-tuning: beside the adapter and in output_dir
+            for directory in filter(None, (training_args.save_model_dir, training_args.output_dir)):
+                with open(os.path.join(directory, "added_tokens_info.json"), "w", encoding="utf-8") as handle:
+                    json.dump(train_info["added_tokens_info"], handle)
 
     return run_with_error_reporting(run)
 

@@ -279,6 +279,8 @@ class BenchmarkJob:
     def run(self, argv: list[str]) -> None:
         flags, args = parse_command_line(argv)
         train_args = args.training_args
+        if train_args.resume_from_checkpoint is None:  # a benchmark measures whole runs: resume only when told to
+            train_args.resume_from_checkpoint = "false"
         check_flags(flags)
         benchmarking.check_output_dir(train_args.output_dir)
         metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
@@ -347,13 +349,13 @@ class BenchmarkJob:
         )
         # The trainer calls callbacks in this order, each hook with the same logs dict. First the benchmark's step
         # hooks (a step's time and number before any extension's work on it), then the extensions, then every
-        # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker;
-        # Aim and MLflow last, so that the benchmark's last samples reach their runs before they close.
-        log_readers = [self.bench.log_recorder, *benchmarking.hf_callbacks(trackers), *mirrors]
-        callbacks = [self.bench, graceful_stop, *extra_callbacks, *log_readers]
+        # reader of trainer logs, so that a number an extension adds to the logs reaches the dump and each tracker:
+        # the dump's, then the trackers' (train() installs them after these, in this order), Aim and MLflow last,
+        # so that the benchmark's last samples reach their runs before they close.
+        callbacks = [self.bench, graceful_stop, *extra_callbacks, self.bench.log_recorder]
         trackers += self.mirrored
         try:
-            benchmarking.train(
+            trainer, *_ = benchmarking.train(
                 args.model_args,
                 args.data_args,
                 train_args,
@@ -367,6 +369,8 @@ class BenchmarkJob:
             self.close_helpers()
         if graceful_stop.received_signal is not None:
             raise benchmarking.TrainingInterrupted(graceful_stop.received_signal)
+        if train_args.save_model_dir:
+            benchmarking.save(train_args.save_model_dir, trainer)
         misplaced = self.finish("stopped" if self.bench.stop_reason else "ok")
         if misplaced is not None:
             raise benchmarking.StorageError(misplaced)

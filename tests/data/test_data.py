@@ -10,19 +10,19 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from datasets.exceptions import DatasetGenerationError
+from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
 from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, run_sft_trainer, subprocess_env
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
-from tuning.data.formatting import format_file, format_texts
+from tuning.data.formatting import apply_custom_formatting_template, format_file, format_texts
 from tuning.data.loading import iter_records, load_records
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
-from tuning.sft_trainer import _to_sft_config, train
-from tuning.utils.data_utils import apply_custom_formatting_template
+from tuning.data.tokenizer_utils import get_special_tokens_dict
+from tuning.sft_trainer import _to_sft_config, save, train
 from tuning.utils.error_logging import ErrorCategory, UserInputError, classify
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
@@ -126,6 +126,7 @@ def _write(path: Path, content: str | bytes) -> str:
     ("make_data", "fields", "expected", "culprit"),
     [
         (lambda d: str(d / "missing.jsonl"), {}, FileNotFoundError, "data file not found: .*missing.jsonl"),
+        (lambda d: str(d / "missing.jsonl"), {}, DatasetNotFoundError, "data file not found: .*missing.jsonl"),
         (lambda d: str(d), {}, FileNotFoundError, "is a directory, not a file: "),
         (lambda d: _write(d / "bad.json", "This is not JSON.\n"), {}, DatasetGenerationError, "line 1, column 1"),
         (lambda d: _write(d / "empty.json", ""), {}, DatasetGenerationError, "empty"),
@@ -136,6 +137,24 @@ def _write(path: Path, content: str | bytes) -> str:
             KeyError,
             r"\['not found'\] not in record 0 \(line 1\)",
         ),
+        (
+            lambda d: _write(d / "null.jsonl", '{"output": "a"}\n{"output": null}\n'),
+            {},
+            UserInputError,
+            r"dataset_text_field 'output' in record 1 \(line 2\) of .*null.jsonl is null, not text",
+        ),
+        (
+            lambda d: _write(d / "list.jsonl", '{"q": "a", "r": ["x"]}\n'),
+            {"dataset_text_field": None, "data_formatter_template": "{{q}}\n### Response: {{element['r']}}"},
+            UserInputError,
+            r"template key 'r' in record 0 \(line 1\) of .*list.jsonl is a list, not text",
+        ),
+        (
+            lambda d: SAMPLE_TRAIN_PATH,
+            {"dataset_text_field": None, "data_formatter_template": "{{element['not found']}}"},
+            KeyError,
+            r"template key not in record 0 \(line 1\) of .*: 'dict object' has no attribute 'not found'",
+        ),
     ],
 )
 def test_train_raises_upstreams_exception_types(make_data, fields, expected, culprit, tiny_model, tmp_path):
@@ -145,6 +164,41 @@ def test_train_raises_upstreams_exception_types(make_data, fields, expected, cul
     assert isinstance(caught.value, UserInputError)
     assert classify(caught.value) is ErrorCategory.USER_ERROR
     assert not (tmp_path / "out").exists()  # nothing trained, nothing saved
+
+
+# --- templates: v3.1.0's Jinja2 and the older {{key}} form; only strings and numbers become text ---------------
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{{element['Tweet text']}} => {{element['label']}}", "I hate it => 1</s>"),
+        ("{{ element['Tweet text'] | upper }}", "I HATE IT</s>"),
+        ("{% if element.label %}complaint: {% endif %}{{id}}", "complaint: 7</s>"),
+        ("{{Tweet text}} => {{ label }}", "I hate it => 1</s>"),  # the {{key}} form, a key with a space
+        ("{{element['id']}}{{eos_token}}", "7</s></s>"),
+    ],
+)
+def test_templates_in_both_forms(template, expected):
+    record = {"Tweet text": "I hate it", "label": 1, "id": 7}
+    assert format_texts([record], "</s>", template=template) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(None, "null"), (["x"], "a list"), ({"a": 1}, "an object"), (True, "a bool")]
+)
+@pytest.mark.parametrize("template", [None, "{{output}}", "{{ element['output'] }}"])
+def test_values_that_are_not_text_name_file_line_and_key(value, kind, template, tmp_path):
+    path = _write(tmp_path / "d.jsonl", '{"output": "fine", "n": 1.5}\n' + json.dumps({"output": value}) + "\n")
+    field = "output" if template is None else None
+    with pytest.raises(UserInputError, match=rf"'output' in record 1 \(line 2\) of {re.escape(path)} is {kind}"):
+        list(format_file(path, "</s>", field, template))
+    assert list(format_file(_write(tmp_path / "n.jsonl", '{"output": 2.5}\n'), "", field, template)) == ["2.5"]
+
+
+def test_an_invalid_jinja_template_is_a_user_error():
+    with pytest.raises(UserInputError, match="--data_formatter_template is not a valid Jinja2 template"):
+        format_texts([{"a": "x"}], "</s>", template="{{element['a'}}")
 
 
 # --- reading: line numbers, UTF-8, JSON arrays read piecewise --------------------------------------------------
@@ -322,7 +376,8 @@ def _eager_rows(path: str, tokenizer, max_length: int) -> list[dict]:
 def test_training_on_the_streamed_dataset_equals_training_in_memory(tiny_model, sample_train, tmp_path):
     model_args, data_args, train_args = _args(tiny_model, str(tmp_path / "streamed"), sample_train)
     train_args.max_steps = 4
-    train(model_args, data_args, train_args)
+    trainer, *_ = train(model_args, data_args, train_args)
+    save(str(tmp_path / "streamed"), trainer)
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tokenizer.pad_token = tokenizer.eos_token
@@ -435,3 +490,14 @@ def test_cli_fills_template_keys_with_spaces(tiny_model, tmp_path):
     args = cli_args(tiny_model, str(tmp_path), data=data, dataset_text_field=None, data_formatter_template=template)
     result = run_sft_trainer([*args, "--per_device_train_batch_size", "2", "--max_steps", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_special_tokens_dict_of_v3(tiny_model):
+    """fms-hf-tuning v3.1.0's get_special_tokens_dict: nothing for a separately named tokenizer; otherwise each
+    missing special token, and a pad token distinct from eos."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    assert get_special_tokens_dict("separate-tokenizer", tokenizer) == {}
+    tokenizer.pad_token = tokenizer.eos_token
+    special_tokens = get_special_tokens_dict(None, tokenizer)
+    assert special_tokens["pad_token"] == tokenizer.pad_token != tokenizer.eos_token
+    assert all(getattr(tokenizer, name) is not None or name in special_tokens for name in ("bos_token", "unk_token"))

@@ -574,3 +574,15 @@ def test_trainer_flags_reach_the_trainer_parser_as_typed(bench_train):
     assert args.training_args.max_steps == 3 and args.tune_config.r == 8
     assert flags.metadata == '{"b": true}' and flags.auto_stop is True and flags.stall_timeout == 9.0
     assert flags.metrics_path == "m.json" and flags.system_metrics_interval == 5.0
+
+
+@pytest.mark.slow
+def test_a_rerun_into_the_same_output_dir_measures_a_whole_run(tiny_model, tmp_path):
+    """sft_trainer resumes from output_dir's last checkpoint (fms-hf-tuning v3.1.0); bench_train only when told."""
+    args = bench_args(tiny_model, tmp_path, max_steps=2, save_strategy="steps", save_steps=1, skip_warmup_steps=0)
+    for _ in range(2):
+        code, _, stderr = run_bench(args)
+        assert code == 0, stderr[-3000:]
+        assert series(read_dump(tmp_path / "bench.json"), STEP_TIME)["steps"] == [1, 2]
+    assert (tmp_path / "checkpoint-2").is_dir()
+    assert not list(tmp_path.glob("*.safetensors"))  # no final model unless --save_model_dir

@@ -12,7 +12,15 @@ from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
 from tuning.config.tracker_configs import AimConfig
-from tuning.sft_trainer import ParsedArguments, check_output_dir, get_parser, parse_arguments, train, validate_arguments
+from tuning.sft_trainer import (
+    ParsedArguments,
+    check_output_dir,
+    get_parser,
+    parse_arguments,
+    save,
+    train,
+    validate_arguments,
+)
 from tuning.trackers import (
     AIMSTACK_TRACKER,
     MLFLOW_TRACKER,
@@ -76,6 +84,7 @@ __all__ = [
     "print_own_line",
     "rank_report_path",
     "run_with_error_reporting",
+    "save",
     "termination_line",
     "thread_stacks",
     "train",

@@ -1,5 +1,7 @@
-"""Argument dataclasses of the sft_trainer CLI, with fms-hf-tuning's field names, defaults and aliases; every
-transformers ``TrainingArguments`` flag is available through the subclass below."""
+"""Argument dataclasses of the sft_trainer CLI, with fms-hf-tuning v3.1.0's field names and defaults and older
+names as aliases; every transformers ``TrainingArguments`` flag is available through the subclass below. Flags of
+features tuning-bench does not implement parse; ``UNSUPPORTED_FLAGS`` names them, and a value other than their
+default is refused before any model work."""
 
 import logging
 from dataclasses import dataclass, field
@@ -7,7 +9,7 @@ from dataclasses import dataclass, field
 import transformers
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
-from tuning.trackers.tracker_factory import AVAILABLE_TRACKERS, FILE_LOGGING_TRACKER, NO_TRACKING
+from tuning.config.tracker_configs import FILE_LOGGING_TRACKER, NO_TRACKING
 from tuning.utils.error_logging import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -26,7 +28,11 @@ class ModelArguments:
     # A string on the command line; Python callers may give a torch.dtype as well.
     torch_dtype: str = field(default="bfloat16", metadata={"help": "Model dtype: bfloat16, float16 or float32."})
     embedding_size_multiple_of: int = field(
-        default=8, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
+        default=1, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
+    )
+    flash_attn_implementation: str = field(
+        default="flash_attention_2",
+        metadata={"help": "Attention implementation used when --use_flash_attn finds flash attention available."},
     )
 
     def __post_init__(self):
@@ -50,6 +56,18 @@ class DataArguments:
         default=None,
         metadata={"help": "Marks where the response starts; the loss covers only what follows it."},
     )
+    add_special_tokens: list[str] | None = field(
+        default=None, metadata={"help": "Special tokens to add to the tokenizer (the embeddings grow to match)."}
+    )
+    # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (UNSUPPORTED_FLAGS).
+    data_config_path: str | None = field(default=None, metadata={"help": "Not supported: data config pipelines."})
+    chat_template: str | None = field(default=None, metadata={"help": "Not supported: chat templates."})
+    dataset_conversation_field: str | None = field(default=None, metadata={"help": "Not supported: chat data."})
+    instruction_template: str | None = field(default=None, metadata={"help": "Not supported: chat data."})
+    dataset_image_field: str | None = field(default=None, metadata={"help": "Not supported: vision models."})
+    do_dataprocessing_only: bool = field(default=False, metadata={"help": "Not supported: offline data processing."})
+    num_train_dataset_shards: int = field(default=1, metadata={"help": "Not supported: offline data processing."})
+    num_eval_dataset_shards: int = field(default=1, metadata={"help": "Not supported: offline data processing."})
 
 
 @dataclass
@@ -72,13 +90,24 @@ class TrainingArguments(transformers.TrainingArguments):
     trackers: list[str] = field(
         default_factory=lambda: [FILE_LOGGING_TRACKER],
         metadata={
-            "help": f"Trackers to use ({', '.join(AVAILABLE_TRACKERS)}); {FILE_LOGGING_TRACKER} is always on "
-            f"unless '{NO_TRACKING}' is given alone.",
+            "help": f"Trackers to use, separated by spaces (the list is in the description above); "
+            f"{FILE_LOGGING_TRACKER} is always on unless '{NO_TRACKING}' is given alone.",
             "aliases": ["--tracker"],
         },
     )
+    save_model_dir: str | None = field(
+        default=None, metadata={"help": "Directory the final model is saved to; unset: no final save."}
+    )
+    # Removed from transformers 5; fms-hf-tuning callers (IBM ado) still pass it.
+    include_tokens_per_second: bool = field(
+        default=False,
+        metadata={"help": "Add train_tokens_per_second to the final metrics, as transformers 4 computed it."},
+    )
+    enable_reduce_loss_sum: bool = field(default=False, metadata={"help": "Not supported: sum loss reduction."})
 
     def __post_init__(self):
+        if isinstance(self.trackers, str):  # trackers="aim" from Python: one name, not its characters
+            self.trackers = [self.trackers]
         # Without an accelerator, transformers 5 trains distributed (torchrun, gloo) only with use_cpu set, and
         # rejects fms-hf-tuning's usual --bf16 True without it: on a CPU-only machine, the CPU is what users mean.
         if not self.use_cpu and not _has_accelerator():
@@ -89,6 +118,27 @@ class TrainingArguments(transformers.TrainingArguments):
                 raise UserInputError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
             self.warmup_steps = self.warmup_ratio
         super().__post_init__()
+
+
+@dataclass
+class TrainerControllerArguments:
+    trainer_controller_config_file: str | None = field(
+        default=None, metadata={"help": "Not supported: the trainer controller's rules file."}
+    )
+
+
+# Flags of fms-hf-tuning features not implemented here: refused when set to anything but their default.
+UNSUPPORTED_FLAGS = {
+    "data_config_path": "data preprocessing pipelines",
+    "chat_template": "chat templates",
+    "dataset_conversation_field": "chat data",
+    "instruction_template": "chat data",
+    "dataset_image_field": "vision models",
+    "do_dataprocessing_only": "offline data processing",
+    "num_train_dataset_shards": "offline data processing",
+    "num_eval_dataset_shards": "offline data processing",
+    "enable_reduce_loss_sum": "sum loss reduction",
+}
 
 
 def _has_accelerator() -> bool:

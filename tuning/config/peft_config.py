@@ -1,29 +1,55 @@
-"""PEFT argument dataclasses, converted to peft configs by :func:`to_peft_config`."""
+"""PEFT argument dataclasses with fms-hf-tuning v3.1.0's flags, converted to peft configs by
+:func:`to_peft_config`."""
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
-PEFT_METHODS = ("lora", "pt", "none")
+PEFT_METHODS = ("lora", "pt", "none", "alora")  # alora parses, and is refused as unsupported
+QUANTIZATION_METHODS = ("mxfp4", "none")  # mxfp4 parses, and is refused as unsupported
+
+
+def _flag(help_text: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
 class LoraConfig:
-    r: int = field(default=8, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling alpha."})
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "v_proj"],
-        metadata={"help": "Module names to adapt, or 'all-linear'."},
+    """``peft.LoraConfig``'s fields that a command line can give, with fms-hf-tuning's defaults (alpha 32,
+    dropout 0.05); each is handed to peft as given."""
+
+    r: int = _flag("LoRA rank.", 8)
+    lora_alpha: int = _flag("LoRA scaling alpha.", 32)
+    target_modules: list[str] | None = _flag(
+        "Module names to adapt, or 'all-linear'; unset: peft's choice for the model's architecture."
     )
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    exclude_modules: list[str] | None = _flag("Module names not to adapt.")
+    lora_dropout: float = _flag("LoRA dropout.", 0.05)
+    fan_in_fan_out: bool = _flag("The layers store weights as (fan_in, fan_out), as GPT-2's Conv1D does.", False)
+    bias: Literal["none", "all", "lora_only"] = _flag("Which biases to train: none, all or lora_only.", "none")
+    use_rslora: bool = _flag("Rank-stabilised LoRA scaling (alpha / sqrt(r)).", False)
+    modules_to_save: list[str] | None = _flag("Modules trained in full and saved beside the adapter.")
+    init_lora_weights: bool = _flag("Initialise B to zero, so that the adapter starts as a no-op.", True)
+    layers_to_transform: list[int] | None = _flag("Indexes of the only layers to adapt.")
+    layers_pattern: list[str] | None = _flag("Name of the layer list that --layers_to_transform indexes.")
+    trainable_token_indices: list[int] | None = _flag("Token ids whose embeddings are trained.")
+    use_dora: bool = _flag("Weight-decomposed LoRA (DoRA).", False)
+    lora_bias: bool = _flag("Train a bias in LoRA's B matrix.", False)
+    target_parameters: list[str] | None = _flag("Parameter names to adapt (for parameters outside nn.Linear).")
 
 
 @dataclass
 class PromptTuningConfig:
-    prompt_tuning_init: str = field(default="TEXT", metadata={"help": "TEXT or RANDOM initialisation."})
-    num_virtual_tokens: int = field(default=8, metadata={"help": "Number of virtual tokens."})
-    prompt_tuning_init_text: str = field(
-        default="Classify if the tweet is a complaint or not:",
-        metadata={"help": "Text the virtual tokens start from when --prompt_tuning_init TEXT."},
+    prompt_tuning_init: str = _flag("TEXT or RANDOM initialisation.", "TEXT")
+    num_virtual_tokens: int = _flag("Number of virtual tokens.", 8)
+    prompt_tuning_init_text: str = _flag(
+        "Text the virtual tokens start from when --prompt_tuning_init TEXT.",
+        "Classify if the tweet is a complaint or not:",
     )
+
+
+@dataclass
+class Mxfp4Config:
+    dequantize: bool = _flag("Not supported: MXFP4 quantized models (--quantization_method mxfp4).", True)
 
 
 def to_peft_config(config: LoraConfig | PromptTuningConfig, tokenizer_name_or_path: str | None):

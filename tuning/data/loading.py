@@ -1,7 +1,8 @@
 """Reading training records from JSON arrays or JSON lines, one record at a time.
 
 Memory is bounded by a record plus a 1 MiB read, not by the file. Every error names the file and the line, with
-fms-hf-tuning's types (``FileNotFoundError``, else ``datasets``' ``DatasetGenerationError``), also ``UserInputError``.
+fms-hf-tuning's types (``datasets``' ``DatasetNotFoundError``, a ``FileNotFoundError``, for a missing file, else its
+``DatasetGenerationError``), also ``UserInputError``.
 """
 
 import codecs
@@ -10,9 +11,10 @@ import os
 import re
 from collections.abc import Iterator
 
-from datasets.exceptions import DatasetGenerationError
+from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
-from tuning.utils.error_logging import InputFileNotFoundError, UserInputError
+from tuning.utils import error_logging
+from tuning.utils.error_logging import UserInputError
 
 _READ_SIZE = 1 << 20
 _SIGNIFICANT = re.compile(r"[^ \t\r\n]")
@@ -20,6 +22,11 @@ _SIGNIFICANT = re.compile(r"[^ \t\r\n]")
 # literal such as ``-Infinit`` or a ``\\uXXXX`` escape is at most this long).
 _MAX_CUT_TOKEN = 8
 _DECODER = json.JSONDecoder()
+
+
+class InputFileNotFoundError(error_logging.InputFileNotFoundError, DatasetNotFoundError):
+    """A data file that is missing or not a file: also ``datasets``' ``DatasetNotFoundError``, which fms-hf-tuning
+    v3.1.0 raises there (and a ``FileNotFoundError``, as 2.x raised)."""
 
 
 class MalformedDataError(UserInputError, DatasetGenerationError):

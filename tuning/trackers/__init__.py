@@ -1,6 +1,6 @@
-"""Trackers: ``train()`` builds one per requested name (the file logger always among them) and installs their
-callbacks, unless its caller built them and hands them in with ``trackers=[…]`` (then the caller places the callbacks);
-either way they receive ``model_load_time`` and the experiment metadata, so a wrapper can swap in its own subclass.
+"""Trackers: ``train()`` builds one per requested name (the file logger always among them), unless its caller built
+them and hands them in with ``trackers=[…]``; either way ``train()`` installs their callbacks (after the caller's
+own) and they receive ``model_load_time`` and the experiment metadata, so a wrapper can swap in its own subclass.
 """
 
 from tuning.trackers.tracker import Tracker

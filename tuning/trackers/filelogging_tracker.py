@@ -1,4 +1,5 @@
-"""file_logger: the default tracker, one JSON line per logged loss in ``output_dir``."""
+"""file_logger: the default tracker, one JSON line per logged loss (and ``train_tokens_per_second`` when the trainer
+reports it) in ``output_dir``."""
 
 import json
 import os
@@ -11,7 +12,11 @@ from tuning.config.tracker_configs import FileLoggingTrackerConfig
 from tuning.trackers.tracker import Tracker, is_main_process
 
 # Trainer log keys → record names in training_logs.jsonl (the fms-hf-tuning names).
-_LOSS_NAMES = {"loss": "training_loss", "eval_loss": "validation_loss"}
+_LOGGED_NAMES = {
+    "loss": "training_loss",
+    "eval_loss": "validation_loss",
+    "train_tokens_per_second": "train_tokens_per_second",
+}
 
 
 def format_record(name: str, value: float, step: int | None, epoch: float | None) -> str:
@@ -60,7 +65,7 @@ class FileLoggingCallback(TrainerCallback):
             return
         records = [
             format_record(name, logs[key], state.global_step, state.epoch)
-            for key, name in _LOSS_NAMES.items()
+            for key, name in _LOGGED_NAMES.items()
             if key in logs
         ]
         if records:

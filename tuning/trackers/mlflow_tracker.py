@@ -55,11 +55,17 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
     ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
-    ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given."""
+    ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given. Without a URI (the
+    flag or ``MLFLOW_TRACKING_URI``) it is fms-hf-tuning's ValueError."""
     if (timeout := config.mlflow_close_timeout) is None or timeout <= 0:
         raise UserInputError(f"--mlflow_close_timeout must be a positive number of seconds, got {timeout}")
     uri = (config.mlflow_tracking_uri or "").strip()
     if not uri:
+        if not os.environ.get("MLFLOW_TRACKING_URI"):  # MLflow would write ./mlruns wherever the job happens to run
+            raise UserInputError(
+                "mlflow tracker requested but mlflow_uri is not specified: give --mlflow_tracking_uri "
+                "(or set MLFLOW_TRACKING_URI)"
+            )
         return None
     if uri.startswith(("http://", "https://")):
         if server_address(uri, *HTTP_SCHEMES) is None:

@@ -3,19 +3,25 @@
 
 import pkgutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, MLflowConfig, TrackerConfigFactory
+from tuning.config.tracker_configs import (
+    FILE_LOGGING_TRACKER,
+    NO_TRACKING,
+    AimConfig,
+    FileLoggingTrackerConfig,
+    MLflowConfig,
+    TrackerConfigFactory,
+    TrackerConfigs,
+)
 from tuning.trackers.tracker import Tracker
 from tuning.utils.error_logging import UserInputError
 
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
     from transformers import TrainerCallback
 
-FILE_LOGGING_TRACKER = "file_logger"
 AIMSTACK_TRACKER = "aim"
 MLFLOW_TRACKER = "mlflow"
-NO_TRACKING = "none"
 
 AVAILABLE_TRACKERS: list[str] = []  # every registered name, in registration order
 
@@ -31,8 +37,9 @@ _REGISTRY: dict[str, TrackerSpec] = {}
 
 
 def register_tracker(name: str, spec: TrackerSpec) -> None:
-    """Add a tracker: its flags are parsed from ``spec.config_class`` and its parsed config is the
-    ``<name>_config`` attribute of ``TrackerConfigFactory`` (a field for this package's trackers)."""
+    """Add a tracker: its flags are parsed from ``spec.config_class`` (``TrackerConfigs`` holds those of this
+    package's trackers) and its parsed config is the ``<name>_config`` attribute of the parsed ``TrackerConfigs``
+    and of ``TrackerConfigFactory`` (a field for this package's trackers)."""
     if name not in _REGISTRY:
         AVAILABLE_TRACKERS.append(name)
     _REGISTRY[name] = spec
@@ -51,17 +58,17 @@ register_tracker(
 
 
 def tracker_config_classes() -> dict[str, type]:
-    """Each registered tracker's config dataclass, by tracker name: the parser's tracker sections."""
+    """Each registered tracker's config dataclass, by tracker name."""
     return {name: spec.config_class for name, spec in _REGISTRY.items()}
 
 
-def tracker_configs_from(configs: dict[str, Any]) -> TrackerConfigFactory:
-    """Parsed configs by tracker name as one ``TrackerConfigFactory``; a tracker registered from outside this package
-    gets its ``<name>_config`` attribute too."""
-    factory = TrackerConfigFactory()
-    for name, config in configs.items():
-        setattr(factory, f"{name}_config", config)
-    return factory
+def external_tracker_config_classes() -> dict[str, type]:
+    """The config dataclasses of trackers registered from outside this package, by tracker name: the parser's
+    sections beside ``TrackerConfigs``, which has the flags of this package's own."""
+    return {name: config for name, config in tracker_config_classes().items() if config not in _OWN_CONFIG_CLASSES}
+
+
+_OWN_CONFIG_CLASSES = (FileLoggingTrackerConfig, AimConfig, MLflowConfig)
 
 
 def validate_tracker_names(names: list[str] | None) -> list[str]:
@@ -79,14 +86,21 @@ def validate_tracker_names(names: list[str] | None) -> list[str]:
 
 def _spec(name: str) -> TrackerSpec:
     if (spec := _REGISTRY.get(name.strip().lower())) is None:
+        hint = f" (separate tracker names with spaces: --trackers {' '.join(name.split(','))})" if "," in name else ""
         raise UserInputError(
-            f"Requested Tracker {name} not found. Available trackers: {', '.join(AVAILABLE_TRACKERS + [NO_TRACKING])}"
+            f"Requested Tracker {name} not found. Available trackers: "
+            f"{', '.join(AVAILABLE_TRACKERS + [NO_TRACKING])}{hint}"
         )
     return spec
 
 
-def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Tracker:
-    """One tracker, configured from its ``<name>_config`` section of ``tracker_configs`` (its defaults when that is
+def tracker_sections(tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> TrackerConfigFactory | None:
+    """Each tracker's config section: ``TrackerConfigs`` (v3.1.0) split up, a ``TrackerConfigFactory`` as it is."""
+    return tracker_configs.as_factory() if isinstance(tracker_configs, TrackerConfigs) else tracker_configs
+
+
+def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> Tracker:
+    """One tracker, configured from ``tracker_configs`` (its ``<name>_config`` section; its defaults when that is
     unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
     spec, name = _spec(name), name.strip().lower()
     try:
@@ -94,12 +108,16 @@ def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Trac
     except ImportError as exc:
         hint = f"pip install 'tuning-bench[{spec.extra}]'" if spec.extra else "reinstall tuning-bench"
         raise UserInputError(f"tracker '{name}' needs a package that is not installed ({exc}); run: {hint}") from exc
-    return implementation(getattr(tracker_configs, f"{name}_config", None) or spec.config_class())
+    section = getattr(tracker_sections(tracker_configs), f"{name}_config", None)
+    return implementation(section or spec.config_class())
 
 
-def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
+def build_trackers(
+    names: list[str] | None, tracker_configs: TrackerConfigs | TrackerConfigFactory | None
+) -> list[Tracker]:
     """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early)."""
-    return [get_tracker(name, tracker_configs) for name in validate_tracker_names(names)]
+    sections = tracker_sections(tracker_configs)
+    return [get_tracker(name, sections) for name in validate_tracker_names(names)]
 
 
 def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
