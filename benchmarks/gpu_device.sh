@@ -13,9 +13,13 @@ set -uo pipefail
 
 LIMIT_S=${GPU_DEVICE_LIMIT_S:-480}  # the whole command
 JOB_LOG_BYTES=$((1024 * 1024))
-started=$SECONDS
 out=${OUT:-}
-[ -n "$out" ] && mkdir -p "$out" && exec > >(tee "$out/gpu_device.log") 2>&1
+if [ -n "$out" ] && [ -z "${GPU_DEVICE_LOGGED:-}" ]; then  # this script again, its output also into the log
+    mkdir -p "$out"
+    GPU_DEVICE_LOGGED=1 bash "$0" "$@" 2>&1 | tee "$out/gpu_device.log"
+    exit "${PIPESTATUS[0]}"
+fi
+started=$SECONDS
 
 mode=full
 check_flags=()
@@ -58,14 +62,15 @@ if [ "$mode" = rehearsal ]; then
         "utilization": 97, "memory_used": 64424509440, "power_mw": [450000, 510000], "enforced_limit_mw": 600000,
         "temperature": 66}]'
 fi
-echo "--- python3: $(command -v python3), $(python3 --version 2>&1); what the check imports, with versions:"
+echo "--- python3: $(command -v python3), $(python3 --version 2>&1); what the check imports, version and folder:"
 python3 - <<'EOF'
 from importlib import metadata
 
 names = "torch transformers trl peft accelerate datasets tokenizers safetensors aim pydantic fire psutil pyyaml"
 for name in [*names.split(), "nvidia-ml-py", "pyarrow", "pandas", "huggingface-hub", "numpy"]:
     try:
-        print(f"  {name}=={metadata.version(name)}")
+        distribution = metadata.distribution(name)
+        print(f"  {name}=={distribution.version}  {distribution.locate_file('')}")
     except metadata.PackageNotFoundError:
         print(f"  {name}: not installed")
 EOF

@@ -1,12 +1,12 @@
 """``make gpu-wheels``: the wheels the GPU check needs that the GPU machine lacks, in ``.whl/``, for a machine with no
 network (benchmarks/gpu_device.sh installs them there).
 
-Runs on any machine with the package registry and a recent pip (``make gpu-wheels`` makes one). pip resolves, for CPython 3.12 on
-manylinux x86-64 and from metadata alone, what the check imports (``requirements.txt``, the aim and nvml extras), with
-the GPU machine's versions (``benchmarks/gpu_machine_packages.txt``) as constraints; then only what that list lacks is
-downloaded, one wheel per package. The folder must stay under ``--limit_mib`` (what travels with the working tree).
-``.whl/gpu_machine_closure.txt`` names the listed packages the check uses, at the resolved versions: what
-``make gpu-rehearsal`` installs from the registry in their place.
+Runs on any machine with the package registry and a recent pip (``make gpu-wheels`` makes one). pip resolves, for
+CPython 3.12 on manylinux x86-64 and from metadata alone, what the check imports (``requirements.txt``, the aim and
+nvml extras), with the GPU machine's versions (``benchmarks/gpu_machine_packages.txt``) as constraints; then only what
+that list lacks is downloaded, one wheel per package. The folder must stay under ``--limit_mib`` (what travels with the
+working tree). ``.whl/gpu_machine_closure.txt`` names the listed packages the check uses, at the resolved versions:
+what ``make gpu-rehearsal`` installs from the registry in their place.
 """
 
 import argparse
@@ -114,13 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolve(packages, Path(scratch))
     missing = {name: version for name, version in resolved.items() if name not in packages}
     download(missing, folder)
-    closure = sorted(f"{name}=={version}" for name, version in resolved.items() if name in packages)
-    (folder / CLOSURE_FILE).write_text("\n".join(closure) + "\n", encoding="utf-8")
+    closure = "".join(sorted(f"{name}=={version}\n" for name, version in resolved.items() if name in packages))
+    closure_file = folder / CLOSURE_FILE
+    if not closure_file.exists() or closure_file.read_text(encoding="utf-8") != closure:
+        closure_file.write_text(closure, encoding="utf-8")  # rewritten only when it changes: make rebuilds on it
     wheels = sorted(folder.glob("*.whl"))
     size_mib = sum(wheel.stat().st_size for wheel in wheels) / 2**20
     for wheel in wheels:
         print(f"{wheel.stat().st_size / 2**20:7.2f} MiB  {wheel.name}")
     print(f"{len(wheels)} wheels, {size_mib:.1f} MiB in {folder} (limit {args.limit_mib:g} MiB)")
+    if absent := sorted(set(missing) - {canonical(wheel.name.split("-")[0]) for wheel in wheels}):
+        print(f"gpu_wheels: no wheel of {', '.join(absent)} in {folder} after the download", file=sys.stderr)
+        return 1
     if size_mib > args.limit_mib:
         print(f"gpu_wheels: {folder} holds {size_mib:.1f} MiB, over the {args.limit_mib:g} MiB limit", file=sys.stderr)
         return 1
