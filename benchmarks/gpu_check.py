@@ -5,7 +5,8 @@ A random-initialised ~1 B Llama and its data, built locally; bench_train against
 alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML series and CUDA peak memory in
 bench_train's dump. One Markdown table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw
 numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise. The README's "On a GPU"
-section says what each figure means and what the check needs.
+section says what each figure means and what the check needs. On the lent GPU machine, which has no network,
+``benchmarks/gpu_device.sh`` runs it; ``--cpu_rehearsal`` runs every step on CPU with stand-ins (docs/performance.md).
 """
 
 import argparse
