@@ -12,6 +12,7 @@ what ``make gpu-rehearsal`` installs from the registry in their place.
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,8 +24,9 @@ MACHINE_PACKAGES = REPO_ROOT / "benchmarks" / "gpu_machine_packages.txt"
 # setup.py's extras the check uses: bench_train's jobs track into a local Aim repo and sample NVML.
 EXTRAS = ("aim>=3.29,<4", "nvidia-ml-py>=12")
 PYTHON_VERSION = "3.12"
-# pip matches a manylinux tag exactly: the GPU machine's glibc (2.39, Python 3.12.3's Ubuntu) takes every one of these.
-PLATFORMS = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1))
+# pip matches a manylinux tag exactly: any glibc from 2.28 on takes these (the GPU machine's was not read; its CUDA 13
+# image's distribution is newer), and each package needed so far has a wheel for one of them.
+PLATFORMS = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(28, 4, -1))
 PLATFORMS += ("manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
 # Dependencies of what the check needs that no code of the check imports, left out of .whl/ (the 48 MiB it may hold).
 SKIPPED = {
@@ -92,16 +94,18 @@ def resolve(packages: dict[str, str | None], scratch: Path) -> dict[str, str]:
     return {**{canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in installs}, **pinned}
 
 
-def download(missing: dict[str, str], folder: Path) -> None:
-    """Exactly these wheels in ``folder``; any other wheel there is removed (two versions would stop the install)."""
-    folder.mkdir(exist_ok=True)
+def download(missing: dict[str, str], folder: Path, scratch: Path) -> None:
+    """Exactly these wheels in ``folder``: downloaded beside it, then in place of every wheel it held (two of one
+    package would stop the install)."""
     wanted = [f"{name}=={version}" for name, version in sorted(missing.items())]
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *target_flags(), "-d", str(folder)]
+    downloads = scratch / "wheels"
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *target_flags(), "-d", str(downloads)]
     subprocess.run([*command, *wanted], check=True)
+    folder.mkdir(exist_ok=True)
     for wheel in folder.glob("*.whl"):
-        name, version = wheel.name.split("-")[:2]
-        if missing.get(canonical(name)) != version:
-            wheel.unlink()
+        wheel.unlink()
+    for wheel in downloads.glob("*.whl"):
+        shutil.move(wheel, folder / wheel.name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     packages, folder = machine_packages(), Path(args.output)
     with tempfile.TemporaryDirectory(prefix="gpu-wheels-") as scratch:
         resolved = resolve(packages, Path(scratch))
-    missing = {name: version for name, version in resolved.items() if name not in packages}
-    download(missing, folder)
+        missing = {name: version for name, version in resolved.items() if name not in packages}
+        download(missing, folder, Path(scratch))
     closure = "".join(sorted(f"{name}=={version}\n" for name, version in resolved.items() if name in packages))
     closure_file = folder / CLOSURE_FILE
     if not closure_file.exists() or closure_file.read_text(encoding="utf-8") != closure:
