@@ -13,7 +13,7 @@ $(VENV)/.installed: requirements.txt setup.py
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: venv demo test test-fast lint gpu-check
+.PHONY: venv demo test test-fast lint gpu-check gpu-wheels gpu-rehearsal
 venv: $(VENV)/.installed
 
 demo: venv
@@ -52,3 +52,33 @@ lint: venv
 gpu-check: venv
 	-$(PY) -c 'import pynvml' 2>/dev/null || $(PY) -m pip install --quiet -e '.[nvml]'
 	$(PY) -m benchmarks.gpu_check
+
+# For the GPU machine, which has no network (benchmarks/gpu_device.sh runs there): the wheels it lacks, into the
+# ignored .whl/ (under 48 MiB), resolved against its packages (benchmarks/gpu_machine_packages.txt), by a recent pip
+# in a small virtual environment of its own (pip resolves from the registry's metadata, without downloading wheels).
+REHEARSAL := .gpu-rehearsal
+WHEELS_VENV := $(REHEARSAL)/pip
+$(WHEELS_VENV)/bin/python:
+	python3 -m venv $(WHEELS_VENV)
+	$(WHEELS_VENV)/bin/python -m pip install --quiet --upgrade 'pip>=25'
+
+gpu-wheels: $(WHEELS_VENV)/bin/python
+	$(WHEELS_VENV)/bin/python benchmarks/gpu_wheels.py --output .whl
+
+# The GPU machine's run rehearsed on CPU: a virtual environment of Python 3.12 with the GPU machine's versions of the
+# packages the check uses (torch's CUDA build, which runs on CPU too; several GB, once), then, with the registry out
+# of reach, gpu_device.sh --rehearsal installs .whl/ the way it does there and runs the check's CPU path.
+REHEARSAL_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+$(REHEARSAL)/venv/.installed: .whl/gpu_machine_closure.txt
+	rm -rf $(REHEARSAL)/venv
+	$(REHEARSAL_PYTHON) -m venv $(REHEARSAL)/venv
+	$(REHEARSAL)/venv/bin/python -m pip install --quiet --no-deps -r .whl/gpu_machine_closure.txt
+	touch $@
+
+.whl/gpu_machine_closure.txt:
+	@echo "no .whl/: run \`make gpu-wheels\` first" >&2 && exit 1
+
+gpu-rehearsal: $(REHEARSAL)/venv/.installed
+	rm -rf $(REHEARSAL)/out
+	env PATH="$(CURDIR)/$(REHEARSAL)/venv/bin:$$PATH" OUT="$(CURDIR)/$(REHEARSAL)/out" PIP_NO_INDEX=1 \
+		HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 bash benchmarks/gpu_device.sh --rehearsal

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import gpu_check, overhead
 from tests.helpers.nvml import FAKE_NVML_DIR, load_fake_nvml
-from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, load_script, run_python
+from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, load_script, run_python, subprocess_env
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.utils.tiny_model import EOS, build_tokenizer, llama_config
 
@@ -302,3 +302,85 @@ def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_
     train_args = args.training_args
     assert (train_args.bf16, train_args.per_device_train_batch_size, train_args.max_steps) == (True, 8, 60)
     assert train_args.max_seq_length == 1024 and train_args.trackers == ["aim"]
+
+
+def minimal_dump(**summary) -> dict:
+    """A dump with no series, and a summary holding the keys dump_summary reads plus ``summary``."""
+    return {"aggregates": [], "metrics": [], "summary": {"cuda": None, "tokens_per_second": 100.0, **summary}}
+
+
+def test_mfu_and_energy_rows_judge_the_dump_s_efficiency_keys():
+    efficiency = {"mfu": 0.4213, "peak_tflops_per_device": 989.0, "joules_per_token": 0.01234}
+    measured = gpu_check.dump_summary(minimal_dump(**efficiency, energy_source="nvml_energy_counter", rank_skew=1.0))
+    assert [(row.value, row.ok) for row in gpu_check.efficiency_rows(measured)] == [
+        ("42.1 % of 989 TFLOP/s", True),
+        ("0.0123 J/token", True),
+        ("nvml_energy_counter", True),
+    ]
+    unmeasured = gpu_check.dump_summary(minimal_dump(mfu=None, joules_per_token=None, energy_source="integrated_power"))
+    assert [(row.value, row.ok) for row in gpu_check.efficiency_rows(unmeasured)] == [
+        ("—", False),
+        ("—", False),
+        ("integrated_power", False),
+    ]
+
+
+def test_a_cpu_rehearsal_fails_only_on_a_step_that_failed():
+    missed = [gpu_check.Row("GPU", "Fake H200"), gpu_check.Row("tokens/s", "0.8×", "≥ 0.99×", False)]
+    assert gpu_check.exit_code(missed, cpu_rehearsal=True) == 0
+    assert gpu_check.exit_code(missed, cpu_rehearsal=False) == 1
+    failed = [*missed, gpu_check.Row("model", f"{gpu_check.FAILED}OSError: disk full", "completes", False)]
+    assert gpu_check.exit_code(failed, cpu_rehearsal=True) == 1
+    assert gpu_check.exit_code(missed[:1], cpu_rehearsal=False) == 0
+
+
+def test_the_gpu_machine_list_pins_what_it_was_read_with_and_lacks_what_the_wheels_carry():
+    gpu_wheels = load_script(REPO_ROOT / "benchmarks" / "gpu_wheels.py")
+    packages = gpu_wheels.machine_packages()
+    assert (packages["torch"], packages["transformers"], packages["huggingface-hub"]) == ("2.11.0", "5.17.0", "1.33.0")
+    assert packages["peft"] is None and packages["nvidia-ml-py"] is None  # there, version not read yet
+    assert not {"trl", "fire", "datasets", "aim", "pydantic"} & set(packages)
+    assert gpu_wheels.requirement_name("aim-ui==3.29.1") == "aim-ui"
+    assert gpu_wheels.requirement_name("RestrictedPython>=5.1; extra == 'x'") == "restrictedpython"
+
+
+def test_the_device_script_without_wheels_says_so_and_exits_3(tmp_path):
+    """Run where no .whl/ was carried: nothing is installed or trained, and $OUT gets the log saying why."""
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks" / "gpu_device.sh"), "--quick"],
+        cwd=tmp_path,
+        env=subprocess_env(OUT=str(tmp_path / "out")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 3
+    message = "gpu_device: no wheels in .whl/ (run `make gpu-wheels` where the registry is reachable, carry .whl)"
+    assert message in result.stdout  # with $OUT set, the script's stderr goes to its log and the log to stdout
+    assert message in (tmp_path / "out" / "gpu_device.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (REPO_ROOT / ".whl" / "gpu_machine_closure.txt").exists(),
+    reason="no .whl/ here: `make gpu-wheels` (needs the package registry) makes it, then this rehearses the GPU run",
+)
+def test_the_rehearsal_runs_the_check_from_the_carried_wheels_alone():
+    """``make gpu-rehearsal``: Python 3.12 with torch 2.11 and the GPU machine's versions, the registry out of reach,
+    and gpu_device.sh installing .whl/ into a temporary folder: every step of the check completes on CPU."""
+    out = REPO_ROOT / ".gpu-rehearsal" / "out"
+    result = subprocess.run(
+        ["make", "--no-print-directory", "gpu-rehearsal"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = (out / "gpu_device.log").read_text()
+    versions = dict(line.split(None, 1) for line in log.splitlines() if line.startswith("  ") and "==" in line)
+    assert versions["torch==2.11.0"].endswith("/.gpu-rehearsal/venv/lib/python3.12/site-packages")
+    assert versions["transformers==5.17.0"] == versions["torch==2.11.0"]
+    carried = {name for name in versions if name.split("==")[0] in ("trl", "datasets", "aim", "fire", "pydantic")}
+    assert len(carried) == 5 and all(versions[name].startswith("/tmp/gpu-device-site.") for name in carried)
+    results = json.loads((out / "gpu_check.json").read_text())
+    assert all("error" not in results[step] for step in ("model", "throughput", "dump", "oom")), results
+    assert results["versions"]["torch"].startswith("2.11.0") and results["oom"]["exit_code"] == 204
+    assert (out / "gpu_check.md").read_text().startswith("| figure | value | target | ✓/✗ |\n")
+    assert "=== oom/stderr.log" in (out / "gpu_jobs.log").read_text()
