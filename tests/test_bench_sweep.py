@@ -240,6 +240,44 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
     assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
 
 
+def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(tiny_model, tmp_path):
+    """Rank 1 SIGKILLed, rank 0 then loses its peer: the launcher's root cause (termination log) names rank 1,
+    not rank 0's communication error, which the sweep would retry as transient."""
+    base = base_flags(tiny_model, max_steps=3, callbacks=f"{HELPERS}:SigkillOnLastRankInStep3")
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"nproc_per_node": [2]})
+    result = sweep(spec, out, "--retries", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(out)
+    assert (line["status"], line["category"], line["exit_code"], line["attempts"]) == (
+        "interrupted",
+        "interrupted",
+        128 + signal.SIGKILL,
+        1,
+    )
+    assert line["reason"].startswith("killed by SIGKILL, without an error report of its own")
+    (row,) = report_rows(out)
+    assert (row["error_category"], row["error_rank"]) == ("interrupted", "1")
+
+
+def test_a_rank_sigkilled_while_memory_was_low_is_host_oom_and_skips_larger_batches(tiny_model, tmp_path):
+    """Every level of available memory counts as low here (100 %): the launcher names the kill host_oom."""
+    base = base_flags(tiny_model, max_steps=3, callbacks=f"{HELPERS}:SigkillOnLastRankInStep3", nproc_per_node=2)
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 2]})
+    result = sweep(spec, out, TUNING_HOST_OOM_AVAILABLE_PERCENT="100")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = state_by_axes(out, "per_device_train_batch_size")
+    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "host_oom", 205)
+    assert "killed by SIGKILL while memory ran out (the host's available memory fell to" in lines[(1,)]["reason"]
+    assert (lines[(2,)]["status"], lines[(2,)]["reason"]) == (
+        "skipped",
+        "oom at per_device_train_batch_size=1 (host_oom)",
+    )
+    rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
+    assert (rows["1"]["error_category"], rows["1"]["error_rank"], rows["1"]["failed_ranks"]) == ("host_oom", "1", "0 1")
+
+
 def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
     base = base_flags(tiny_model, max_steps=1000, callbacks=f"{HELPERS}:SlowSteps")  # 300 s of steps at least
     out = tmp_path / "sweep"
@@ -276,6 +314,10 @@ def test_concurrent_points_never_share_a_gpu(tiny_model, tmp_path):
         ({"axes": {"nproc_per_node": [0]}}, [], "nproc_per_node must be a positive integer"),
         ({"axes": {"max_steps": [1]}}, ["--executor", "slurm"], "--executor 'slurm': choose local or ray"),
         ({"axes": {"max_steps": [1]}}, ["--retries=-1"], "--retries must be an integer >= 0"),
+        (
+            {"axes": {"max_steps": [1]}},
+            ["--point_timout", "5"],
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, flags, reason):

@@ -26,13 +26,15 @@ import fire
 from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
 from tuning.benchmarking.journal import journal_path, read_journal
 from tuning.benchmarking.schema import validate_dump
+from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
 
 SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
 JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
+TERMINATION_LOG_SUFFIX = ".termination-log"  # NAME.termination-log: the run's TERMINATION_LOG_FILE
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
-DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", SWEEP_STATE)
+DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", f"*{TERMINATION_LOG_SUFFIX}", SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
 GB = 1e9
@@ -62,6 +64,7 @@ class Run:
     dump: dict[str, Any] | None = None  # its own, else one rebuilt from its journal
     failures: list[Failure] = field(default_factory=list)
     sweep_point: dict[str, Any] | None = None  # the run's line in a sweep's state file
+    termination: Failure | None = None  # the first line of its termination log: the launcher's root cause
 
     @property
     def status(self) -> str:
@@ -79,8 +82,13 @@ class Run:
 
     @property
     def root_cause(self) -> Failure | None:
-        """The earliest failure across ranks, so that an OOM on one rank is named rather than the communication
-        errors and interruptions it causes on the others."""
+        """The launcher's root cause when the run has a termination log (it saw a rank killed without a report too:
+        a SIGKILL, the kernel's OOM killer), by that rank's own report where it wrote one; else the earliest failure
+        across ranks, so that an OOM on one rank is named rather than the communication errors and interruptions it
+        causes on the others."""
+        if self.termination is not None:
+            key = (self.termination.rank, self.termination.category)
+            return next((f for f in self.failures if (f.rank, f.category) == key), self.termination)
         return min(self.failures, key=lambda failure: failure.time, default=None)
 
 
@@ -104,11 +112,13 @@ def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_files(metrics_path: Path) -> list[tuple[Path, bool]]:
-    """The files one run left that exist: its dump, its rank reports and its journal, as ``find_files`` gives them."""
+    """The files one run left that exist: its dump, its rank reports, its journal and its termination log, as
+    ``find_files`` gives them."""
     candidates = [
         metrics_path,
         *sorted(metrics_path.parent.glob(glob.escape(metrics_path.name) + ".rank*.error.json")),
         Path(journal_path(str(metrics_path))),
+        metrics_path.with_suffix(TERMINATION_LOG_SUFFIX),
     ]
     return [(path, True) for path in candidates if path.is_file()]
 
@@ -177,6 +187,14 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
         raise Skipped("not a benchmark dump or error report (no schema_version or category)")
 
 
+def _read_termination_log(path: Path) -> Failure:
+    """The first line of a run's termination log: the root cause (``tuning.launch`` writes it first)."""
+    first = (path.read_text(encoding="utf-8", errors="replace").splitlines() or [""])[0]
+    if not (match := TERMINATION_LINE.match(first)) or match["category"] not in set(ErrorCategory):
+        raise Skipped("its first line is not '<category>: [rank N: ]<reason>'")
+    return Failure(int(match["rank"] or 0), match["category"], None, -math.inf, match["reason"])
+
+
 def load(files: list[tuple[Path, bool]]) -> list[Run]:
     """Group the files by run identity and read them; each unusable file is named on stderr with the reason.
 
@@ -194,6 +212,11 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
             with _skipping(path, "sweep state file"):
                 for point in read_sweep_state(path).values():  # metrics_path is relative to the state file
                     run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
+        elif path.name.endswith(TERMINATION_LOG_SUFFIX):
+            with _skipping(path, "termination log"):
+                run_for(
+                    str(path.parent / path.name.removesuffix(TERMINATION_LOG_SUFFIX))
+                ).termination = _read_termination_log(path)
         elif journal is None:
             with _skipping(path, "benchmark file"):
                 _read_json_file(path, named, run_for)
@@ -206,6 +229,8 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     for run in runs.values():
         if run.dump is not None and run.dump["error"] and run.dump["error"].get("category"):
             run.failures.append(_failure({"rank": run.dump["rank"], **run.dump["error"]}))
+        if run.termination is not None and run.root_cause is run.termination:  # a rank that wrote no report
+            run.failures.append(run.termination)
     return [run for run in runs.values() if run.dump or run.failures or run.sweep_point]
 
 

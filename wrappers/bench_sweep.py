@@ -36,6 +36,8 @@ import psutil
 import yaml
 from tqdm import tqdm
 
+from tuning.utils.error_logging import TERMINATION_LOG_ENV
+
 BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
 SPEC_KEYS = ("base", "axes", "metadata")
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
@@ -48,6 +50,8 @@ ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
+# A plain string here: the Ray task's body, pickled by value, then needs no import of bench_report on the node.
+TERMINATION_LOG_SUFFIX = bench_report.TERMINATION_LOG_SUFFIX
 
 
 def is_count(value: Any, low: int) -> bool:
@@ -183,6 +187,11 @@ class PointProcess:
         if nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
         flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        # The termination log names the root cause as the launcher saw it: a rank SIGKILLed leaves no report.
+        env = {
+            **(popen.pop("env", None) or os.environ),
+            TERMINATION_LOG_ENV: f"{stem}{TERMINATION_LOG_SUFFIX}",
+        }
         with open(f"{stem}.log", "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, bench_train, *flag_tokens(flags)],
@@ -191,6 +200,7 @@ class PointProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                env=env,
                 **popen,
             )
         self.deadline = time.monotonic() + timeout if timeout else math.inf
@@ -240,7 +250,8 @@ def run_point_on_node(
             process.stop()
             process.wait()
             raise
-        names = [f"{stem}.json", *glob.glob(glob.escape(stem) + ".json.rank*.error.json"), f"{stem}.log"]
+        reports = glob.glob(glob.escape(stem) + ".json.rank*.error.json")
+        names = [f"{stem}.json", *reports, f"{stem}{TERMINATION_LOG_SUFFIX}", f"{stem}.log"]
         if not os.path.exists(f"{stem}.json"):
             names.append(f"{stem}.journal.jsonl")
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}

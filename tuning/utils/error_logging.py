@@ -173,6 +173,8 @@ K8S_TERMINATION_LOG = "/dev/termination-log"
 # Kubernetes keeps at most 4 KiB of the termination log and every rank of a pod may append a line.
 TERMINATION_LOG_MAX_BYTES = 1024
 ERROR_MARKER = "TUNING_ERROR"
+# ``<category>: [rank N: ]<reason>``, as ``termination_line`` writes it; without a rank the job had one process.
+TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )?(?P<reason>.*)")
 _MARKER_MESSAGE_MAX_BYTES = 300
 
 _last_global_step: int | None = None
