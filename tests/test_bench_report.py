@@ -226,3 +226,11 @@ def test_nothing_readable_is_an_error(tmp_path):
     assert result.returncode != 0
     assert "skipped" in result.stderr and "no such file, directory or glob match" in result.stderr
     assert "no readable runs" in result.stderr
+
+
+def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
+    (tmp_path / "cut.json").write_text('{"schema_version": 1, "sta')
+    result = report(str(tmp_path / "cut.json"), "--ouput_dir", str(tmp_path / "out"), "--bogus", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "unknown flag --ouput_dir; did you mean --output_dir?"
+    assert not (tmp_path / "out").exists() and not (REPO_ROOT / "bench_report").exists()

@@ -317,7 +317,9 @@ def test_concurrent_points_never_share_a_gpu(tiny_model, tmp_path):
         (
             {"axes": {"max_steps": [1]}},
             ["--point_timout", "5"],
+            "unknown flag --point_timout; did you mean --point_timeout?",
         ),
+        ({"axes": {"max_steps": [1]}}, ["--dryrun"], "unknown flag --dryrun; did you mean --dry_run?"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, flags, reason):

@@ -26,6 +26,7 @@ import fire
 from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
 from tuning.benchmarking.journal import journal_path, read_journal
 from tuning.benchmarking.schema import validate_dump
+from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
 
@@ -398,4 +399,5 @@ def main(
 
 
 if __name__ == "__main__":
+    reject_unknown_flags(main)
     fire.Fire(main)

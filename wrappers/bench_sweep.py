@@ -36,6 +36,7 @@ import psutil
 import yaml
 from tqdm import tqdm
 
+from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
 
 BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
@@ -603,4 +604,5 @@ def main(
 
 
 if __name__ == "__main__":
+    reject_unknown_flags(main)
     sys.exit(fire.Fire(main, name="bench_sweep.py", serialize=lambda _: None))
