@@ -4,9 +4,11 @@ real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected 
 
 import csv
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -179,6 +181,65 @@ def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_director
     result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """The pids of the processes whose environment holds ``entry`` (``NAME=value``)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue  # ended while we looked, or not ours to read
+    return pids
+
+
+def wait_until(condition, what: str, driver: subprocess.Popen | None = None, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert driver is None or driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_ray_sweep_stopped_by_sigterm_records_finished_points_and_leaves_nothing_behind(tiny_model, tmp_path):
+    """A first driver SIGKILLed mid-point, then a second one SIGTERMed mid-point, on a real local Ray instance with
+    its own temp dir (short: Ray's sockets live there): exit 143, the finished point recorded once, and neither the
+    Ray processes nor the points' scratch directories outlive them."""
+    temp = Path(tempfile.mkdtemp(prefix="bs", dir="/tmp"))
+    try:
+        base = base_flags(tiny_model, callbacks=f"{HELPERS}:SlowSteps")
+        spec = write_spec(tmp_path / "sweep.yaml", base, {"max_steps": [2, 1000]})
+        out, tmpdir = tmp_path / "sweep", f"TMPDIR={temp}"
+        command = sweep_command(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
+
+        # Ray's agents notice a SIGKILLed driver's instance gone within a minute; a stopped driver shuts it down.
+        for stop, leftovers_seconds in ((signal.SIGKILL, 120), (signal.SIGTERM, 30)):
+            earlier = set(temp.glob("bench-sweep-*"))  # the first driver's, left once it was SIGKILLed
+
+            def slow_point_running(earlier: set[Path] = earlier) -> bool:  # this driver's, past a step
+                journals = temp.glob("bench-sweep-*/max_steps-1000-*.journal.jsonl")
+                return any(path.parent not in earlier and path.stat().st_size for path in journals)
+
+            driver = subprocess.Popen(
+                command,
+                env=subprocess_env(TMPDIR=str(temp)),
+                cwd=REPO_ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            wait_until(lambda: len(state_lines(out)) == 1 and slow_point_running(), "no point finished", driver)
+            driver.send_signal(stop)
+            _, stderr = driver.communicate(timeout=120)
+            wait_until(lambda: not processes_with_env(tmpdir), f"left after {stop!r}", timeout=leftovers_seconds)
+        assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+        assert "stopped by signal 15" in stderr
+        assert [(line["axes"], line["status"]) for line in state_lines(out)] == [({"max_steps": 2}, "ok")]
+        assert not list(temp.glob("bench-sweep-*"))  # the killed driver's, by the second run; the second's own
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):

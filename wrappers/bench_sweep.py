@@ -51,6 +51,7 @@ ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
+SCRATCH_PREFIX = "bench-sweep-"  # a Ray point's directory in its node's temp dir
 # A plain string here: the Ray task's body, pickled by value, then needs no import of bench_report on the node.
 TERMINATION_LOG_SUFFIX = bench_report.TERMINATION_LOG_SUFFIX
 
@@ -234,6 +235,24 @@ class PointProcess:
         return code
 
 
+def remove_abandoned_scratch() -> None:
+    """The scratch directories on this node that nothing holds any more: a SIGKILLed driver takes its local Ray
+    instance and the task's worker with it, and the point then stops and ends, leaving its directory. Each directory
+    is locked (flock on the directory itself) by its task and, inherited, its point: a free lock means both ended."""
+    for path in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), SCRATCH_PREFIX + "*")):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # removed meanwhile, or not a directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+        except BlockingIOError:  # its task or point still runs
+            pass
+        finally:
+            os.close(fd)
+
+
 def run_point_on_node(
     flags: dict[str, Any], nproc: int, name: str, bench_train: str, cwd: str, timeout: float | None
 ) -> dict[str, Any]:
@@ -242,9 +261,14 @@ def run_point_on_node(
     dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: nothing of
     this script has to be importable on the node."""
     bench_train = os.path.abspath(bench_train)  # a shipped working_dir's copy: the task starts in it
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
+    remove_abandoned_scratch()
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    lock_fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
         stem = os.path.join(scratch, name)
-        process = PointProcess(flags, nproc, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
+        popen = {"cwd": cwd if os.path.isdir(cwd) else scratch, "pass_fds": (lock_fd,)}
+        process = PointProcess(flags, nproc, stem, bench_train, timeout, **popen)
         try:
             exit_code = process.wait()
         except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
@@ -256,6 +280,9 @@ def run_point_on_node(
         if not os.path.exists(f"{stem}.json"):
             names.append(f"{stem}.journal.jsonl")
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.close(lock_fd)
     return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
 
 
@@ -301,13 +328,14 @@ class LocalExecutor:
             time.sleep(POLL_SECONDS)
         return ended
 
-    def stop(self) -> None:
+    def stop(self) -> list[tuple[Point, dict[str, Any]]]:
         """Every running point stopped and waited for (each writes its dump); none is recorded as finished."""
         for _, process, _ in self.running:
             process.stop()
         for _, process, _ in self.running:
             process.wait()
         self.running.clear()
+        return []
 
 
 def visible_gpus() -> list[str]:
@@ -367,7 +395,8 @@ class RayExecutor:
         self.running[ref] = point
 
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
-        done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=POLL_SECONDS)
+        """Every point that ended within the poll interval (all of them: one stop signal later, none is lost)."""
+        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=POLL_SECONDS)
         ended = []
         for ref in done:
             point = self.running.pop(ref)
@@ -380,12 +409,21 @@ class RayExecutor:
             ended.append((point, result))
         return ended
 
-    def stop(self) -> None:
+    def stop(self) -> list[tuple[Point, dict[str, Any]]]:
+        """Every running task cancelled (its point stopped, its scratch directory removed) and waited for; the points
+        that finished before the cancel reached them, to be recorded."""
         for ref in self.running:
             self.ray.cancel(ref)
         with contextlib.suppress(Exception):
             self.ray.wait(list(self.running), num_returns=len(self.running), timeout=STOP_GRACE_SECONDS + 5)
+        ended = []
+        for ref, point in self.running.items():
+            with contextlib.suppress(self.ray.exceptions.RayError):  # cancelled, or still stopping: left for a rerun
+                result = self.ray.get(ref, timeout=0)
+                self.sweep.store_files(result["files"])
+                ended.append((point, result))
         self.running.clear()
+        return ended
 
 
 class Sweep:
@@ -483,7 +521,12 @@ class Sweep:
             while pending or executor.running:
                 if self.interrupted_by is not None:
                     bar.set_description_str("stopping: waiting for the running points")
-                    executor.stop()
+                    for point, ended in executor.stop():
+                        finish(
+                            self.record(
+                                point, **self.outcome(point, ended), attempts=attempts[point.id], host=ended["host"]
+                            )
+                        )
                     break
                 for point in list(pending):
                     if None in (below := [finished.get(other.id) for other in smaller[point.id]]):
@@ -513,6 +556,11 @@ class Sweep:
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.interrupted_by = signum
+
+    def handle_stop_signals(self) -> None:
+        """SIGINT and SIGTERM stop the sweep: running points stopped, finished ones recorded, exit 128+signal."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
 
     def lock(self) -> None:
         """One driver per sweep directory. The points inherit the lock, so a rerun after a SIGKILLed driver waits
@@ -591,10 +639,10 @@ def main(
     (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec, sweep_dir / "sweep.yaml")
     sweep.lock()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, sweep.on_signal)
+    sweep.handle_stop_signals()
     ray_options = (ray_address, ray_num_cpus, ray_runtime_env)
     runner = RayExecutor(sweep, concurrency, *ray_options) if executor == "ray" else LocalExecutor(sweep, concurrency)
+    sweep.handle_stop_signals()  # again: ray.init() installs its own SIGTERM handler, which aborts the process
     sweep.run(runner, rerun_failed)  # the bar's last line holds the counts of done, failed and skipped points
     if (signum := sweep.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
