@@ -253,6 +253,20 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
     assert (row["status"], row["error_message"]) == ("error", reason)
 
 
+def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
+    """A flag value sft_trainer's parser rejects: no dump, only the TUNING_ERROR line."""
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"num_train_epochs": ["abc"]})
+    result = sweep(spec, tmp_path / "sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(tmp_path / "sweep")
+    assert (line["status"], line["category"]) == ("error", "user_error")
+    assert (
+        line["reason"] == "UserInputError: argument --num_train_epochs/--num-train-epochs: invalid float value: 'abc'"
+    )
+    (row,) = report_rows(tmp_path / "sweep")
+    assert row["error_message"] == line["reason"]
+
+
 def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()

@@ -47,7 +47,8 @@ OOM_CATEGORIES = ("gpu_oom", "host_oom")
 TRANSIENT_CATEGORIES = ("communication", "device_error")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
-ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
+# tuning.utils.error_logging's marker line: its category, and its type= part (exception type and message).
+ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(?P<category>\w+) .*?type=(?P<message>.*)$", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
@@ -479,16 +480,17 @@ class Sweep:
 
     def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
-        rank), else from the TUNING_ERROR line of this attempt's part of its log, else from its exit code (and the
-        log's last line as the reason)."""
+        rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
+        reason), else from its exit code (and the log's last line as the reason)."""
         runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
         if category is None and exit_code != 0:
             attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
-            if marker := ERROR_MARKER.findall(attempt_log):
-                status, category = "error", marker[-1]
+            if markers := list(ERROR_MARKER.finditer(attempt_log)):
+                status, category = "error", markers[-1]["category"]
+                reason = markers[-1]["message"].strip()
             elif reason is None and exit_code > 0:  # it ended before it could report: its last words are all there is
                 last_line = attempt_log.strip().rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]
                 reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
