@@ -406,6 +406,24 @@ def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, f
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_repeated_key_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("base:\n  callbacks: a:B\n  max_steps: 1\n  callbacks: c:D\naxes:\n  learning_rate: [0.1]\n")
+    result = sweep(path, tmp_path / "sweep", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"found repeated key 'callbacks' in \"{path}\", line 4, column 3")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_numbers_in_scientific_notation_are_numbers(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("axes:\n  learning_rate: [1e-4, 2.5E+3, '1e-5']\n")
+    result = sweep(path, tmp_path / "sweep", "--dry_run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    labels = [line.split("  ")[0] for line in result.stdout.splitlines()[:-1]]
+    assert labels == ["learning_rate=0.0001", "learning_rate=2500.0", "learning_rate=1e-5"]  # quoted: a string
+
+
 def test_dry_run_lists_the_points_and_their_files(tmp_path):
     path = write_spec(tmp_path / "sweep.yaml", {"max_steps": 1}, {"learning_rate": [0.1, 0.2], "max_seq_length": [8]})
     result = sweep(path, tmp_path / "sweep", "--dry_run", timeout=60)

@@ -92,11 +92,34 @@ def point_id(axes: dict[str, Any]) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]+', '-', slug)[:SLUG_MAX]}-{_hash(axes)}"
 
 
+class SweepLoader(yaml.SafeLoader):
+    """YAML as a sweep file needs it: a repeated key is an error (PyYAML keeps the last one silently), and
+    ``1e-4`` is a number, as in YAML 1.2 (YAML 1.1 wants a dot in a float)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if (key := self.construct_object(key_node)) in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found repeated key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+SweepLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def load_spec(path: str) -> dict[str, Any]:
     """The sweep file, checked: every problem is a one-line ``SystemExit`` naming the culprit."""
     try:
         with open(path, encoding="utf-8") as handle:
-            spec = yaml.safe_load(handle)
+            spec = yaml.load(handle, Loader=SweepLoader)
     except OSError as exc:
         raise SystemExit(f"cannot read sweep file {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
