@@ -95,6 +95,28 @@ def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_pat
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_container_entrypoint_hands_a_large_job_config_to_the_workers(tiny_model, tmp_path):
+    """A job config of 200 KB (exp_metadata) from a file: more than an environment variable can carry to exec."""
+    config = {
+        "model_name_or_path": tiny_model,
+        "training_data_path": str(REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"),
+        "dataset_text_field": "output",
+        "response_template": "\n### Response:",
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "exp_metadata": json.dumps({"notes": "x" * 200_000}),
+        "accelerate_launch_args": {"num_processes": 1},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_PATH=str(tmp_path / "config.json"))
+    stderr = wait(launcher, tmp_path)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert (tmp_path / "out" / "training_logs.jsonl").exists()
+
+
 def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):
     args = bench_args(
         tiny_model,

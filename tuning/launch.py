@@ -9,7 +9,6 @@ Kubernetes"). Torch is imported only after the signal handlers are installed, he
 """
 
 import argparse
-import base64
 import json
 import logging
 import os
@@ -217,8 +216,10 @@ def _process_count(job_config: dict) -> int:
     return int(count)
 
 
-def torchrun_args(argv: list[str]) -> argparse.Namespace:
-    """torchrun's own parser on ``argv``; given no script, the container entrypoint's command."""
+def torchrun_args(argv: list[str], scratch: str) -> argparse.Namespace:
+    """torchrun's own parser on ``argv``; given no script, the container entrypoint's command, the job config
+    handed to the workers as a file in ``scratch`` (an environment variable has a size limit: exec fails with
+    "Argument list too long" past 128 KiB)."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -232,39 +233,41 @@ def torchrun_args(argv: list[str]) -> argparse.Namespace:
             f"{CONFIG_BASE64_ENV} to run tuning/sft_trainer.py on that job config"
         )
     processes = _process_count(job_config)
-    if LAUNCH_ARGS_KEY in job_config:  # the trainer reads the job config from the environment, without this key
+    if LAUNCH_ARGS_KEY in job_config:  # the trainer reads the job config named by the environment, without this key
         del job_config[LAUNCH_ARGS_KEY]
-        os.environ.pop(CONFIG_PATH_ENV, None)
-        os.environ[CONFIG_BASE64_ENV] = base64.b64encode(json.dumps(job_config).encode()).decode()
+        config_path = Path(scratch) / "job-config.json"
+        config_path.write_text(json.dumps(job_config), encoding="utf-8")
+        os.environ.pop(CONFIG_BASE64_ENV, None)  # it would win over the file
+        os.environ[CONFIG_PATH_ENV] = str(config_path)
     # The count first: a --nproc_per_node typed on the command line still wins.
     return parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER])
 
 
-def launch(args: argparse.Namespace) -> int:
-    """Run torchrun with ``args``; return the pod's exit code, having written its termination log."""
+def launch(args: argparse.Namespace, scratch: str) -> int:
+    """Run torchrun with ``args``; return the pod's exit code, having written its termination log. ``scratch``: a
+    directory for the workers' termination log, removed after the run."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
     pod_log = os.environ.get(TERMINATION_LOG_ENV)
-    with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
-        # The workers append their lines to a file of their own; the launcher's go to the pod's log.
-        workers_log = os.environ[TERMINATION_LOG_ENV] = os.path.join(scratch, "termination-log")
-        try:
-            with HostMemoryWatch() as memory:
-                run(args)
-            return 0
-        except ChildFailedError as exc:
-            failed = failures_in_order(exc.failures, read_rank_lines(workers_log), memory)
-        except SignalException as exc:
-            # The agent has forwarded it and waited for the workers: the job ends as interrupted, in one line.
-            raise SignalInterrupt(exc.sigval) from exc
-        finally:
-            install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
-            if pod_log is None:
-                os.environ.pop(TERMINATION_LOG_ENV, None)
-            else:
-                os.environ[TERMINATION_LOG_ENV] = pod_log
+    # The workers append their lines to a file of their own; the launcher's go to the pod's log.
+    workers_log = os.environ[TERMINATION_LOG_ENV] = os.path.join(scratch, "termination-log")
+    try:
+        with HostMemoryWatch() as memory:
+            run(args)
+        return 0
+    except ChildFailedError as exc:
+        failed = failures_in_order(exc.failures, read_rank_lines(workers_log), memory)
+    except SignalException as exc:
+        # The agent has forwarded it and waited for the workers: the job ends as interrupted, in one line.
+        raise SignalInterrupt(exc.sigval) from exc
+    finally:
+        install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
+        if pod_log is None:
+            os.environ.pop(TERMINATION_LOG_ENV, None)
+        else:
+            os.environ[TERMINATION_LOG_ENV] = pod_log
     write_termination_log(termination_message(failed), replace=True)
     root = failed[0]
     more = f"; {len(failed) - 1} more rank(s) failed after it" if len(failed) > 1 else ""
@@ -276,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m tuning.launch`` and the ``tuning-launch`` console script."""
     install_early_signal_handlers()
     argv = sys.argv[1:] if argv is None else argv
-    return run_with_error_reporting(lambda: launch(torchrun_args(argv)))
+
+    def launch_job() -> int:
+        with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
+            return launch(torchrun_args(argv, scratch), scratch)
+
+    return run_with_error_reporting(launch_job)
 
 
 def sft_trainer_main() -> int:
