@@ -117,6 +117,22 @@ def test_container_entrypoint_hands_a_large_job_config_to_the_workers(tiny_model
     assert (tmp_path / "out" / "training_logs.jsonl").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--nproc_per_node", "0", SFT_TRAINER], "--nproc_per_node must be a positive integer or one of auto, cpu"),
+        (["missing/train.py", "--max_steps", "1"], "the script to run, missing/train.py, is not a file"),
+    ],
+)
+def test_bad_launcher_arguments_are_a_user_error_before_any_worker_starts(args, reason, tmp_path):
+    launcher = start_launch(args, tmp_path)
+    stderr = wait(launcher, tmp_path, timeout=120)
+    assert launcher.returncode == 1, stderr[-3000:]
+    (line,) = check_pod_log(tmp_path)
+    assert line.startswith(f"user_error: UserInputError: {reason}"), line
+    assert "Traceback" not in stderr and "torch/distributed" not in stderr
+
+
 def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):
     args = bench_args(
         tiny_model,

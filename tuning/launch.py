@@ -46,6 +46,7 @@ SFT_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_trai
 LAUNCH_ARGS_KEY = "accelerate_launch_args"  # the job-config key fms-hf-tuning's container entrypoint reads
 K8S_TERMINATION_MESSAGE_MAX_BYTES = 4096
 OTHER_RANK_LINE_MAX_BYTES = 256  # the root cause's line keeps up to 1 KiB; other ranks share what is left
+NPROC_NAMES = ("auto", "cpu", "gpu", "xpu")  # torchrun's --nproc_per_node words for "one per device"
 _NO_SCRIPT = "\0"  # appended to argv to learn whether it named a script (no real path contains a NUL)
 # A rank SIGKILLed while available memory was below this share of the host's is named host_oom.
 LOW_MEMORY_PERCENT_ENV = "TUNING_HOST_OOM_AVAILABLE_PERCENT"
@@ -225,7 +226,7 @@ def torchrun_args(argv: list[str], scratch: str) -> argparse.Namespace:
     parser = get_args_parser()
     parser.prog = "tuning.launch"
     if parser.parse_args([*argv, _NO_SCRIPT]).training_script != _NO_SCRIPT:
-        return parser.parse_args(argv)
+        return checked(parser.parse_args(argv))
     job_config = get_json_config()
     if not job_config:
         raise UserInputError(
@@ -240,7 +241,21 @@ def torchrun_args(argv: list[str], scratch: str) -> argparse.Namespace:
         os.environ.pop(CONFIG_BASE64_ENV, None)  # it would win over the file
         os.environ[CONFIG_PATH_ENV] = str(config_path)
     # The count first: a --nproc_per_node typed on the command line still wins.
-    return parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER])
+    return checked(parser.parse_args([f"--nproc_per_node={processes}", *argv, SFT_TRAINER]))
+
+
+def checked(args: argparse.Namespace) -> argparse.Namespace:
+    """torchrun's arguments that its agent would only fail on after starting (an ``AssertionError`` for a count
+    of 0, every worker exiting 2 for a missing script) rejected first, as user errors."""
+    count = str(args.nproc_per_node)
+    if count not in NPROC_NAMES and not (count.isdecimal() and int(count) > 0):
+        raise UserInputError(
+            f"--nproc_per_node must be a positive integer or one of {', '.join(NPROC_NAMES)}, got {count!r}"
+        )
+    script = args.training_script
+    if not (args.module or args.no_python or os.path.isfile(script)):
+        raise UserInputError(f"the script to run, {script}, is not a file")
+    return args
 
 
 def launch(args: argparse.Namespace, scratch: str) -> int:
