@@ -108,12 +108,13 @@ def test_container_entrypoint_hands_a_large_job_config_to_the_workers(tiny_model
         "torch_dtype": "float32",
         "use_flash_attn": False,
         "exp_metadata": json.dumps({"notes": "x" * 200_000}),
-        "accelerate_launch_args": {"num_processes": 1},
+        "accelerate_launch_args": {"num_processes": 1, "main_process_port": 29555},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_PATH=str(tmp_path / "config.json"))
     stderr = wait(launcher, tmp_path)
     assert launcher.returncode == 0, stderr[-3000:]
+    assert "tuning.launch ignores accelerate_launch_args.main_process_port; give torchrun flags" in stderr
     assert (tmp_path / "out" / "training_logs.jsonl").exists()
 
 
@@ -182,6 +183,8 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_exits_143(tiny_model, tmp_
     stderr = wait(launcher, tmp_path)
     assert launcher.returncode == 143, stderr[-3000:]
     assert check_pod_log(tmp_path) == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
+    last_marker = [line for line in stderr.splitlines() if line.startswith("TUNING_ERROR ")][-1]
+    assert last_marker.startswith("TUNING_ERROR category=interrupted rank=launcher step=- exit_code=143")
     dump = read_dump(tmp_path / "bench.json")
     rank1 = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
     assert dump["status"] == "interrupted" and dump["error"]["category"] == rank1["category"] == "interrupted"

@@ -206,7 +206,8 @@ def _process_count(job_config: dict) -> int:
     if not isinstance(launch_args, dict):
         raise UserInputError(f"{LAUNCH_ARGS_KEY} in the job config must be an object, got {type(launch_args).__name__}")
     if ignored := sorted(set(launch_args) - {"num_processes"}):
-        logger.warning("tuning.launch ignores %s.%s; give torchrun flags instead", LAUNCH_ARGS_KEY, ignored)
+        names = ", ".join(f"{LAUNCH_ARGS_KEY}.{key}" for key in ignored)
+        logger.warning("tuning.launch ignores %s; give torchrun flags instead", names)
     count = launch_args.get("num_processes")
     if count is None:
         import torch
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
             return launch(torchrun_args(argv, scratch), scratch)
 
-    return run_with_error_reporting(launch_job)
+    return run_with_error_reporting(launch_job, role="launcher")
 
 
 def sft_trainer_main() -> int:
