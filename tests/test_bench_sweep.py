@@ -173,6 +173,17 @@ def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path)
     assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
 
 
+def test_the_ray_executor_runs_one_point_at_a_time_on_a_node_without_gpus(tiny_model, tmp_path):
+    """Two 1-CPU points on a 2-CPU node without --concurrency: the second starts once the first has stopped."""
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_seq_length": [64, 128]})
+    result = sweep(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    dumps = [json.loads((out / line["metrics_path"]).read_text()) for line in state_lines(out)]
+    first, second = sorted(dumps, key=lambda dump: datetime.fromisoformat(dump["start_time"]))
+    assert datetime.fromisoformat(second["start_time"]) >= datetime.fromisoformat(first["stop_time"])
+
+
 def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_directory(tiny_model, tmp_path):
     """The driver runs outside the checkout it ships: the task finds bench_train.py in the shipped copy."""
     spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_steps": [1]})

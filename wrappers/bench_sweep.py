@@ -376,10 +376,10 @@ def visible_gpus() -> list[str]:
 
 
 class RayExecutor:
-    """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs (none on a cluster without GPUs) and as many
-    CPUs; the task runs the point on its node and hands back its files, which the driver writes under the sweep
-    directory, so no filesystem is shared. ``ray`` is imported only here; a local instance stops when the driver
-    exits."""
+    """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs and as many CPUs (on a cluster without GPUs,
+    one point per node unless ``concurrency`` says otherwise); the task runs the point on its node and hands back
+    its files, which the driver writes under the sweep directory, so no filesystem is shared. ``ray`` is imported
+    only here; a local instance stops when the driver exits."""
 
     def __init__(
         self,
@@ -403,7 +403,10 @@ class RayExecutor:
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
         shipped = "working_dir" in runtime_env
         self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
-        self.gpus = max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        self.gpus = max((node["Resources"].get("GPU", 0) for node in nodes), default=0)
+        if self.concurrency is None and not self.gpus:  # benchmarks sharing a node's CPUs would measure each other
+            self.concurrency = len(nodes)
         self.remote = ray.remote(max_retries=0)(run_point_on_node)
         self.running: dict[Any, Point] = {}
         check_gpus(sweep.points, self.gpus, f"the largest node has {self.gpus}")
@@ -412,9 +415,8 @@ class RayExecutor:
         return self.concurrency is None or len(self.running) < self.concurrency
 
     def start(self, point: Point) -> None:
-        task = self.remote.options(
-            num_cpus=point.nproc, num_gpus=point.nproc if self.gpus else 0, name=f"bench_sweep {point.id}"
-        )
+        placement = {"num_gpus": point.nproc} if self.gpus else {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
+        task = self.remote.options(num_cpus=point.nproc, name=f"bench_sweep {point.id}", **placement)
         ref = task.remote(point.flags, point.nproc, point.id, self.bench_train, os.getcwd(), self.sweep.point_timeout)
         self.running[ref] = point
 
@@ -630,7 +632,7 @@ def main(
         output_dir: The sweep directory: state file, the points' files, the report. Rerun to finish a sweep.
         executor: local (this machine's processes) or ray (tasks on a Ray cluster; pip install 'tuning-bench[ray]').
         concurrency: Points running at once; default: local, one per nproc_per_node GPUs, one on CPU; ray, all
-            that the cluster's resources fit.
+            that the nodes' GPUs fit, one per node (spread over them) on a cluster without GPUs.
         retries: Reruns of a point that failed with a transient category (communication, device_error).
         rerun_failed: Also rerun the points that finished with a failure (and the ones their OOM skipped).
         point_timeout: Seconds after which a point is stopped (SIGTERM, then SIGKILL 30 s later): status timeout.
