@@ -234,3 +234,19 @@ def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip() == "unknown flag --ouput_dir; did you mean --output_dir?"
     assert not (tmp_path / "out").exists() and not (REPO_ROOT / "bench_report").exists()
+
+
+def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(bench_report):
+    x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
+    rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4)]
+    metric, ylabel = "peak_gpu_memory_bytes", "peak GPU memory reserved (GB)"
+    figure = bench_report.draw(rows, x, None, metric, ylabel)
+    figure.set_dpi(bench_report.PLOT_DPI)
+    figure.canvas.draw()  # lays the text out, as savefig does
+    (axes,) = figure.axes
+    title, frame = axes.title.get_window_extent(), figure.bbox
+    assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
+    assert axes.title.get_text().replace("\n", " ") == f"{ylabel} by {x} (ok and stopped runs)"
+    low, high = axes.get_xlim()
+    ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks

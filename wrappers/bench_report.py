@@ -15,11 +15,12 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fire
 
@@ -29,6 +30,9 @@ from tuning.benchmarking.schema import validate_dump
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
@@ -40,6 +44,8 @@ TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
 GB = 1e9
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
+PLOT_DPI = 120
+PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across the figure
 
 
 def is_number(value: Any) -> bool:
@@ -298,11 +304,21 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
     """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when there is
     nothing to draw."""
-    points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
-    if not points:
+    figure = draw(rows, x, group, metric, ylabel)
+    if figure is None:
         print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
         return False
+    figure.savefig(path, dpi=PLOT_DPI)
+    return True
+
+
+def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str) -> "Figure | None":
+    """The figure ``plot`` saves; None when no ok or stopped run has both ``x`` and ``metric``."""
+    points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
+    if not points:
+        return None
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+    from matplotlib.ticker import MaxNLocator
 
     numeric = all(is_number(r[x]) for r in points)  # else matplotlib's categorical axis, one tick per value
     scale = GB if metric.endswith("_bytes") else 1
@@ -318,13 +334,15 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
         for at in xs:  # every run, around its median
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
-    axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)")
+    title = f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)"
+    axes.set(xlabel=x, ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))  # a long one would be clipped
+    if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    return True
+    return figure
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
