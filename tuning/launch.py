@@ -126,9 +126,8 @@ class HostMemoryWatch:
         if None not in (kills, self.cgroup_kills_at_start) and kills > self.cgroup_kills_at_start:
             return f"the container's cgroup counted {kills - self.cgroup_kills_at_start} OOM kill(s)"
         recent = [available for at, available in list(self.samples) if when - MEMORY_WINDOW_SECONDS <= at <= when + 1]
-        percent = _low_memory_percent()
-        if recent and min(recent) < self.total * percent / 100:
-            lowest = min(recent)
+        lowest = min(recent, default=None)
+        if lowest is not None and lowest < self.total * _low_memory_percent() / 100:
             return f"the host's available memory fell to {lowest / 2**30:.1f} GiB of {self.total / 2**30:.1f} GiB"
         return None
 
