@@ -89,6 +89,45 @@ def test_container_entrypoint_runs_a_job_config_on_two_ranks(tiny_model, tmp_pat
     assert (tmp_path / "final" / "model.safetensors").exists()
 
 
+def test_container_entrypoint_hands_a_large_job_config_to_the_workers(tiny_model, tmp_path):
+    """A job config of 200 KB (exp_metadata) from a file: more than an environment variable can carry to exec."""
+    config = {
+        "model_name_or_path": tiny_model,
+        "training_data_path": str(REPO_ROOT / "tuning" / "data" / "samples" / "train.jsonl"),
+        "dataset_text_field": "output",
+        "response_template": "\n### Response:",
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "exp_metadata": json.dumps({"notes": "x" * 200_000}),
+        "accelerate_launch_args": {"num_processes": 1, "main_process_port": 29555},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    launcher = start_launch([], tmp_path, SFT_TRAINER_CONFIG_JSON_PATH=str(tmp_path / "config.json"))
+    stderr = launcher.finish()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "tuning.launch ignores accelerate_launch_args.main_process_port; give torchrun flags" in stderr
+    assert (tmp_path / "out" / "training_logs.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--nproc_per_node", "0", SFT_TRAINER], "--nproc_per_node must be a positive integer or one of auto, cpu"),
+        (["missing/train.py", "--max_steps", "1"], "the script to run, missing/train.py, is not a file"),
+    ],
+)
+def test_bad_launcher_arguments_are_a_user_error_before_any_worker_starts(args, reason, tmp_path):
+    launcher = start_launch(args, tmp_path)
+    stderr = launcher.finish(timeout=120)
+    assert launcher.returncode == 1, stderr[-3000:]
+    (line,) = check_pod_log(tmp_path)
+    assert line.startswith(f"user_error: UserInputError: {reason}"), line
+    assert "Traceback" not in stderr and "torch/distributed" not in stderr
+
+
 def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):
     args = bench_args(
         tiny_model,
@@ -137,6 +176,8 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_exits_143(tiny_model, tmp_
     stderr = launcher.finish()
     assert launcher.returncode == 143, stderr[-3000:]
     assert check_pod_log(tmp_path) == ["interrupted: SignalInterrupt: stopped by SIGTERM"]
+    last_marker = [line for line in stderr.splitlines() if line.startswith("TUNING_ERROR ")][-1]
+    assert last_marker.startswith("TUNING_ERROR category=interrupted rank=launcher step=- exit_code=143")
     dump = read_dump(tmp_path / "bench.json")
     rank1 = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
     assert dump["status"] == "interrupted" and dump["error"]["category"] == rank1["category"] == "interrupted"

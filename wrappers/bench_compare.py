@@ -10,7 +10,6 @@ slower (or worse), 0 otherwise. The formulas: docs/benchmarking.md, "Comparing t
 """
 
 import csv
-import inspect
 import json
 import math
 import statistics
@@ -24,6 +23,7 @@ import bench_report  # beside this script, whose directory Python puts first on 
 import fire
 
 from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND
+from tuning.utils.cli_flags import reject_unknown_flags
 
 PROG = "bench_compare.py"
 IGNORED_KEYS = ("repeat",)  # a sweep's repeat index: the runs of one point, never a point of its own
@@ -314,16 +314,6 @@ def names(value: str | tuple[str, ...]) -> list[str]:
     return [str(part) for part in parts if part]
 
 
-def unknown_flag(argv: list[str]) -> str | None:
-    """The first ``--flag`` that ``main`` does not take (fire would pass it on silently or print a usage page)."""
-    known = set(inspect.signature(main).parameters) | {"help"}
-    for token in argv:
-        if token.startswith("--") and token[2:].split("=", 1)[0].replace("-", "_") not in known:
-            return token.split("=", 1)[0]
-    return None
-
-
 if __name__ == "__main__":
-    if (flag := unknown_flag(sys.argv[1:])) is not None:
-        raise SystemExit(f"{PROG}: unknown flag {flag} (--help lists the flags)")
+    reject_unknown_flags(main)
     sys.exit(fire.Fire(main, name=PROG, serialize=lambda _: None))

@@ -15,29 +15,38 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fire
 
 from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
 from tuning.benchmarking.journal import journal_path, read_journal
 from tuning.benchmarking.schema import validate_dump
+from tuning.utils.cli_flags import reject_unknown_flags
+from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_STATE = "sweep_state.jsonl"
 RANK_REPORT = re.compile(r"^(?P<metrics_path>.+)\.rank(?P<rank>\d+)\.error\.json$")
 JOURNAL = re.compile(r"^(?P<stem>.+?)(?:\.rank(?P<rank>\d+))?\.journal\.jsonl$")
+TERMINATION_LOG_SUFFIX = ".termination-log"  # NAME.termination-log: the run's TERMINATION_LOG_FILE
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
-DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", SWEEP_STATE)
+DIRECTORY_PATTERNS = ("*.json", "*.journal.jsonl", f"*{TERMINATION_LOG_SUFFIX}", SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
 GB = 1e9
 BATCH_SIZE_AXIS = "per_device_train_batch_size"  # a sweep with this axis gets a plot of MFU against it
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
+PLOT_DPI = 120
+PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across the figure
 
 
 def is_number(value: Any) -> bool:
@@ -63,6 +72,7 @@ class Run:
     dump: dict[str, Any] | None = None  # its own, else one rebuilt from its journal
     failures: list[Failure] = field(default_factory=list)
     sweep_point: dict[str, Any] | None = None  # the run's line in a sweep's state file
+    termination: Failure | None = None  # the first line of its termination log: the launcher's root cause
 
     @property
     def status(self) -> str:
@@ -80,8 +90,13 @@ class Run:
 
     @property
     def root_cause(self) -> Failure | None:
-        """The earliest failure across ranks, so that an OOM on one rank is named rather than the communication
-        errors and interruptions it causes on the others."""
+        """The launcher's root cause when the run has a termination log (it saw a rank killed without a report too:
+        a SIGKILL, the kernel's OOM killer), by that rank's own report where it wrote one; else the earliest failure
+        across ranks, so that an OOM on one rank is named rather than the communication errors and interruptions it
+        causes on the others."""
+        if self.termination is not None:
+            key = (self.termination.rank, self.termination.category)
+            return next((f for f in self.failures if (f.rank, f.category) == key), self.termination)
         return min(self.failures, key=lambda failure: failure.time, default=None)
 
 
@@ -105,11 +120,13 @@ def read_sweep_state(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_files(metrics_path: Path) -> list[tuple[Path, bool]]:
-    """The files one run left that exist: its dump, its rank reports and its journal, as ``find_files`` gives them."""
+    """The files one run left that exist: its dump, its rank reports, its journal and its termination log, as
+    ``find_files`` gives them."""
     candidates = [
         metrics_path,
         *sorted(metrics_path.parent.glob(glob.escape(metrics_path.name) + ".rank*.error.json")),
         Path(journal_path(str(metrics_path))),
+        metrics_path.with_suffix(TERMINATION_LOG_SUFFIX),
     ]
     return [(path, True) for path in candidates if path.is_file()]
 
@@ -178,6 +195,14 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
         raise Skipped("not a benchmark dump or error report (no schema_version or category)")
 
 
+def _read_termination_log(path: Path) -> Failure:
+    """The first line of a run's termination log: the root cause (``tuning.launch`` writes it first)."""
+    first = (path.read_text(encoding="utf-8", errors="replace").splitlines() or [""])[0]
+    if not (match := TERMINATION_LINE.match(first)) or match["category"] not in set(ErrorCategory):
+        raise Skipped("its first line is not '<category>: [rank N: ]<reason>'")
+    return Failure(int(match["rank"] or 0), match["category"], None, -math.inf, match["reason"])
+
+
 def load(files: list[tuple[Path, bool]]) -> list[Run]:
     """Group the files by run identity and read them; each unusable file is named on stderr with the reason.
 
@@ -195,6 +220,11 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
             with _skipping(path, "sweep state file"):
                 for point in read_sweep_state(path).values():  # metrics_path is relative to the state file
                     run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
+        elif path.name.endswith(TERMINATION_LOG_SUFFIX):
+            with _skipping(path, "termination log"):
+                run_for(
+                    str(path.parent / path.name.removesuffix(TERMINATION_LOG_SUFFIX))
+                ).termination = _read_termination_log(path)
         elif journal is None:
             with _skipping(path, "benchmark file"):
                 _read_json_file(path, named, run_for)
@@ -207,6 +237,8 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     for run in runs.values():
         if run.dump is not None and run.dump["error"] and run.dump["error"].get("category"):
             run.failures.append(_failure({"rank": run.dump["rank"], **run.dump["error"]}))
+        if run.termination is not None and run.root_cause is run.termination:  # a rank that wrote no report
+            run.failures.append(run.termination)
     return [run for run in runs.values() if run.dump or run.failures or run.sweep_point]
 
 
@@ -276,11 +308,21 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
     """One PNG of ``metric`` against ``x``, a line per group through the median at each x; False when there is
     nothing to draw."""
-    points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
-    if not points:
+    figure = draw(rows, x, group, metric, ylabel)
+    if figure is None:
         print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
         return False
+    figure.savefig(path, dpi=PLOT_DPI)
+    return True
+
+
+def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str) -> "Figure | None":
+    """The figure ``plot`` saves; None when no ok or stopped run has both ``x`` and ``metric``."""
+    points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
+    if not points:
+        return None
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+    from matplotlib.ticker import MaxNLocator
 
     numeric = all(is_number(r[x]) for r in points)  # else matplotlib's categorical axis, one tick per value
     scale = GB if metric.endswith("_bytes") else 1
@@ -296,13 +338,15 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
         for at in xs:  # every run, around its median
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
-    axes.set(xlabel=x, ylabel=ylabel, title=f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)")
+    title = f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)"
+    axes.set(xlabel=x, ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))  # a long one would be clipped
+    if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    return True
+    return figure
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
@@ -382,4 +426,5 @@ def main(
 
 
 if __name__ == "__main__":
+    reject_unknown_flags(main)
     fire.Fire(main)

@@ -36,6 +36,9 @@ import psutil
 import yaml
 from tqdm import tqdm
 
+from tuning.utils.cli_flags import reject_unknown_flags
+from tuning.utils.error_logging import TERMINATION_LOG_ENV
+
 BENCH_TRAIN = Path(__file__).resolve().with_name("bench_train.py")
 SPEC_KEYS = ("base", "axes", "metadata")
 REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
@@ -45,10 +48,14 @@ OOM_CATEGORIES = ("gpu_oom", "host_oom")
 TRANSIENT_CATEGORIES = ("communication", "device_error")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
-ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(\w+)", re.M)
+# tuning.utils.error_logging's marker line: its category, and its type= part (exception type and message).
+ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(?P<category>\w+) .*?type=(?P<message>.*)$", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
+SCRATCH_PREFIX = "bench-sweep-"  # a Ray point's directory in its node's temp dir
+# A plain string here: the Ray task's body, pickled by value, then needs no import of bench_report on the node.
+TERMINATION_LOG_SUFFIX = bench_report.TERMINATION_LOG_SUFFIX
 
 
 def is_count(value: Any, low: int) -> bool:
@@ -86,11 +93,34 @@ def point_id(axes: dict[str, Any]) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_-]+', '-', slug)[:SLUG_MAX]}-{_hash(axes)}"
 
 
+class SweepLoader(yaml.SafeLoader):
+    """YAML as a sweep file needs it: a repeated key is an error (PyYAML keeps the last one silently), and
+    ``1e-4`` is a number, as in YAML 1.2 (YAML 1.1 wants a dot in a float)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if (key := self.construct_object(key_node)) in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found repeated key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+SweepLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def load_spec(path: str) -> dict[str, Any]:
     """The sweep file, checked: every problem is a one-line ``SystemExit`` naming the culprit."""
     try:
         with open(path, encoding="utf-8") as handle:
-            spec = yaml.safe_load(handle)
+            spec = yaml.load(handle, Loader=SweepLoader)
     except OSError as exc:
         raise SystemExit(f"cannot read sweep file {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
@@ -192,6 +222,11 @@ class PointProcess:
         if nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
         flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        # The termination log names the root cause as the launcher saw it: a rank SIGKILLed leaves no report.
+        env = {
+            **(popen.pop("env", None) or os.environ),
+            TERMINATION_LOG_ENV: f"{stem}{TERMINATION_LOG_SUFFIX}",
+        }
         with open(f"{stem}.log", "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, bench_train, *flag_tokens(flags)],
@@ -200,6 +235,7 @@ class PointProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=die_with_parent(),
+                env=env,
                 **popen,
             )
         self.deadline = time.monotonic() + timeout if timeout else math.inf
@@ -232,6 +268,24 @@ class PointProcess:
         return code
 
 
+def remove_abandoned_scratch() -> None:
+    """The scratch directories on this node that nothing holds any more: a SIGKILLed driver takes its local Ray
+    instance and the task's worker with it, and the point then stops and ends, leaving its directory. Each directory
+    is locked (flock on the directory itself) by its task and, inherited, its point: a free lock means both ended."""
+    for path in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), SCRATCH_PREFIX + "*")):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # removed meanwhile, or not a directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+        except BlockingIOError:  # its task or point still runs
+            pass
+        finally:
+            os.close(fd)
+
+
 def run_point_on_node(
     flags: dict[str, Any], nproc: int, name: str, bench_train: str, cwd: str, timeout: float | None
 ) -> dict[str, Any]:
@@ -240,19 +294,28 @@ def run_point_on_node(
     dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: nothing of
     this script has to be importable on the node."""
     bench_train = os.path.abspath(bench_train)  # a shipped working_dir's copy: the task starts in it
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-", ignore_cleanup_errors=True) as scratch:
+    remove_abandoned_scratch()
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    lock_fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
         stem = os.path.join(scratch, name)
-        process = PointProcess(flags, nproc, stem, bench_train, timeout, cwd=cwd if os.path.isdir(cwd) else scratch)
+        popen = {"cwd": cwd if os.path.isdir(cwd) else scratch, "pass_fds": (lock_fd,)}
+        process = PointProcess(flags, nproc, stem, bench_train, timeout, **popen)
         try:
             exit_code = process.wait()
         except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
             process.stop()
             process.wait()
             raise
-        names = [f"{stem}.json", *glob.glob(glob.escape(stem) + ".json.rank*.error.json"), f"{stem}.log"]
+        reports = glob.glob(glob.escape(stem) + ".json.rank*.error.json")
+        names = [f"{stem}.json", *reports, f"{stem}{TERMINATION_LOG_SUFFIX}", f"{stem}.log"]
         if not os.path.exists(f"{stem}.json"):
             names.append(f"{stem}.journal.jsonl")
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.close(lock_fd)
     return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
 
 
@@ -298,13 +361,14 @@ class LocalExecutor:
             time.sleep(POLL_SECONDS)
         return ended
 
-    def stop(self) -> None:
+    def stop(self) -> list[tuple[Point, dict[str, Any]]]:
         """Every running point stopped and waited for (each writes its dump); none is recorded as finished."""
         for _, process, _ in self.running:
             process.stop()
         for _, process, _ in self.running:
             process.wait()
         self.running.clear()
+        return []
 
 
 def visible_gpus() -> list[str]:
@@ -321,10 +385,10 @@ def visible_gpus() -> list[str]:
 
 
 class RayExecutor:
-    """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs (none on a cluster without GPUs) and as many
-    CPUs; the task runs the point on its node and hands back its files, which the driver writes under the sweep
-    directory, so no filesystem is shared. ``ray`` is imported only here; a local instance stops when the driver
-    exits."""
+    """Points as Ray tasks, each requesting ``nproc_per_node`` GPUs and as many CPUs (on a cluster without GPUs,
+    one point per node unless ``concurrency`` says otherwise); the task runs the point on its node and hands back
+    its files, which the driver writes under the sweep directory, so no filesystem is shared. ``ray`` is imported
+    only here; a local instance stops when the driver exits."""
 
     def __init__(
         self,
@@ -348,7 +412,10 @@ class RayExecutor:
         # A runtime_env working_dir ships this checkout to every node: bench_train is then found relative to it.
         shipped = "working_dir" in runtime_env
         self.bench_train = str(BENCH_TRAIN.relative_to(BENCH_TRAIN.parents[1])) if shipped else str(BENCH_TRAIN)
-        self.gpus = max((node["Resources"].get("GPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        self.gpus = max((node["Resources"].get("GPU", 0) for node in nodes), default=0)
+        if self.concurrency is None and not self.gpus:  # benchmarks sharing a node's CPUs would measure each other
+            self.concurrency = len(nodes)
         self.remote = ray.remote(max_retries=0)(run_point_on_node)
         self.running: dict[Any, Point] = {}
         check_gpus(sweep.points, self.gpus, f"the largest node has {self.gpus}")
@@ -357,14 +424,14 @@ class RayExecutor:
         return self.concurrency is None or len(self.running) < self.concurrency
 
     def start(self, point: Point) -> None:
-        task = self.remote.options(
-            num_cpus=point.nproc, num_gpus=point.nproc if self.gpus else 0, name=f"bench_sweep {point.id}"
-        )
+        placement = {"num_gpus": point.nproc} if self.gpus else {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
+        task = self.remote.options(num_cpus=point.nproc, name=f"bench_sweep {point.id}", **placement)
         ref = task.remote(point.flags, point.nproc, point.id, self.bench_train, os.getcwd(), self.sweep.point_timeout)
         self.running[ref] = point
 
     def wait(self) -> list[tuple[Point, dict[str, Any]]]:
-        done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=POLL_SECONDS)
+        """Every point that ended within the poll interval (all of them: one stop signal later, none is lost)."""
+        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=POLL_SECONDS)
         ended = []
         for ref in done:
             point = self.running.pop(ref)
@@ -377,12 +444,21 @@ class RayExecutor:
             ended.append((point, result))
         return ended
 
-    def stop(self) -> None:
+    def stop(self) -> list[tuple[Point, dict[str, Any]]]:
+        """Every running task cancelled (its point stopped, its scratch directory removed) and waited for; the points
+        that finished before the cancel reached them, to be recorded."""
         for ref in self.running:
             self.ray.cancel(ref)
         with contextlib.suppress(Exception):
             self.ray.wait(list(self.running), num_returns=len(self.running), timeout=STOP_GRACE_SECONDS + 5)
+        ended = []
+        for ref, point in self.running.items():
+            with contextlib.suppress(self.ray.exceptions.RayError):  # cancelled, or still stopping: left for a rerun
+                result = self.ray.get(ref, timeout=0)
+                self.sweep.store_files(result["files"])
+                ended.append((point, result))
         self.running.clear()
+        return ended
 
 
 class Sweep:
@@ -438,16 +514,17 @@ class Sweep:
 
     def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
-        rank), else from the TUNING_ERROR line of this attempt's part of its log, else from its exit code (and the
-        log's last line as the reason)."""
+        rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
+        reason), else from its exit code (and the log's last line as the reason)."""
         runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
         if category is None and exit_code != 0:
             attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
-            if marker := ERROR_MARKER.findall(attempt_log):
-                status, category = "error", marker[-1]
+            if markers := list(ERROR_MARKER.finditer(attempt_log)):
+                status, category = "error", markers[-1]["category"]
+                reason = markers[-1]["message"].strip()
             elif reason is None and exit_code > 0:  # it ended before it could report: its last words are all there is
                 last_line = attempt_log.strip().rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]
                 reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
@@ -480,7 +557,12 @@ class Sweep:
             while pending or executor.running:
                 if self.interrupted_by is not None:
                     bar.set_description_str("stopping: waiting for the running points")
-                    executor.stop()
+                    for point, ended in executor.stop():
+                        finish(
+                            self.record(
+                                point, **self.outcome(point, ended), attempts=attempts[point.id], host=ended["host"]
+                            )
+                        )
                     break
                 for point in list(pending):
                     if None in (below := [finished.get(other.id) for other in smaller[point.id]]):
@@ -510,6 +592,11 @@ class Sweep:
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.interrupted_by = signum
+
+    def handle_stop_signals(self) -> None:
+        """SIGINT and SIGTERM stop the sweep: running points stopped, finished ones recorded, exit 128+signal."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.on_signal)
 
     def lock(self) -> None:
         """One driver per sweep directory. The points inherit the lock, so a rerun after a SIGKILLed driver waits
@@ -555,7 +642,7 @@ def main(
         output_dir: The sweep directory: state file, the points' files, the report. Rerun to finish a sweep.
         executor: local (this machine's processes) or ray (tasks on a Ray cluster; pip install 'tuning-bench[ray]').
         concurrency: Points running at once; default: local, one per nproc_per_node GPUs, one on CPU; ray, all
-            that the cluster's resources fit.
+            that the nodes' GPUs fit, one per node (spread over them) on a cluster without GPUs.
         retries: Reruns of a point that failed with a transient category (communication, device_error).
         rerun_failed: Also rerun the points that finished with a failure (and the ones their OOM skipped).
         point_timeout: Seconds after which a point is stopped (SIGTERM, then SIGKILL 30 s later): status timeout.
@@ -589,10 +676,10 @@ def main(
     (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec, sweep_dir / "sweep.yaml")
     sweep.lock()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, sweep.on_signal)
+    sweep.handle_stop_signals()
     ray_options = (ray_address, ray_num_cpus, ray_runtime_env)
     runner = RayExecutor(sweep, concurrency, *ray_options) if executor == "ray" else LocalExecutor(sweep, concurrency)
+    sweep.handle_stop_signals()  # again: ray.init() installs its own SIGTERM handler, which aborts the process
     sweep.run(runner, rerun_failed)  # the bar's last line holds the counts of done, failed and skipped points
     if (signum := sweep.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
@@ -602,4 +689,5 @@ def main(
 
 
 if __name__ == "__main__":
+    reject_unknown_flags(main)
     sys.exit(fire.Fire(main, name="bench_sweep.py", serialize=lambda _: None))

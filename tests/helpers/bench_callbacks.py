@@ -49,6 +49,15 @@ class OutOfMemoryOnLastRank(TrainerCallback):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected by the test)")
 
 
+class SigkillOnLastRankInStep3(TrainerCallback):
+    """The highest rank alone gets a real SIGKILL as step 3 begins, as from the kernel's OOM killer: no report."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if state.global_step == 2 and int(os.environ.get("RANK", "0")) == world_size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class SigtermOnLastRankInStep3(TrainerCallback):
     """The highest rank alone gets a real SIGTERM as step 3 begins, as from a preemption of one node."""
 

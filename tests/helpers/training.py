@@ -179,12 +179,14 @@ def logged_steps(path: Path) -> list[int]:
     return [r["data"]["step"] for r in records if r.get("name") == "training_loss"]
 
 
-def wait_until(condition: Callable[[], bool], process: subprocess.Popen, what: str, timeout: float = 180) -> None:
-    """Wait until ``condition()`` holds while ``process`` runs; fail naming ``what`` did not happen if the process
-    ends first (with a ``Job``'s stderr) or the time runs out."""
+def wait_until(
+    condition: Callable[[], bool], process: subprocess.Popen | None, what: str, timeout: float = 180
+) -> None:
+    """Wait until ``condition()`` holds while ``process`` (if any) runs; fail naming ``what`` did not happen if the
+    process ends first (with a ``Job``'s stderr) or the time runs out."""
     deadline = time.monotonic() + timeout
     while not condition():
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             stderr = process.finish()[-3000:] if isinstance(process, Job) else ""
             raise AssertionError(f"the process ended (exit {process.returncode}) before {what}: {stderr}")
         assert time.monotonic() < deadline, f"no {what} after {timeout} s"

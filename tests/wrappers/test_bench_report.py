@@ -222,3 +222,27 @@ def test_mfu_energy_and_skew_columns_and_the_mfu_plot_by_batch_size(bench_report
     assert "| mfu | joules_per_token | rank_skew |" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "mfu_by_batch_size.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(tmp_path / "out" / "mfu_by_batch_size.png") in capsys.readouterr().out
+
+
+def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
+    (tmp_path / "cut.json").write_text('{"schema_version": 1, "sta')
+    result = report(str(tmp_path / "cut.json"), "--ouput_dir", str(tmp_path / "out"), "--bogus", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "unknown flag --ouput_dir; did you mean --output_dir?"
+    assert not (tmp_path / "out").exists() and not (REPO_ROOT / "bench_report").exists()
+
+
+def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(bench_report):
+    x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
+    rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4)]
+    metric, ylabel = "peak_gpu_memory_bytes", "peak GPU memory reserved (GB)"
+    figure = bench_report.draw(rows, x, None, metric, ylabel)
+    figure.set_dpi(bench_report.PLOT_DPI)
+    figure.canvas.draw()  # lays the text out, as savefig does
+    (axes,) = figure.axes
+    title, frame = axes.title.get_window_extent(), figure.bbox
+    assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
+    assert axes.title.get_text().replace("\n", " ") == f"{ylabel} by {x} (ok and stopped runs)"
+    low, high = axes.get_xlim()
+    ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks

@@ -4,8 +4,10 @@ real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected 
 
 import csv
 import json
+import shutil
 import signal
 import subprocess
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -159,6 +161,17 @@ def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path)
     assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
 
 
+def test_the_ray_executor_runs_one_point_at_a_time_on_a_node_without_gpus(tiny_model, tmp_path):
+    """Two 1-CPU points on a 2-CPU node without --concurrency: the second starts once the first has stopped."""
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_seq_length": [64, 128]})
+    result = sweep(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    dumps = [json.loads((out / line["metrics_path"]).read_text()) for line in state_lines(out)]
+    first, second = sorted(dumps, key=lambda dump: datetime.fromisoformat(dump["start_time"]))
+    assert datetime.fromisoformat(second["start_time"]) >= datetime.fromisoformat(first["stop_time"])
+
+
 def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_directory(tiny_model, tmp_path):
     """The driver runs outside the checkout it ships: the task finds bench_train.py in the shipped copy."""
     spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_steps": [1]})
@@ -167,6 +180,53 @@ def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_director
     result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """The pids of the processes whose environment holds ``entry`` (``NAME=value``)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                pids.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue  # ended while we looked, or not ours to read
+    return pids
+
+
+def test_a_ray_sweep_stopped_by_sigterm_records_finished_points_and_leaves_nothing_behind(tiny_model, tmp_path):
+    """A first driver SIGKILLed mid-point, then a second one SIGTERMed mid-point, on a real local Ray instance with
+    its own temp dir (short: Ray's sockets live there): exit 143, the finished point recorded once, and neither the
+    Ray processes nor the points' scratch directories outlive them."""
+    temp = Path(tempfile.mkdtemp(prefix="bs", dir="/tmp"))
+    try:
+        base = base_flags(tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")
+        spec = write_spec(tmp_path / "sweep.yaml", base, {"max_steps": [2, 1000]})
+        out, tmpdir = tmp_path / "sweep", f"TMPDIR={temp}"
+        command = sweep_command(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
+        log_dir = tmp_path / "driver"
+
+        # Ray's agents notice a SIGKILLed driver's instance gone within a minute; a stopped driver shuts it down.
+        for stop, leftovers_seconds in ((signal.SIGKILL, 120), (signal.SIGTERM, 30)):
+            earlier = set(temp.glob("bench-sweep-*"))  # the first driver's, left once it was SIGKILLed
+
+            def slow_point_running(earlier: set[Path] = earlier) -> bool:  # this driver's, past a step
+                journals = temp.glob("bench-sweep-*/max_steps-1000-*.journal.jsonl")
+                return any(path.parent not in earlier and path.stat().st_size for path in journals)
+
+            driver = Job(command, log_dir=log_dir, TMPDIR=str(temp))
+            wait_until(lambda: len(state_lines(out)) == 1 and slow_point_running(), driver, "a finished point", 300)
+            driver.send_signal(stop)
+            stderr = driver.finish(timeout=120)
+            wait_until(
+                lambda: not processes_with_env(tmpdir), None, f"no process left after {stop!r}", leftovers_seconds
+            )
+        assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+        assert "stopped by signal 15" in stderr
+        assert [(line["axes"], line["status"]) for line in state_lines(out)] == [({"max_steps": 2}, "ok")]
+        assert not list(temp.glob("bench-sweep-*"))  # the killed driver's, by the second run; the second's own
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
@@ -180,6 +240,20 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
     assert (line["status"], line["category"], line["reason"]) == ("error", None, reason)
     (row,) = report_rows(tmp_path / "sweep")
     assert (row["status"], row["error_message"]) == ("error", reason)
+
+
+def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
+    """A flag value sft_trainer's parser rejects: no dump, only the TUNING_ERROR line."""
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"num_train_epochs": ["abc"]})
+    result = sweep(spec, tmp_path / "sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(tmp_path / "sweep")
+    assert (line["status"], line["category"]) == ("error", "user_error")
+    assert (
+        line["reason"] == "UserInputError: argument --num_train_epochs/--num-train-epochs: invalid float value: 'abc'"
+    )
+    (row,) = report_rows(tmp_path / "sweep")
+    assert row["error_message"] == line["reason"]
 
 
 def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
@@ -230,6 +304,46 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
     assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
 
 
+def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(tiny_model, tmp_path):
+    """Rank 1 SIGKILLed, rank 0 then loses its peer: the launcher's root cause (termination log) names rank 1,
+    not rank 0's communication error, which the sweep would retry as transient."""
+    base = base_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3")
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"nproc_per_node": [2]})
+    result = sweep(spec, out, "--retries", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = state_lines(out)
+    assert (line["status"], line["category"], line["exit_code"], line["attempts"]) == (
+        "interrupted",
+        "interrupted",
+        128 + signal.SIGKILL,
+        1,
+    )
+    assert line["reason"].startswith("killed by SIGKILL, without an error report of its own")
+    (row,) = report_rows(out)
+    assert (row["error_category"], row["error_rank"]) == ("interrupted", "1")
+
+
+def test_a_rank_sigkilled_while_memory_was_low_is_host_oom_and_skips_larger_batches(tiny_model, tmp_path):
+    """Every level of available memory counts as low here (100 %): the launcher names the kill host_oom."""
+    base = base_flags(
+        tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3", nproc_per_node=2
+    )
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 2]})
+    result = sweep(spec, out, TUNING_HOST_OOM_AVAILABLE_PERCENT="100")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = state_by_axes(out, "per_device_train_batch_size")
+    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "host_oom", 205)
+    assert "killed by SIGKILL while memory ran out (the host's available memory fell to" in lines[(1,)]["reason"]
+    assert (lines[(2,)]["status"], lines[(2,)]["reason"]) == (
+        "skipped",
+        "oom at per_device_train_batch_size=1 (host_oom)",
+    )
+    rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
+    assert (rows["1"]["error_category"], rows["1"]["error_rank"], rows["1"]["failed_ranks"]) == ("host_oom", "1", "0 1")
+
+
 def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
     base = base_flags(tiny_model, max_steps=1000, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")  # 300 s of steps at least
     out = tmp_path / "sweep"
@@ -267,6 +381,12 @@ def test_concurrent_points_never_share_a_gpu(tiny_model, tmp_path):
         ({"axes": {"max_steps": [1]}, "repeats": 0}, [], "repeats must be a positive integer, got 0"),
         ({"axes": {"max_steps": [1]}}, ["--executor", "slurm"], "--executor 'slurm': choose local or ray"),
         ({"axes": {"max_steps": [1]}}, ["--retries=-1"], "--retries must be an integer >= 0"),
+        (
+            {"axes": {"max_steps": [1]}},
+            ["--point_timout", "5"],
+            "unknown flag --point_timout; did you mean --point_timeout?",
+        ),
+        ({"axes": {"max_steps": [1]}}, ["--dryrun"], "unknown flag --dryrun; did you mean --dry_run?"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1_before_anything_runs(tmp_path, spec, flags, reason):
@@ -288,6 +408,24 @@ def test_repeats_run_every_point_that_many_times_told_apart_by_metadata(tmp_path
     assert [line.split("  ")[0] for line in lines[:3]] == ["learning_rate=0.1"] * 3
     assert len({line.split("  ")[2] for line in lines[:-1]}) == 6  # a dump path of its own each
     assert "learning_rate-0-1_repeat-2-" in lines[2]
+
+
+def test_a_repeated_key_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("base:\n  callbacks: a:B\n  max_steps: 1\n  callbacks: c:D\naxes:\n  learning_rate: [0.1]\n")
+    result = sweep(path, tmp_path / "sweep", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"found repeated key 'callbacks' in \"{path}\", line 4, column 3")
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_numbers_in_scientific_notation_are_numbers(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("axes:\n  learning_rate: [1e-4, 2.5E+3, '1e-5']\n")
+    result = sweep(path, tmp_path / "sweep", "--dry_run", timeout=60)
+    assert result.returncode == 0, result.stderr
+    labels = [line.split("  ")[0] for line in result.stdout.splitlines()[:-1]]
+    assert labels == ["learning_rate=0.0001", "learning_rate=2500.0", "learning_rate=1e-5"]  # quoted: a string
 
 
 def test_dry_run_lists_the_points_and_their_files(tmp_path):

@@ -173,6 +173,8 @@ K8S_TERMINATION_LOG = "/dev/termination-log"
 # Kubernetes keeps at most 4 KiB of the termination log and every rank of a pod may append a line.
 TERMINATION_LOG_MAX_BYTES = 1024
 ERROR_MARKER = "TUNING_ERROR"
+# ``<category>: [rank N: ]<reason>``, as ``termination_line`` writes it; without a rank the job had one process.
+TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )?(?P<reason>.*)")
 _MARKER_MESSAGE_MAX_BYTES = 300
 
 _last_global_step: int | None = None
@@ -330,11 +332,12 @@ def termination_line(report: dict[str, Any]) -> str:
 
 
 def error_marker(report: dict[str, Any]) -> str:
-    """One stderr line that log scrapers can grep for ``TUNING_ERROR``."""
+    """One stderr line that log scrapers can grep for ``TUNING_ERROR``; a process that is no rank (the launcher)
+    names its role instead of a rank."""
     step = "-" if report["global_step"] is None else report["global_step"]
     first_line = _summary(report).splitlines()[0]
     return (
-        f"{ERROR_MARKER} category={report['category']} rank={report['rank']} step={step} "
+        f"{ERROR_MARKER} category={report['category']} rank={report.get('role') or report['rank']} step={step} "
         f"exit_code={report['exit_code']} type={_one_line(first_line, _MARKER_MESSAGE_MAX_BYTES)}"
     )
 
@@ -398,13 +401,14 @@ def _report_failure(
     exc: BaseException,
     on_error: Callable[[dict[str, Any]], None] | None = None,
     global_step: Callable[[], int | None] = last_global_step,
+    role: str | None = None,
 ) -> int:
     """Report ``exc`` (termination log, traceback, marker, ``on_error``) and return its exit code."""
     global _phase
     _phase = "reporting"
     if isinstance(exc, SystemExit) and exc.code in (0, None):
         return 0
-    report = build_error_report(exc, global_step=global_step())
+    report = build_error_report(exc, global_step=global_step(), extra={"role": role} if role else None)
     write_termination_log(termination_line(report))
     # A rejected input or a requested stop needs its message, not a traceback; argparse printed its own.
     if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
@@ -423,15 +427,17 @@ def run_with_error_reporting(
     *,
     on_error: Callable[[dict[str, Any]], None] | None = None,
     global_step: Callable[[], int | None] = last_global_step,
+    role: str | None = None,
 ) -> int:
     """``sys.exit(run_with_error_reporting(main))``: fn's int result (0 for anything else); on any failure but
     ``SystemExit(0)``, the termination-log line, traceback and marker, the report to ``on_error`` (a wrapper's report
-    file) and the category's exit code."""
+    file) and the category's exit code. ``role``: a process that is not a rank (``launcher``), named in its marker
+    and report instead of rank 0."""
     global _phase
     _phase = "running"
     try:
         result = fn()
     except BaseException as exc:
-        return _report_failure(exc, on_error, global_step)
+        return _report_failure(exc, on_error, global_step, role)
     _phase = "reporting"
     return result if isinstance(result, int) else 0
