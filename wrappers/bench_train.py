@@ -17,6 +17,7 @@ if __name__ == "__main__":
 
     install_early_signal_handlers()
 
+import argparse
 import faulthandler
 import fcntl
 import functools
@@ -133,8 +134,22 @@ def parse_command_line(argv: list[str]) -> tuple[SimpleNamespace, benchmarking.P
     raw = fire.decorators.SetParseFn(str)(functools.partial(wrapper_flags))
     values = fire.Fire(raw, command=wrapper_argv, name=PROG, serialize=lambda _: None)
     flags = SimpleNamespace(**{name: _typed(name, value) for name, value in values.items()})
-    args = benchmarking.parse_arguments(benchmarking.get_parser(), benchmarking.get_json_config(), args=trainer_argv)
-    return flags, args
+    parser, job_config = benchmarking.get_parser(), benchmarking.get_json_config()
+    if not job_config:
+        check_trainer_flags(parser, trainer_argv)
+    return flags, benchmarking.parse_arguments(parser, job_config, args=trainer_argv)
+
+
+def check_trainer_flags(parser: argparse.ArgumentParser, trainer_argv: list[str]) -> None:
+    """A flag that is neither ours nor the trainer's is a user error naming the closest valid one, before any work:
+    the trainer's parser would only warn (as fms-hf-tuning ignores it) and a benchmark would run without it."""
+    known, leftovers = parser.parse_known_args(trainer_argv)
+    if leftovers:
+        names = sorted({*vars(known), *_FLAG_NAMES})
+        flag = next((token for token in leftovers if token.startswith("-")), None)
+        if flag is None:
+            raise benchmarking.UserInputError(f"unexpected argument {leftovers[0]!r}: flags are written --name value")
+        raise benchmarking.UserInputError(benchmarking.unknown_flag_message(flag, names))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -526,6 +526,8 @@ def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model
         (lambda d: {"stop_after_seconds": "soon"}, "--stop_after_seconds 'soon' is not a valid float"),
         (lambda d: {"callbacks": "tests.helpers.nowhere:Nothing"}, "--callbacks tests.helpers.nowhere:Nothing"),
         (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
+        (lambda d: {"max_stesp": "3"}, "unknown flag --max_stesp; did you mean --max_steps?"),
+        (lambda d: {"stop_after_second": "3"}, "unknown flag --stop_after_second; did you mean --stop_after_seconds?"),
     ],
 )
 def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, capsys, make_flags, message):

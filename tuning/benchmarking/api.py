@@ -30,6 +30,7 @@ from tuning.trackers import (
     validate_tracker_names,
 )
 from tuning.trackers.aimstack_tracker import AimStackTracker
+from tuning.utils.cli_flags import unknown_flag_message
 from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
     ErrorCategory,
@@ -88,6 +89,7 @@ __all__ = [
     "termination_line",
     "thread_stacks",
     "train",
+    "unknown_flag_message",
     "validate_arguments",
     "validate_tracker_names",
     "write_dump",

@@ -38,10 +38,16 @@ def unknown_flag(function: Callable[..., Any], argv: list[str]) -> str | None:
             len(name) == 1 and sum(known.startswith(name) for known in names) == 1
         ):  # fire's -x: the one flag starting with x
             continue
-        closest = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
-        hint = f"; did you mean --{closest[0]}?" if closest else f"; valid flags: --{', --'.join(names)}"
-        return f"unknown flag {token.split('=', 1)[0]}{hint}"
+        return unknown_flag_message(token, names)
     return None
+
+
+def unknown_flag_message(token: str, names: list[str]) -> str:
+    """One line naming the unknown flag ``token`` and the closest of the valid flag ``names`` (or all of them)."""
+    name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+    closest = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f"; did you mean --{closest[0]}?" if closest else f"; valid flags: --{', --'.join(names)}"
+    return f"unknown flag {token.split('=', 1)[0]}{hint}"
 
 
 def reject_unknown_flags(function: Callable[..., Any], argv: list[str] | None = None) -> None:
