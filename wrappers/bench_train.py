@@ -189,6 +189,13 @@ def load_metadata(path: str | None, inline: str | None, exp_metadata: dict | Non
 MIRRORED_TRACKERS = (benchmarking.AIMSTACK_TRACKER, benchmarking.MLFLOW_TRACKER)  # they get the series too
 
 
+def tracked_experiment(configs: Any, names: list[str]) -> str | None:
+    """The experiment the run is tracked under, Aim's or else MLflow's; None when no tracker keeps experiments."""
+    if benchmarking.AIMSTACK_TRACKER in names:
+        return configs.aim_experiment
+    return configs.mlflow_experiment if benchmarking.MLFLOW_TRACKER in names else None
+
+
 def benchmark_trackers(
     names: list[str], configs: Any, params: dict[str, Any]
 ) -> tuple[list[benchmarking.Tracker], list[benchmarking.Tracker]]:
@@ -308,7 +315,7 @@ class BenchmarkJob:
         if writes_files:
             header = {
                 "time": self.started,
-                "experiment": args.aim_config.experiment,
+                "experiment": tracked_experiment(args.tracker_configs, train_args.trackers),
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
