@@ -339,3 +339,20 @@ def test_bench_train_server_killed_mid_run(tiny_model, tmp_path):
     assert "unreachable" in dump["mlflow_degraded_reason"] and dump["mlflow_run_id"]
     assert series(dump, STEP_TIME)["steps"] == list(range(1, 11))
     assert ended_after < 120  # ten slow steps, saving and exit; never an endless wait on the dead server
+
+
+def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_model, tmp_path):
+    """Three jobs create one new store at once: each gets its run and the store stays searchable."""
+    store = tmp_path / "new-store"
+    workdirs = [tmp_path / f"job{index}" for index in range(3)]
+    jobs = []
+    for index, workdir in enumerate(workdirs):
+        args = cli_args(tiny_model, str(workdir), max_steps=2)
+        args += ["--tracker", "mlflow", "--mlflow_tracking_uri", str(store)]
+        args += ["--exp_metadata", json.dumps({"job": index})]  # the run opens at once
+        jobs.append(start_job(args, workdir))
+    for job, workdir in zip(jobs, workdirs, strict=True):
+        assert DEGRADED_WARNING not in finish(job, workdir)
+    runs = search(f"sqlite:///{store}/mlflow.db")
+    assert sorted(run.data.params["job"] for run in runs) == ["0", "1", "2"]
+    assert {run.info.status for run in runs} == {"FINISHED"}

@@ -65,11 +65,13 @@ class MlflowBackend:
 
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
         tracking_uri = options["tracking_uri"] or mlflow.get_tracking_uri()
-        self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
         database = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else ""
-        if database:  # jobs started together must not create (and migrate) a new database at the same time
+        if database:
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)
+        # Jobs started together take turns: the client's constructor creates and migrates a new sqlite database, and
+        # two migrations at once leave it half made for good.
         with FileLock(f"{database}.lock") if database else contextlib.nullcontext():
+            self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
             experiment_id = self._experiment_id(options["experiment"])
         tags = {"mlflow.source.name": options["source"], "mlflow.source.type": "LOCAL"}
         run = self.client.create_run(experiment_id, tags=tags)
