@@ -1,6 +1,7 @@
 """The mlflow tracker against real MLflow: local stores, a real ``mlflow server``, and the ways it fails; in-process
 hooks (real transformers objects) and real jobs (``sft_trainer``, ``bench_train``)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -10,10 +11,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import pytest
+from transformers import TrainerCallback
 
-from tests.conftest import REPO_ROOT, cli_args, free_port, subprocess_env
+from tests.conftest import REPO_ROOT, SFT_TRAINER, cli_args, free_port, subprocess_env
+from tests.helpers.aim import read_runs
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
 from tests.test_aim_e2e import finish, loss_steps, start_job
 from tests.test_aim_tracker import drive, wait_for_exit
@@ -27,6 +32,7 @@ from tuning.utils.error_logging import UserInputError
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
 
 HELPERS = "tests.helpers.bench_callbacks"
+METADATA_FLAG = json.dumps(METADATA)
 
 
 def degraded_warnings(caplog) -> list[str]:
@@ -356,3 +362,93 @@ def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_mod
     runs = search(f"sqlite:///{store}/mlflow.db")
     assert sorted(run.data.params["job"] for run in runs) == ["0", "1", "2"]
     assert {run.info.status for run in runs} == {"FINISHED"}
+
+
+# ---- a run's status is the job's outcome ----
+
+
+def start_command(command: list[str], workdir: Path) -> subprocess.Popen:
+    """Start a job whose output goes to files (concurrent jobs never block on a full pipe)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    # FAULT*: tests.fault_injection's crash mid-training, as a GPU out of memory at step 2
+    env = subprocess_env(
+        TERMINATION_LOG_FILE=str(workdir / "termination-log"),
+        FAULT="gpu_oom",
+        FAULT_STEP="2",
+        REPORT_PATH=str(workdir / "error_report.json"),
+    )
+    with open(workdir / "stderr", "w") as stderr:
+        return subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def test_runs_of_failed_and_interrupted_jobs_end_with_the_jobs_outcome(tiny_model, tmp_path):
+    """A user error (a data file without the text field), a crash mid-training and a SIGTERM: MLflow's run status
+    and Aim's ``status`` param say FAILED, FAILED and KILLED."""
+    bad_data = tmp_path / "bad.jsonl"
+    bad_data.write_text('{"input": "a"}\n' * 8)
+    commands = {
+        "user_error": [sys.executable, SFT_TRAINER],
+        "crash": [sys.executable, "-m", "tests.fault_injection"],
+        "sigterm": [sys.executable, SFT_TRAINER],
+    }
+    extra = {"user_error": {"data": str(bad_data)}, "crash": {"max_steps": 10}, "sigterm": {"max_steps": 100_000}}
+    jobs = {}
+    for name, command in commands.items():
+        workdir = tmp_path / name
+        args = cli_args(tiny_model, str(workdir), **extra[name])
+        args += ["--trackers", "file_logger", "mlflow", "aim", "--mlflow_tracking_uri", str(workdir / "mlflow")]
+        args += ["--aim_repo", str(workdir / "aim"), "--exp_metadata", METADATA_FLAG]  # the runs open at once
+        jobs[name] = start_command(command + args, workdir)
+    logs = tmp_path / "sigterm" / "training_logs.jsonl"
+    deadline = time.monotonic() + 240
+    while not (logs.exists() and '"training_loss"' in logs.read_text()):
+        assert jobs["sigterm"].poll() is None and time.monotonic() < deadline, "the job never logged a loss"
+        time.sleep(0.2)
+    jobs["sigterm"].send_signal(signal.SIGTERM)
+    expected = {"user_error": (1, "FAILED"), "crash": (204, "FAILED"), "sigterm": (143, "KILLED")}
+    for name, (exit_code, status) in expected.items():
+        assert jobs[name].wait(timeout=300) == exit_code, (tmp_path / name / "stderr").read_text()[-3000:]
+        (run,) = search(f"sqlite:///{tmp_path / name / 'mlflow'}/mlflow.db")
+        assert run.info.status == status, name
+        (aim_run,) = read_runs(tmp_path / name / "aim")
+        assert aim_run["params"]["status"] == status and not aim_run["active"], name
+
+
+class CrashAtStep2(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise RuntimeError("injected crash at step 2")
+
+
+def tracker_helpers() -> list[psutil.Process]:
+    """This process's tracker helper processes still running."""
+    helpers = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ends meanwhile is not left
+            if child.status() != psutil.STATUS_ZOMBIE and "tuning.trackers.isolated" in child.cmdline():
+                helpers.append(child)
+    return helpers
+
+
+def test_train_that_raises_closes_the_runs_it_built_as_failed(tiny_model, tmp_path, monkeypatch):
+    """The Python API: ``train()`` builds the trackers, training crashes; the helpers are gone when it has raised."""
+    from tuning.sft_trainer import get_parser, parse_arguments, train
+
+    store = tmp_path / "store"
+    argv = cli_args(tiny_model, str(tmp_path / "out"), max_steps=5)
+    monkeypatch.setattr(sys, "argv", ["sft_trainer", *argv, "--tracker", "mlflow", "--mlflow_tracking_uri", str(store)])
+    args = parse_arguments(get_parser())
+    assert not tracker_helpers()
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(
+            args.model_args,
+            args.data_args,
+            args.training_args,
+            tracker_configs=args.tracker_configs,
+            callbacks=[CrashAtStep2()],
+            exp_metadata={"dataset_id": "crashed"},
+        )
+    assert not tracker_helpers()
+    (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'crashed'")
+    assert run.info.status == "FAILED"
+    assert sorted(history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "loss")) == [1, 2]  # logged before the crash

@@ -38,7 +38,13 @@ from tuning.data.loading import check_data_file
 from tuning.data.masking import tokenize_and_mask
 from tuning.data.tokenizer_data_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
-from tuning.trackers.tracker_factory import build_trackers, hf_callbacks, tracker_config_classes, tracker_configs_from
+from tuning.trackers.tracker_factory import (
+    build_trackers,
+    closed_on_failure,
+    hf_callbacks,
+    tracker_config_classes,
+    tracker_configs_from,
+)
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
@@ -291,9 +297,6 @@ def train(
 ) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
     """Fine-tune and save the model (or adapter) into ``output_dir``; returns the train output and the additional
     metrics (README: "Python API")."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
-
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
@@ -312,10 +315,27 @@ def train(
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
-    trainer_callbacks = additional_callbacks
-    if trackers is None:
-        trackers = build_trackers(train_args.trackers, tracker_configs)
-        trainer_callbacks = [*hf_callbacks(trackers), *additional_callbacks]
+    if trackers is not None:  # the caller's: it closes them
+        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+    trackers = build_trackers(train_args.trackers, tracker_configs)
+    with closed_on_failure(trackers):
+        callbacks = [*hf_callbacks(trackers), *additional_callbacks]
+        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, callbacks)
+
+
+def _train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_args: TrainingArguments,
+    peft_config: LoraConfig | PromptTuningConfig | Any | None,
+    exp_metadata: dict | None,
+    trackers: list[Tracker],
+    trainer_callbacks: list[TrainerCallback],
+) -> tuple[transformers.trainer_utils.TrainOutput, dict[str, float]]:
+    """``train()`` once its arguments are checked and its trackers built."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
     if exp_metadata:
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
@@ -371,17 +391,18 @@ def main() -> int:
         validate_arguments(args.model_args, args.data_args, args.training_args)
         trackers = build_trackers(args.training_args.trackers, args.tracker_configs)
         graceful_stop = GracefulStopCallback()
-        train(
-            args.model_args,
-            args.data_args,
-            args.training_args,
-            args.tune_config,
-            additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
-            exp_metadata=args.experiment_metadata,
-            trackers=trackers,
-        )
-        if graceful_stop.received_signal is not None:
-            raise TrainingInterrupted(graceful_stop.received_signal)
+        with closed_on_failure(trackers):
+            train(
+                args.model_args,
+                args.data_args,
+                args.training_args,
+                args.tune_config,
+                additional_callbacks=[*hf_callbacks(trackers), graceful_stop],
+                exp_metadata=args.experiment_metadata,
+                trackers=trackers,
+            )
+            if graceful_stop.received_signal is not None:
+                raise TrainingInterrupted(graceful_stop.received_signal)
 
     return run_with_error_reporting(run)
 

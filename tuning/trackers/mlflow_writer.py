@@ -117,5 +117,5 @@ class MlflowBackend:
         for start in range(0, len(new), MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=new[start : start + MAX_PARAMS_PER_BATCH])
 
-    def close(self, finished: bool) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED" if finished else "KILLED", int(time.time() * 1000))
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status, int(time.time() * 1000))

@@ -1,12 +1,14 @@
 """Tracker registry: name → config dataclass + a ``module:Class`` path, imported only when its tracker is requested
 (so that optional packages such as aim are too)."""
 
+import contextlib
 import pkgutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, MLflowConfig, TrackerConfigFactory
-from tuning.trackers.tracker import Tracker
+from tuning.trackers.tracker import Tracker, run_status
 from tuning.utils.error_logging import UserInputError
 
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
@@ -104,3 +106,15 @@ def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactor
 
 def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
     return [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
+
+
+@contextlib.contextmanager
+def closed_on_failure(trackers: list[Tracker]) -> Iterator[None]:
+    """Whatever the block raises ends each tracker's run with that outcome (``FAILED``, or ``KILLED`` for a stop
+    signal) and its helper process with it, instead of leaving them to the interpreter's exit."""
+    try:
+        yield
+    except BaseException as error:
+        for tracker in trackers:
+            tracker.close(run_status(error))
+        raise
