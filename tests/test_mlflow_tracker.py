@@ -166,6 +166,22 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     assert search(tracking_uri, "params.dataset_id = 'another-dataset'") == []
 
 
+def test_params_alike_once_flattened_are_all_kept_with_one_warning(tmp_path, capfd):
+    """Names that flatten to one key keep their values under ``key-2``; null is JSON's ``null``, not ``None``."""
+    tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(tmp_path / "store")))
+    metadata = {"cluster": {"zone": "a"}, "cluster.zone": "b", "x:y": "colon", "x_y": "underscore", "gpus": None}
+    tracker.set_params({**METADATA, **metadata})
+    tracker.set_params({"a:b": 1, "a_b": 2, "a.b": 3}, "extra")
+    tracker.close()
+    (run,) = search(f"sqlite:///{tmp_path / 'store'}/mlflow.db", METADATA_FILTER)
+    params = run.data.params
+    assert (params["cluster.zone"], params["cluster.zone-2"]) == ("a", "b")
+    assert (params["x_y"], params["x_y-2"]) == ("colon", "underscore")
+    assert (params["extra.a_b"], params["extra.a_b-2"], params["extra.a.b"]) == ("1", "2", "3")
+    assert params["gpus"] == "null"
+    assert capfd.readouterr().err.count("came out under the key of another param") == 1
+
+
 def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(tmp_path / "mlruns")))
