@@ -23,7 +23,7 @@ from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, histor
 from tests.test_aim_e2e import finish, loss_steps, start_job
 from tests.test_aim_tracker import drive, wait_for_exit
 from tests.test_bench_train import STEP_TIME, bench_args, read_dump, series, start_bench, wait_for_steps
-from tuning.config.tracker_configs import MLflowConfig
+from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
 from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
 from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
@@ -196,7 +196,7 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     code = textwrap.dedent(
         """
         import sys, time
-        from tuning.config.tracker_configs import MLflowConfig
+        from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
         from tuning.trackers.mlflow_tracker import MLflowTracker
         tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=sys.argv[1]))
         tracker.set_params({"dataset_id": "killed"})
@@ -426,7 +426,7 @@ def test_runs_of_failed_and_interrupted_jobs_end_with_the_jobs_outcome(tiny_mode
         assert jobs[name].wait(timeout=300) == exit_code, (tmp_path / name / "stderr").read_text()[-3000:]
         (run,) = search(f"sqlite:///{tmp_path / name / 'mlflow'}/mlflow.db")
         assert run.info.status == status, name
-        (aim_run,) = read_runs(tmp_path / name / "aim")
+        (aim_run,) = read_runs(tmp_path / name / "aim", f"run.status == '{status}'")  # as users query it
         assert aim_run["params"]["status"] == status and not aim_run["active"], name
 
 
@@ -468,3 +468,15 @@ def test_train_that_raises_closes_the_runs_it_built_as_failed(tiny_model, tmp_pa
     (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'crashed'")
     assert run.info.status == "FAILED"
     assert sorted(history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "loss")) == [1, 2]  # logged before the crash
+
+
+def test_trackers_built_before_one_that_cannot_be_are_closed(tmp_path):
+    """A bad MLflow config fails the build after Aim's helper started: that helper does not outlive the error."""
+    from tuning.trackers.tracker_factory import build_trackers
+
+    configs = TrackerConfigFactory(
+        aim_config=AimConfig(aim_repo=str(tmp_path / "aim")), mlflow_config=MLflowConfig(mlflow_close_timeout=0)
+    )
+    with pytest.raises(UserInputError, match="--mlflow_close_timeout"):
+        build_trackers(["aim", "mlflow"], configs)
+    assert not tracker_helpers()

@@ -99,15 +99,6 @@ def get_tracker(name: str, tracker_configs: TrackerConfigFactory | None) -> Trac
     return implementation(getattr(tracker_configs, f"{name}_config", None) or spec.config_class())
 
 
-def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
-    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early)."""
-    return [get_tracker(name, tracker_configs) for name in validate_tracker_names(names)]
-
-
-def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
-    return [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
-
-
 @contextlib.contextmanager
 def closed_on_failure(trackers: list[Tracker]) -> Iterator[None]:
     """Whatever the block raises ends each tracker's run with that outcome (``FAILED``, or ``KILLED`` for a stop
@@ -118,3 +109,17 @@ def closed_on_failure(trackers: list[Tracker]) -> Iterator[None]:
         for tracker in trackers:
             tracker.close(run_status(error))
         raise
+
+
+def build_trackers(names: list[str] | None, tracker_configs: TrackerConfigFactory | None) -> list[Tracker]:
+    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early); when
+    one cannot be built, those built before it are closed."""
+    trackers: list[Tracker] = []
+    with closed_on_failure(trackers):
+        for name in validate_tracker_names(names):
+            trackers.append(get_tracker(name, tracker_configs))
+    return trackers
+
+
+def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:
+    return [callback for tracker in trackers if (callback := tracker.get_hf_callback()) is not None]
