@@ -19,6 +19,7 @@ import resource
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from aim import Repo
 
@@ -54,13 +55,13 @@ def helper_cpu(repo: str, steps: int, values: int, step_seconds: float, tracking
     return children_cpu_seconds() - before
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--values", type=int, default=len(LOG_KEYS), help="numbers per trainer log")
     parser.add_argument("--step_seconds", type=float, default=0.01)
     parser.add_argument("--rounds", type=int, default=3)
-    flags = parser.parse_args()
+    flags = parser.parse_args(argv)
     idle, tracked = [], []
     with tempfile.TemporaryDirectory() as repo:
         Repo.from_path(repo, init=True)
@@ -79,6 +80,7 @@ def main() -> None:
         "cpu_ms_per_step": round(per_point * flags.values * 1000, 4),
     }
     print(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":
