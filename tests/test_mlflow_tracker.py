@@ -481,3 +481,15 @@ def test_trackers_built_before_one_that_cannot_be_are_closed(tmp_path):
     with pytest.raises(UserInputError, match="--mlflow_close_timeout"):
         build_trackers(["aim", "mlflow"], configs)
     assert tracker_helpers() <= earlier_helpers
+
+
+def test_bench_train_whose_mlflow_config_is_bad_ends_the_aim_run_it_opened_as_failed(tiny_model, tmp_path):
+    """bench_train opens each run as it builds its tracker: one that cannot be built fails the job, and the run
+    opened before it ends as FAILED, not FINISHED at exit."""
+    args = bench_args(tiny_model, tmp_path)
+    args += ["--trackers", "aim", "mlflow", "--aim_repo", str(tmp_path / "aim"), "--mlflow_close_timeout", "0"]
+    process = start_bench(args)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1 and "--mlflow_close_timeout" in stderr, stderr[-3000:]
+    (run,) = read_runs(tmp_path / "aim")
+    assert run["params"]["status"] == "FAILED" and not run["active"]

@@ -180,10 +180,14 @@ def benchmark_trackers(
 ) -> tuple[list[benchmarking.Tracker], list[benchmarking.Tracker]]:
     """(the other trackers, Aim and MLflow). Aim's and MLflow's callbacks isolate every call (a dead server costs a
     warning, never the job) and also receive the benchmark's series; each library is imported only when asked for."""
-    trackers = [benchmarking.get_tracker(name, configs) for name in names]
+    trackers: list[benchmarking.Tracker] = []
+    with benchmarking.closed_on_failure(trackers):  # a bad config: the runs opened before it end as failed
+        for name in names:
+            trackers.append(tracker := benchmarking.get_tracker(name, configs))
+            if tracker.name in MIRRORED_TRACKERS:
+                # The flags as "benchmark" params now: the run opens while the job loads its model.
+                tracker.set_params(params, "benchmark")
     mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
-    for tracker in mirrored:  # the flags as "benchmark" params now: the run opens while the job loads its model
-        tracker.set_params(params, "benchmark")
     return [tracker for tracker in trackers if tracker not in mirrored], mirrored
 
 

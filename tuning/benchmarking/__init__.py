@@ -16,7 +16,7 @@ _EXPORTS = {
     "tuning.config.tracker_configs": "AimConfig",
     "tuning.utils.config_utils": "get_json_config",
     "tuning.trackers": "AIMSTACK_TRACKER MLFLOW_TRACKER Tracker get_tracker hf_callbacks validate_tracker_names "
-    "FAILED KILLED run_status",
+    "FAILED KILLED closed_on_failure run_status",
     "tuning.trackers.aimstack_tracker": "AimStackTracker",
     "tuning.utils.error_logging": "install_early_signal_handlers run_with_error_reporting ErrorCategory UserInputError "
     "StorageError TrainingInterrupted TrainingStalled build_error_report termination_line write_termination_log "
