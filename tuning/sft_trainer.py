@@ -1,5 +1,6 @@
 """Supervised fine-tuning of causal LMs on transformers + TRL + PEFT: fms-hf-tuning v3.1.0's ``sft_trainer`` CLI and
-Python API (docs/cli-and-api.md). ``main()`` parses, trains and saves to ``--save_model_dir`` as v3.1.0 does."""
+Python API (docs/cli-and-api.md). ``main()`` parses, builds the trackers and hands them to ``train(trackers=...)``,
+and saves to ``--save_model_dir`` as v3.1.0 does."""
 
 import argparse
 import dataclasses
@@ -62,6 +63,7 @@ from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
     AVAILABLE_TRACKERS,
     build_trackers,
+    closed_on_failure,
     external_tracker_config_classes,
     hf_callbacks,
 )
@@ -422,10 +424,8 @@ def train(
 
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
+    Trackers built here are closed with the failure as their outcome when this raises; the caller closes its own.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
-
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
@@ -451,8 +451,26 @@ def train(
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
-    if trackers is None:
-        trackers = build_trackers(train_args.trackers, tracker_configs)
+    if trackers is not None:  # the caller's: it closes them
+        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+    trackers = build_trackers(train_args.trackers, tracker_configs)
+    with closed_on_failure(trackers):
+        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+
+
+def _train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_args: TrainingArguments,
+    peft_config: LoraConfig | PromptTuningConfig | Any | None,
+    exp_metadata: dict | None,
+    trackers: list[Tracker],
+    additional_callbacks: list[TrainerCallback],
+) -> tuple[Any, dict[str, Any], None]:
+    """``train()`` once its arguments are checked and its trackers built."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
     placed = {id(callback) for callback in additional_callbacks}
     trainer_callbacks = [*additional_callbacks, *(c for c in hf_callbacks(trackers) if id(c) not in placed)]
     if train_args.include_tokens_per_second:  # first: every later callback's final log carries the figure
@@ -522,25 +540,29 @@ def main() -> int:
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
-        graceful_stop = GracefulStopCallback()
-        trainer, train_info, _ = train(
-            args.model_args,
-            args.data_args,
-            args.training_args,
-            args.tune_config,
-            args.quantization_config,
-            args.trainer_controller_args,
-            args.tracker_configs,
-            [graceful_stop],
-            args.experiment_metadata,
-            args.quantized_lora_config,
-            args.fusedops_kernels_config,
-            args.attention_and_distributed_packing_config,
-            args.fast_moe_config,
-        )
-        if graceful_stop.received_signal is not None:
-            raise TrainingInterrupted(graceful_stop.received_signal)
         training_args = args.training_args
+        validate_arguments(args.model_args, args.data_args, training_args)
+        trackers = build_trackers(training_args.trackers, args.tracker_configs)  # the CLI's, handed to train()
+        graceful_stop = GracefulStopCallback()
+        with closed_on_failure(trackers):
+            trainer, train_info, _ = train(
+                args.model_args,
+                args.data_args,
+                training_args,
+                args.tune_config,
+                args.quantization_config,
+                args.trainer_controller_args,
+                args.tracker_configs,
+                [graceful_stop],
+                args.experiment_metadata,
+                args.quantized_lora_config,
+                args.fusedops_kernels_config,
+                args.attention_and_distributed_packing_config,
+                args.fast_moe_config,
+                trackers=trackers,
+            )
+            if graceful_stop.received_signal is not None:
+                raise TrainingInterrupted(graceful_stop.received_signal)
         if training_args.save_model_dir:
             save(training_args.save_model_dir, trainer, None, training_args.log_level, training_args)
         if isinstance(args.tune_config, LoraConfig):  # as fms-hf-tuning: beside the adapter and in output_dir

@@ -201,10 +201,14 @@ def benchmark_trackers(
 ) -> tuple[list[benchmarking.Tracker], list[benchmarking.Tracker]]:
     """(the other trackers, Aim and MLflow). Aim's and MLflow's callbacks isolate every call (a dead server costs a
     warning, never the job) and also receive the benchmark's series; each library is imported only when asked for."""
-    trackers = [benchmarking.get_tracker(name, configs) for name in names]
+    trackers: list[benchmarking.Tracker] = []
+    with benchmarking.closed_on_failure(trackers):  # a bad config: the runs opened before it end as failed
+        for name in names:
+            trackers.append(tracker := benchmarking.get_tracker(name, configs))
+            if tracker.name in MIRRORED_TRACKERS:
+                # The flags as "benchmark" params now: the run opens while the job loads its model.
+                tracker.set_params(params, "benchmark")
     mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
-    for tracker in mirrored:  # the flags as "benchmark" params now: the run opens while the job loads its model
-        tracker.set_params(params, "benchmark")
     return [tracker for tracker in trackers if tracker not in mirrored], mirrored
 
 
@@ -387,8 +391,8 @@ class BenchmarkJob:
                 exp_metadata=metadata,
                 trackers=trackers,
             )
-        finally:
-            self.close_helpers()
+        finally:  # the runs end with the job's outcome so far
+            self.close_helpers(benchmarking.run_status(sys.exception()))
         if graceful_stop.received_signal is not None:
             raise benchmarking.TrainingInterrupted(graceful_stop.received_signal)
         if train_args.save_model_dir:
@@ -404,12 +408,13 @@ class BenchmarkJob:
         else:
             self.record.note(mlflow_run_id=tracker.run_id, mlflow_degraded_reason=tracker.degraded_reason)
 
-    def close_helpers(self) -> None:
-        """Sampler and watchdog stopped, Aim and MLflow closed (bounded by their close timeouts): on every way out."""
+    def close_helpers(self, status: str) -> None:
+        """Sampler and watchdog stopped, Aim and MLflow runs ended with ``status`` (bounded by their close timeouts):
+        on every way out."""
         if self.bench is not None:
             self.bench.close()
         for tracker in self.mirrored:
-            tracker.get_hf_callback().close()
+            tracker.close(status)
 
     def finish(self, status: str, error: dict[str, Any] | None = None) -> str | None:
         """End the record and write the dump at --metrics_path or, when it cannot be written there (disk full), whole
@@ -451,8 +456,9 @@ class BenchmarkJob:
 
     def report_failure(self, report: dict[str, Any]) -> None:
         """The failing rank's report: in the dump on rank 0, in its own file on any other rank."""
-        self.close_helpers()
-        status = "interrupted" if report["category"] == benchmarking.ErrorCategory.INTERRUPTED else "error"
+        interrupted = report["category"] == benchmarking.ErrorCategory.INTERRUPTED
+        self.close_helpers(benchmarking.KILLED if interrupted else benchmarking.FAILED)
+        status = "interrupted" if interrupted else "error"
         misplaced = self.finish(status, error=report)
         if misplaced is not None:  # the failure's own line is in the termination log already
             benchmarking.write_termination_log(f"{benchmarking.ErrorCategory.STORAGE}: {misplaced}")

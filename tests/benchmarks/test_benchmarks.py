@@ -96,3 +96,13 @@ def test_record_size_measures_bytes_per_point_and_the_dump(capsys):
     assert result["points"] == 20000 and result["bytes_per_point"] > 0
     assert result["build_s"] > 0 and result["dump_mb"] > 0
     assert "20,000 points" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_aim_helper_cpu_measures_the_helpers_cpu_idle_and_tracking(capsys):
+    from benchmarks import aim_helper_cpu  # imports Aim: only where it runs
+
+    result = aim_helper_cpu.main(["--steps", "20", "--step_seconds", "0.01", "--rounds", "1"])
+    assert (result["steps"], result["values_per_step"], result["rounds"]) == (20, 7, 1)
+    assert result["helper_cpu_s_idle"][0] > 0 and result["helper_cpu_s_tracking"][0] > 0
+    assert json.loads(capsys.readouterr().out) == result

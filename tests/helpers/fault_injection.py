@@ -50,7 +50,9 @@ def run() -> None:
         args.data_args,
         args.training_args,
         args.tune_config,
+        tracker_configs=args.tracker_configs,
         callbacks=[fault, GracefulStopCallback()],
+        exp_metadata=args.experiment_metadata,
     )
 
 

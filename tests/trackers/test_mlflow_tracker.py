@@ -1,6 +1,7 @@
 """The mlflow tracker against real MLflow: local stores, a real ``mlflow server``, and the ways it fails; in-process
 hooks (real transformers objects) and real jobs (``sft_trainer``, ``bench_train``)."""
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -9,9 +10,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import pytest
+from transformers import TrainerCallback
 
+from tests.helpers.aim import read_runs
 from tests.helpers.bench import bench_args, read_dump, series, start_bench
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
@@ -25,15 +30,18 @@ from tests.helpers.training import (
     subprocess_env,
     succeeded,
     wait_for_exit,
+    wait_for_steps,
 )
 from tuning.benchmarking.dump import STEP_TIME
-from tuning.config.tracker_configs import MLflowConfig
+from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
 from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
 from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
+
+METADATA_FLAG = json.dumps(METADATA)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +163,7 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
     code = textwrap.dedent(
         """
         import sys, time
-        from tuning.config.tracker_configs import MLflowConfig
+        from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
         from tuning.trackers.mlflow_tracker import MLflowTracker
         tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=sys.argv[1]))
         tracker.set_params({"dataset_id": "killed"})
@@ -286,3 +294,140 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
         assert set(mirrored) <= set(steps) and steps[-1] in mirrored
     assert history(mlflow_server.url, run.info.run_id, "cpu_percent")  # a system series
     assert sorted(history(mlflow_server.url, run.info.run_id, "loss")) == list(range(1, 7))
+
+
+def test_params_alike_once_flattened_are_all_kept_with_one_warning(tmp_path, capfd):
+    """Names that flatten to one key keep their values under ``key-2``; null is JSON's ``null``, not ``None``."""
+    tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(tmp_path / "store")))
+    metadata = {"cluster": {"zone": "a"}, "cluster.zone": "b", "x:y": "colon", "x_y": "underscore", "gpus": None}
+    tracker.set_params({**METADATA, **metadata})
+    tracker.set_params({"a:b": 1, "a_b": 2, "a.b": 3}, "extra")
+    tracker.close()
+    (run,) = search(f"sqlite:///{tmp_path / 'store'}/mlflow.db", METADATA_FILTER)
+    params = run.data.params
+    assert (params["cluster.zone"], params["cluster.zone-2"]) == ("a", "b")
+    assert (params["x_y"], params["x_y-2"]) == ("colon", "underscore")
+    assert (params["extra.a_b"], params["extra.a_b-2"], params["extra.a.b"]) == ("1", "2", "3")
+    assert params["gpus"] == "null"
+    assert capfd.readouterr().err.count("came out under the key of another param") == 1
+
+
+def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_model, tmp_path):
+    """Three jobs create one new store at once: each gets its run and the store stays searchable."""
+    store = tmp_path / "new-store"
+    workdirs = [tmp_path / f"job{index}" for index in range(3)]
+    jobs = []
+    for index, workdir in enumerate(workdirs):
+        args = cli_args(tiny_model, str(workdir), max_steps=2)
+        args += ["--tracker", "mlflow", "--mlflow_tracking_uri", str(store)]
+        args += ["--exp_metadata", json.dumps({"job": index})]  # the run opens at once
+        jobs.append(Job([SFT_TRAINER, *args], log_dir=workdir))
+    for job in jobs:
+        assert DEGRADED_WARNING not in succeeded(job)
+    runs = search(f"sqlite:///{store}/mlflow.db")
+    assert sorted(run.data.params["job"] for run in runs) == ["0", "1", "2"]
+    assert {run.info.status for run in runs} == {"FINISHED"}
+
+
+# ---- a run's status is the job's outcome ----
+
+
+def start_command(argv: list[str], workdir: Path) -> Job:
+    """A job with its output in ``workdir``; FAULT*: tests.helpers.fault_injection's crash mid-training, as a GPU out
+    of memory at step 2."""
+    env = {"TERMINATION_LOG_FILE": str(workdir / "termination-log"), "REPORT_PATH": str(workdir / "report.json")}
+    return Job(argv, log_dir=workdir, FAULT="gpu_oom", FAULT_STEP="2", **env)
+
+
+def test_runs_of_failed_and_interrupted_jobs_end_with_the_jobs_outcome(tiny_model, tmp_path):
+    """A user error (a data file without the text field), a crash mid-training and a SIGTERM: MLflow's run status
+    and Aim's ``status`` param say FAILED, FAILED and KILLED."""
+    bad_data = tmp_path / "bad.jsonl"
+    bad_data.write_text('{"input": "a"}\n' * 8)
+    commands = {
+        "user_error": [SFT_TRAINER],
+        "crash": ["-m", "tests.helpers.fault_injection"],
+        "sigterm": [SFT_TRAINER],
+    }
+    extra = {"user_error": {"data": str(bad_data)}, "crash": {"max_steps": 10}, "sigterm": {"max_steps": 100_000}}
+    jobs = {}
+    for name, command in commands.items():
+        workdir = tmp_path / name
+        args = cli_args(tiny_model, str(workdir), **extra[name])
+        args += ["--trackers", "file_logger", "mlflow", "aim", "--mlflow_tracking_uri", str(workdir / "mlflow")]
+        args += ["--aim_repo", str(workdir / "aim"), "--exp_metadata", METADATA_FLAG]  # the runs open at once
+        jobs[name] = start_command(command + args, workdir)
+    wait_for_steps(tmp_path / "sigterm" / "training_logs.jsonl", 1, jobs["sigterm"], signal.SIGTERM, timeout=240)
+    expected = {"user_error": (1, "FAILED"), "crash": (204, "FAILED"), "sigterm": (143, "KILLED")}
+    for name, (exit_code, status) in expected.items():
+        stderr = jobs[name].finish()
+        assert jobs[name].returncode == exit_code, stderr[-3000:]
+        (run,) = search(f"sqlite:///{tmp_path / name / 'mlflow'}/mlflow.db")
+        assert run.info.status == status, name
+        (aim_run,) = read_runs(tmp_path / name / "aim", f"run.status == '{status}'")  # as users query it
+        assert aim_run["params"]["status"] == status and not aim_run["active"], name
+
+
+class CrashAtStep2(TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise RuntimeError("injected crash at step 2")
+
+
+def tracker_helpers() -> set[int]:
+    """The pids of this process's tracker helper processes still running (earlier tests' included)."""
+    helpers = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ends meanwhile is not left
+            if child.status() != psutil.STATUS_ZOMBIE and "tuning.trackers.isolated" in child.cmdline():
+                helpers.add(child.pid)
+    return helpers
+
+
+def test_train_that_raises_closes_the_runs_it_built_as_failed(tiny_model, tmp_path, monkeypatch):
+    """The Python API: ``train()`` builds the trackers, training crashes; the helpers are gone when it has raised."""
+    from tuning.sft_trainer import get_parser, parse_arguments, train
+
+    store = tmp_path / "store"
+    argv = cli_args(tiny_model, str(tmp_path / "out"), max_steps=5)
+    monkeypatch.setattr(sys, "argv", ["sft_trainer", *argv, "--tracker", "mlflow", "--mlflow_tracking_uri", str(store)])
+    args = parse_arguments(get_parser())
+    earlier_helpers = tracker_helpers()
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(
+            args.model_args,
+            args.data_args,
+            args.training_args,
+            tracker_configs=args.tracker_configs,
+            callbacks=[CrashAtStep2()],
+            exp_metadata={"dataset_id": "crashed"},
+        )
+    assert tracker_helpers() <= earlier_helpers
+    (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'crashed'")
+    assert run.info.status == "FAILED"
+    assert sorted(history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "loss")) == [1, 2]  # logged before the crash
+
+
+def test_trackers_built_before_one_that_cannot_be_are_closed(tmp_path):
+    """A bad MLflow config fails the build after Aim's helper started: that helper does not outlive the error."""
+    from tuning.trackers.tracker_factory import build_trackers
+
+    configs = TrackerConfigFactory(
+        aim_config=AimConfig(aim_repo=str(tmp_path / "aim")), mlflow_config=MLflowConfig(mlflow_close_timeout=0)
+    )
+    earlier_helpers = tracker_helpers()
+    with pytest.raises(UserInputError, match="--mlflow_close_timeout"):
+        build_trackers(["aim", "mlflow"], configs)
+    assert tracker_helpers() <= earlier_helpers
+
+
+def test_bench_train_whose_mlflow_config_is_bad_ends_the_aim_run_it_opened_as_failed(tiny_model, tmp_path):
+    """bench_train opens each run as it builds its tracker: one that cannot be built fails the job, and the run
+    opened before it ends as FAILED, not FINISHED at exit."""
+    args = bench_args(tiny_model, tmp_path)
+    args += ["--trackers", "aim", "mlflow", "--aim_repo", str(tmp_path / "aim"), "--mlflow_close_timeout", "0"]
+    process = start_bench(args)
+    stderr = process.finish()
+    assert process.returncode == 1 and "--mlflow_close_timeout" in stderr, stderr[-3000:]
+    (run,) = read_runs(tmp_path / "aim")
+    assert run["params"]["status"] == "FAILED" and not run["active"]

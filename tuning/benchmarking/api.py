@@ -23,10 +23,14 @@ from tuning.sft_trainer import (
 )
 from tuning.trackers import (
     AIMSTACK_TRACKER,
+    FAILED,
+    KILLED,
     MLFLOW_TRACKER,
     Tracker,
+    closed_on_failure,
     get_tracker,
     hf_callbacks,
+    run_status,
     validate_tracker_names,
 )
 from tuning.trackers.aimstack_tracker import AimStackTracker
@@ -57,8 +61,10 @@ __all__ = [
     "AimStackTracker",
     "BenchmarkCallback",
     "ErrorCategory",
+    "FAILED",
     "GracefulStopCallback",
     "Journal",
+    "KILLED",
     "ParsedArguments",
     "RunRecord",
     "StallWatchdog",
@@ -71,6 +77,7 @@ __all__ = [
     "UserInputError",
     "build_error_report",
     "check_output_dir",
+    "closed_on_failure",
     "cuda_peak_memory",
     "environment_info",
     "get_json_config",
@@ -84,6 +91,7 @@ __all__ = [
     "print_error_marker",
     "print_own_line",
     "rank_report_path",
+    "run_status",
     "run_with_error_reporting",
     "save",
     "termination_line",

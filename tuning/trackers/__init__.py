@@ -3,12 +3,13 @@ them and hands them in with ``trackers=[…]``; either way ``train()`` installs 
 own) and they receive ``model_load_time`` and the experiment metadata, so a wrapper can swap in its own subclass.
 """
 
-from tuning.trackers.tracker import Tracker
+from tuning.trackers.tracker import FAILED, FINISHED, KILLED, Tracker, run_status
 from tuning.trackers.tracker_factory import (
     AIMSTACK_TRACKER,
     MLFLOW_TRACKER,
     TrackerSpec,
     build_trackers,
+    closed_on_failure,
     get_tracker,
     hf_callbacks,
     register_tracker,
@@ -17,12 +18,17 @@ from tuning.trackers.tracker_factory import (
 
 __all__ = [
     "AIMSTACK_TRACKER",
+    "FAILED",
+    "FINISHED",
+    "KILLED",
     "MLFLOW_TRACKER",
     "Tracker",
     "TrackerSpec",
     "build_trackers",
+    "closed_on_failure",
     "get_tracker",
     "hf_callbacks",
     "register_tracker",
+    "run_status",
     "validate_tracker_names",
 ]

@@ -41,6 +41,7 @@ class AimBackend:
             "executable": options["executable"],
             "arguments": options["arguments"],
         }
+        self.run["status"] = "RUNNING"  # until close() records the job's outcome; a run left so never ended
         return {"run_hash": self.run.hash}
 
     def track(self, points: list[list]) -> None:
@@ -61,5 +62,6 @@ class AimBackend:
         for key, value in params.items():
             self.run.set((name, key), value, strict=False)
 
-    def close(self, finished: bool) -> None:
+    def close(self, status: str) -> None:
+        self.run["status"] = status
         self.run.close()

@@ -6,13 +6,14 @@ process only queues messages for it; the failure rules are docs/trackers.md's "F
 Protocol, over the ``multiprocessing.connection`` the child opens back to ADDRESS: the parent sends lists of messages,
 ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}`` first, then any of ``{"op": "track",
 "points": [[value, name, step, epoch, context, time], ...]}`` and ``{"op": "set", "name": ..., "params": {...}}``,
-then ``{"op": "close"}`` (alone when no run was opened). The child answers ``{"ack": 0}`` once its backend is
+then ``{"op": "close", "status": ...}`` (alone when no run was opened; the status is the job's outcome,
+``FINISHED``, ``FAILED`` or ``KILLED``). The child answers ``{"ack": 0}`` once its backend is
 imported, then each list with ``{"ack": n}`` (n messages done so far), adding ``"info"`` (what the backend's ``open``
 returned) after the open, or ``"failed": repr(exception)`` or ``"gone": reason``, after which it exits.
 
 A backend is a class without constructor arguments, importable without the training process's heavy modules, with
 ``open(options) -> dict`` (facts about the new run, e.g. its id), ``track(points)``, ``set_params(name, params)`` and
-``close(finished: bool)`` (False: the training process died).
+``close(status)`` (the job's outcome as MLflow names run statuses; ``KILLED`` too when the training process died).
 """
 
 import atexit
@@ -34,7 +35,8 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 from urllib.parse import urlparse
 
-from tuning.trackers.tracker import Tracker, is_main_process, log_series
+from tuning.trackers.tracker import FINISHED, KILLED, Tracker, is_main_process, log_series, run_status
+from tuning.utils.error_logging import stop_signal
 
 logger = logging.getLogger(__name__)
 
@@ -138,14 +140,15 @@ class IsolatedCallback:
                 self._flush_points()
                 self._enqueue({"op": "set", "name": name, "params": plain(params)}, f"setting the run params {name}")
 
-    def close(self) -> None:
-        """Flush the queued messages and finish the run; gives up when one message overruns ``timeout``."""
+    def close(self, status: str = FINISHED) -> None:
+        """Flush the queued messages and end the run with ``status`` (the job's outcome: ``FINISHED``, ``FAILED`` or
+        ``KILLED``); gives up when one message overruns ``timeout``. Only the first call counts."""
         with self._state_lock:
             if self._closed or self._process is None or self.degraded:
                 return
             self._closed = True
             self._flush_points()
-            self._enqueue({"op": "close"}, "closing the run")  # without a run, the child just exits
+            self._enqueue({"op": "close", "status": status}, "closing the run")  # without a run, the child just exits
         while not self._exited.wait(0.1) and not self._blocked():
             pass
 
@@ -238,8 +241,9 @@ class IsolatedCallback:
             )
 
     def on_train_end(self, args, state, control, **kwargs):
+        # Training stopped early on a signal ends as the job does: interrupted.
         if state.is_world_process_zero:
-            self.close()
+            self.close(FINISHED if stop_signal() is None else KILLED)
 
     # ---- the child process ----
 
@@ -262,8 +266,13 @@ class IsolatedCallback:
             return
         threading.Thread(target=self._send_all, args=(listener,), name=f"{self.label}-sender", daemon=True).start()
         threading.Thread(target=self._read_answers, name=f"{self.label}-reader", daemon=True).start()
-        # A job that fails before on_train_end still flushes and closes its run, bounded, at exit.
-        atexit.register(self.close)
+        # A job that fails before on_train_end, and whose owner did not close the run, still flushes and closes it,
+        # bounded, at exit.
+        atexit.register(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        """Close the run with the outcome of the exception that ended the interpreter, if one did."""
+        self.close(run_status(getattr(sys, "last_value", None)))
 
     def _send_all(self, listener: Listener) -> None:
         """The sender thread: accepts the child's connection, then sends what is queued, blocking (on a full socket)
@@ -347,6 +356,9 @@ class IsolatedTracker(Tracker):
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
         self.callback.set_params(params, name)
 
+    def close(self, status: str = FINISHED) -> None:
+        self.callback.close(status)
+
 
 # ---- the child process ----
 
@@ -406,9 +418,9 @@ class _Child:
                 self.backend.track(points)
             case {"op": "set", "name": name, "params": params}:
                 self.backend.set_params(name, params)
-            case {"op": "close"} if self.opened:
+            case {"op": "close", "status": status} if self.opened:
                 self.probe()  # closing against a dead server would never return
-                self.backend.close(finished=True)
+                self.backend.close(status)
         self.done += 1
 
     def serve(self) -> None:
@@ -439,7 +451,7 @@ class _Child:
         try:
             if self.opened:
                 self.probe()
-                self.backend.close(finished=False)
+                self.backend.close(KILLED)
         finally:
             os._exit(0)
 

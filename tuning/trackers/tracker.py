@@ -6,10 +6,23 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from tuning.utils.error_logging import SignalInterrupt, TrainingInterrupted
+
 if TYPE_CHECKING:  # importing transformers takes seconds; tuning.trackers stays light without it
     from transformers import TrainerCallback
 
 _LOG_PREFIXES = ("train_", "eval_", "test_")
+
+# A run's status, the job's outcome, as MLflow names them (Aim records the same word as the run's ``status`` param).
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+def run_status(error: BaseException | None) -> str:
+    """The status of a run whose job ended with ``error`` (None: it succeeded): a stop signal or Ctrl-C is
+    ``KILLED``, ``SystemExit(0)`` ``FINISHED``, anything else ``FAILED``."""
+    if error is None or (isinstance(error, SystemExit) and error.code in (0, None)):
+        return FINISHED
+    return KILLED if isinstance(error, KeyboardInterrupt | SignalInterrupt | TrainingInterrupted) else FAILED
 
 
 def is_main_process() -> bool:
@@ -60,3 +73,7 @@ class Tracker:
 
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
         """Attach a dict of searchable parameters to the run."""
+
+    def close(self, status: str = FINISHED) -> None:
+        """End the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), if the end of training has not; a
+        backend whose callback ends its run at train end needs nothing more."""

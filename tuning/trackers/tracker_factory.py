@@ -1,7 +1,9 @@
 """Tracker registry: name → config dataclass + a ``module:Class`` path, imported only when its tracker is requested
 (so that optional packages such as aim are too)."""
 
+import contextlib
 import pkgutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,7 +16,7 @@ from tuning.config.tracker_configs import (
     TrackerConfigFactory,
     TrackerConfigs,
 )
-from tuning.trackers.tracker import Tracker
+from tuning.trackers.tracker import Tracker, run_status
 from tuning.utils.error_logging import UserInputError
 
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
@@ -112,12 +114,29 @@ def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactor
     return implementation(section or spec.config_class())
 
 
+@contextlib.contextmanager
+def closed_on_failure(trackers: list[Tracker]) -> Iterator[None]:
+    """Whatever the block raises ends each tracker's run with that outcome (``FAILED``, or ``KILLED`` for a stop
+    signal) and its helper process with it, instead of leaving them to the interpreter's exit."""
+    try:
+        yield
+    except BaseException as error:
+        for tracker in trackers:
+            tracker.close(run_status(error))
+        raise
+
+
 def build_trackers(
     names: list[str] | None, tracker_configs: TrackerConfigs | TrackerConfigFactory | None
 ) -> list[Tracker]:
-    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early)."""
+    """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early); when
+    one cannot be built, those built before it are closed."""
     sections = tracker_sections(tracker_configs)
-    return [get_tracker(name, sections) for name in validate_tracker_names(names)]
+    trackers: list[Tracker] = []
+    with closed_on_failure(trackers):
+        for name in validate_tracker_names(names):
+            trackers.append(get_tracker(name, sections))
+    return trackers
 
 
 def hf_callbacks(trackers: list[Tracker]) -> list["TrainerCallback"]:

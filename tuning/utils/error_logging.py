@@ -178,6 +178,7 @@ TERMINATION_LINE = re.compile(r"^(?P<category>[a-z_]+): (?:rank (?P<rank>\d+): )
 _MARKER_MESSAGE_MAX_BYTES = 300
 
 _last_global_step: int | None = None
+_stop_signal: int | None = None
 
 
 def _safe_str(exc: BaseException) -> str:
@@ -365,6 +366,17 @@ def record_global_step(step: int) -> None:
     """Note the optimizer step reached, for the reports of later failures (``GracefulStopCallback`` does)."""
     global _last_global_step
     _last_global_step = step
+
+
+def stop_signal() -> int | None:
+    """The signal that is stopping the current training early, if any: trackers end their runs as interrupted."""
+    return _stop_signal
+
+
+def record_stop_signal(signum: int | None) -> None:
+    """Note the signal that stops training early (``GracefulStopCallback`` does; None when training begins)."""
+    global _stop_signal
+    _stop_signal = signum
 
 
 # For the early signal handlers: "starting" (before run_with_error_reporting), "running" (inside its function) or

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl
 
-from tuning.utils.error_logging import record_global_step
+from tuning.utils.error_logging import record_global_step, record_stop_signal
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class GracefulStopCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         record_global_step(state.global_step)
+        record_stop_signal(self.received_signal)
         if threading.current_thread() is threading.main_thread() and not self._previous:
             self._previous = {signum: signal.signal(signum, self._handle) for signum in self.signals}
         self.agreement.join(Vote.SIGNAL, self._on_agreed)
@@ -92,6 +93,7 @@ class GracefulStopCallback(TrainerCallback):
         if self._caught is None:
             self._caught = signum
             self.received_signal = self.received_signal or signum
+            record_stop_signal(self.received_signal)
             logger.warning(
                 "Received %s: stopping after the current step (send it again to stop now)", signal.Signals(signum).name
             )
@@ -119,6 +121,7 @@ class GracefulStopCallback(TrainerCallback):
         if not signum:
             return
         self.received_signal = self.received_signal or signum
+        record_stop_signal(self.received_signal)
         self._stopping = True
         control.should_training_stop = True
         control.should_save = False
