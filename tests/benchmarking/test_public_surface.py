@@ -34,6 +34,18 @@ def test_bench_train_uses_only_the_exported_names():
     }
 
 
+@pytest.mark.slow
+def test_a_copy_written_against_the_package_itself_still_finds_every_name():
+    """Copies of bench_train made before ``api`` existed read the surface as ``tuning.benchmarking.<name>``."""
+    code = "from tuning import benchmarking, train; print(benchmarking.train is train, benchmarking.BenchmarkCallback)"
+    result = run_python("-c", code, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("True <class"), result.stderr[-3000:]
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        import tuning.benchmarking
+
+        _ = tuning.benchmarking.no_such_name
+
+
 @pytest.mark.parametrize(
     ("module", "unwanted"),
     [

@@ -1,8 +1,20 @@
 """Benchmark runs: the dump, its journal and what measures a run. ``tuning.benchmarking.api`` is the one module a
-benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) imports; this package itself imports nothing, so
-that light users (the rebuild command, ``bench_report``) never load torch or transformers. Modules: ``api``,
-``schema`` (the dump's models, for ``validate_dump``), ``journal``, ``dump`` (journal records → dump, the series
-names), ``record``, ``callback``, ``tokens``, ``flops`` (model FLOPs per token, device peaks), ``ranks`` (per-rank
-forward time and data wait), ``system_metrics``, ``stopping``, ``watchdog``, ``rebuild``
-(``python -m tuning.benchmarking.rebuild JOURNAL``).
+benchmark wrapper (``wrappers/bench_train.py``, or your copy of it) imports. This package itself imports nothing
+until one of ``api``'s names is read from it (older copies of bench_train do), so that light users (the rebuild
+command, ``bench_report``) never load torch or transformers. Modules: ``api``, ``schema`` (the dump's models, for
+``validate_dump``), ``journal``, ``dump`` (journal records → dump, the series names), ``record``, ``callback``,
+``tokens``, ``flops`` (model FLOPs per token, device peaks), ``ranks`` (per-rank forward time and data wait),
+``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
 """
+
+import importlib
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``tuning.benchmarking.X`` for each name of ``api.__all__``, loaded on first use, so that copies of bench_train
+    written against the package itself (``from tuning import benchmarking``) keep working."""
+    api = importlib.import_module("tuning.benchmarking.api")
+    if name in api.__all__:
+        return getattr(api, name)
+    raise AttributeError(f"module 'tuning.benchmarking' has no attribute {name!r}")
