@@ -8,13 +8,16 @@ command, ``bench_report``) never load torch or transformers. Modules: ``api``, `
 """
 
 import importlib
+import importlib.util
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
     """``tuning.benchmarking.X`` for each name of ``api.__all__``, loaded on first use, so that copies of bench_train
-    written against the package itself (``from tuning import benchmarking``) keep working."""
-    api = importlib.import_module("tuning.benchmarking.api")
-    if name in api.__all__:
-        return getattr(api, name)
-    raise AttributeError(f"module 'tuning.benchmarking' has no attribute {name!r}")
+    written against the package itself (``from tuning import benchmarking``) keep working. A submodule's name is left
+    to the import system (``from tuning.benchmarking import journal`` asks here first), so it loads nothing else."""
+    if importlib.util.find_spec(f"{__name__}.{name}") is None:
+        api = importlib.import_module(f"{__name__}.api")
+        if name in api.__all__:
+            return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
