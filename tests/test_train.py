@@ -43,6 +43,19 @@ class SpyCallback(TrainerCallback):
         self.events.append("train_end")
 
 
+def test_added_tokens_count_the_rows_that_round_the_embeddings_up(tiny_model, sample_train, tmp_path):
+    """--add_special_tokens grows the embeddings to a multiple of --embedding_size_multiple_of; the information
+    train() returns counts the tokens and the rows added to reach it, as fms-hf-tuning v3.1.0 does."""
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path / "out"), sample_train, max_steps=1)
+    model_args.embedding_size_multiple_of = 64
+    data_args.add_special_tokens = ["<tool>", "<call>", "<result>"]
+    trainer, info, _ = train(model_args, data_args, train_args, trackers=[])
+    vocabulary = len(trainer.processing_class)
+    size = trainer.model.get_input_embeddings().weight.shape[0]
+    assert size % 64 == 0 and size - 64 < vocabulary <= size
+    assert info["added_tokens_info"] == {"num_new_tokens": 3 + size - vocabulary, "new_embedding_size": size}
+
+
 def test_package_exports_train():
     assert tuning.train is train
 

@@ -505,7 +505,8 @@ def _train(
     added_tokens_info = {"num_new_tokens": added_tokens, "new_embedding_size": embedding_size}
     if added_tokens:
         resized = tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
-        added_tokens_info["new_embedding_size"] = resized["new_embedding_size"]
+        # As v3.1.0 reports them: the tokens added, and the rows added to reach the multiple.
+        added_tokens_info = {**resized, "num_new_tokens": added_tokens + resized["num_new_tokens"]}
     model_load_time = time.time() - load_start
     for tracker in trackers:
         tracker.track(model_load_time, "model_load_time")

@@ -39,11 +39,13 @@ def tokenizer_and_embedding_resize(special_tokens_dict: dict, tokenizer, model, 
     """Add ``special_tokens_dict`` and resize the embeddings to ``len(tokenizer)`` rounded up to ``multiple_of``.
 
     Every row beyond the model's old size (also for tokens added before this call) starts as the mean of the existing
-    rows, input and output: greedy decoding is unchanged. Returns the tokens added here and the new embedding size.
+    rows, input and output: greedy decoding is unchanged. Returns, as fms-hf-tuning v3.1.0 counts them, the tokens
+    added here plus the rows added to reach the multiple, and the new embedding size.
     """
-    num_new_tokens = tokenizer.add_special_tokens(special_tokens_dict, replace_extra_special_tokens=False)
+    added = tokenizer.add_special_tokens(special_tokens_dict, replace_extra_special_tokens=False)
     old_size = model.get_input_embeddings().weight.shape[0]
     new_size = multiple_of * math.ceil(len(tokenizer) / multiple_of)
+    num_new_tokens = added + new_size - len(tokenizer)
     model.resize_token_embeddings(new_size, mean_resizing=False)
     if new_size > old_size:
         embeddings = [model.get_input_embeddings()]
