@@ -135,7 +135,8 @@ def run_once(
         for line in process.stdout:
             if not line.startswith("{'"):
                 continue
-            logs = ast.literal_eval(line.strip())  # the dict transformers' progress callback prints per log
+            # The dict transformers' progress callback prints per log; py-spy's own warnings can end the same line.
+            logs = ast.literal_eval(line.split("py-spy>", 1)[0].strip())
             if "loss" in logs:
                 step_ends.append(time.perf_counter() - start)
                 losses.append(logs["loss"])
