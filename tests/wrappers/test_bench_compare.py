@@ -4,6 +4,7 @@ bad input, and two real sweeps of the tiny model: a candidate slowed by 30 % per
 
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -206,12 +207,17 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny
 
 @pytest.mark.slow
 def test_two_identical_sweeps_with_three_repeats_are_the_same(tiny_model, tmp_path):
-    run_sweeps(
-        *(
-            (write_sweep_spec(tmp_path / f"{side}.yaml", tiny_model, repeats=3), tmp_path / side)
-            for side in ("base", "cand")
-        )
-    )
+    """One sweep of six repeats a point, split into its even and odd repeats: two sides of identical configuration
+    whose runs alternate in time, so a change of load on the machine falls on both alike (two sweeps run side by
+    side drift apart, and then each side's points run beside different neighbours)."""
+    run_sweeps((write_sweep_spec(tmp_path / "sweep.yaml", tiny_model, repeats=6), tmp_path / "sweep"))
+    for side, parity in (("base", 0), ("cand", 1)):
+        (tmp_path / side).mkdir()
+        for repeat in range(parity, 6, 2):  # each batch size's dump of that repeat
+            dumps = list((tmp_path / "sweep" / "points").glob(f"*_repeat-{repeat}-*.json"))
+            assert len(dumps) == 2, dumps
+            for dump in dumps:
+                shutil.copy(dump, tmp_path / side / dump.name)
     result = compare_command(
         str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15", "--output_dir", str(tmp_path / "out")
     )
