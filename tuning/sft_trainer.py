@@ -24,6 +24,10 @@ if __name__ == "__main__":
     from tuning.utils.error_logging import install_early_signal_handlers
 
     install_early_signal_handlers()
+    # Aim's and MLflow's helper processes import their libraries while this process imports torch.
+    from tuning.trackers import start_helpers
+
+    start_helpers(sys.argv[1:])
 
 import torch
 import transformers

@@ -9,6 +9,8 @@ takes everything from ``tuning.benchmarking.api``. Add a flag as a parameter (an
 ``wrapper_flags``; add measurements with ``--callbacks`` or in ``BenchmarkJob.run``.
 """
 
+import sys
+
 if __name__ == "__main__":
     # First of all: a SIGTERM (preemption) or Ctrl-C while the imports below load, or before training, still ends the
     # run as `interrupted`; once the journal exists, with a dump of status "interrupted" and the journal's end record.
@@ -16,6 +18,11 @@ if __name__ == "__main__":
     from tuning.utils.error_logging import install_early_signal_handlers
 
     install_early_signal_handlers()
+    # Then the helper processes of the trackers asked for (Aim, MLflow): they import their libraries while this
+    # process imports torch, not beside the first training steps.
+    from tuning.trackers import start_helpers
+
+    start_helpers(sys.argv[1:])
 
 import argparse
 import faulthandler
@@ -26,7 +33,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import tempfile
 import typing
 from types import SimpleNamespace

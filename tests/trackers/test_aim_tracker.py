@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
-from tests.helpers.training import REPO_ROOT, free_port, subprocess_env, wait_for_exit, wait_until
+from tests.helpers.training import REPO_ROOT, free_port, run_python, subprocess_env, wait_for_exit, wait_until
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
 from tuning.trackers import isolated
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
@@ -137,6 +137,52 @@ def test_helper_whose_run_was_never_opened_exits_with_its_process():
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
     wait_for_exit(int(result.stdout), 30, "the helper outlived its process")
+
+
+def test_a_helper_started_early_is_adopted_by_the_tracker_and_writes_its_run(tmp_path):
+    """``start_helpers`` before the heavy imports: the Aim callback built later uses that helper, not a new one."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        import psutil
+        from tuning.trackers import start_helpers
+        start_helpers(["--trackers", "aim"])
+        (early,) = psutil.Process().children()
+        from tests.helpers.trackers import drive
+        from tuning.trackers.aimstack_tracker import SafeAimCallback
+        callback = SafeAimCallback(sys.argv[1], experiment="early")
+        drive(callback, Path(sys.argv[2]), steps=3)
+        print(callback._process.pid == early.pid, len(psutil.Process().children()), callback.run_hash)
+        print(callback.degraded_reason)
+        """
+    )
+    result = run_python("-c", code, str(tmp_path / "repo"), str(tmp_path / "out"), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    adopted, children, run_hash, degraded = result.stdout.split()
+    assert (adopted, children, degraded) == ("True", "0", "None")  # closed: the helper that wrote the run is gone
+    (run,) = read_runs(tmp_path / "repo")
+    assert run["hash"] == run_hash and run["params"]["status"] == "FINISHED"
+    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in range(1, 4)}
+
+
+def test_a_helper_started_early_exits_when_its_process_is_killed_before_adopting_it():
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from tuning.trackers import start_helpers\nstart_helpers(['--tracker', 'aim'])\n"
+            "import psutil, time\nprint(psutil.Process().children()[0].pid, flush=True)\ntime.sleep(300)",
+        ],
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    helper = int(job.stdout.readline())
+    job.kill()
+    job.wait(30)
+    wait_for_exit(helper, 30, "the early helper outlived its killed process")
 
 
 def test_four_jobs_into_a_new_repo_all_get_their_run(tmp_path):

@@ -1,11 +1,12 @@
-"""tuning.trackers.tracker_factory: a tracker whose package is missing is refused with the extra to install."""
+"""tuning.trackers.tracker_factory: a tracker whose package is missing is refused with the extra to install; the
+helpers of the trackers a command line names start before the script's heavy imports."""
 
 import os
 import textwrap
 
 import pytest
 
-from tests.helpers.training import REPO_ROOT, run_python
+from tests.helpers.training import REPO_ROOT, run_python, wait_for_exit
 
 
 @pytest.mark.slow
@@ -31,3 +32,43 @@ def test_a_missing_backend_names_the_extra_to_install(tracker, configs, tmp_path
     result = run_python("-c", code, timeout=120, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT)]))
     assert result.returncode == 0, result.stderr
     assert f"pip install 'tuning-bench[{tracker}]'" in result.stdout
+
+
+# What each command line starts early: the helpers of the trackers its --trackers/--tracker flags name, nothing else.
+HELPER_ARGVS = [
+    (["--trackers", "aim", "mlflow", "--output_dir", "out"], ["aim_writer", "mlflow_writer"]),
+    (["--tracker=aim", "--trackers", "aim"], ["aim_writer"]),
+    (["--trackers", "file_logger", "--output_dir", "aim"], []),
+    (["--trackers", "none"], []),
+    (["--trackers", "aim,mlflow"], []),  # refused by the parser later, with a hint
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("argv", "helpers"), HELPER_ARGVS)
+def test_start_helpers_starts_the_helpers_the_command_line_asks_for(argv, helpers):
+    """A script's first lines start the helpers of the trackers its flags name; they are stopped at exit when no
+    tracker adopted them."""
+    code = textwrap.dedent(
+        f"""
+        import psutil
+        from tuning.trackers import start_helpers
+        start_helpers({argv!r})
+        for child in psutil.Process().children():
+            print(child.pid, child.cmdline()[3].split(":")[0].rsplit(".", 1)[1])
+        """
+    )
+    result = run_python("-c", code, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
+    started = [line.split() for line in result.stdout.splitlines()]
+    assert sorted(backend for _pid, backend in started) == helpers
+    for pid, _backend in started:
+        wait_for_exit(int(pid), 30, "a helper no tracker adopted outlived its process")
+
+
+@pytest.mark.slow
+def test_start_helpers_starts_nothing_beside_rank_zero():
+    code = "import psutil\nfrom tuning.trackers import start_helpers\nstart_helpers(['--trackers', 'aim'])\n"
+    code += "print(len(psutil.Process().children()))"
+    result = run_python("-c", code, timeout=120, RANK="1")
+    assert result.returncode == 0 and result.stdout.strip() == "0", result.stderr[-2000:]

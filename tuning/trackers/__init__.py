@@ -13,6 +13,7 @@ from tuning.trackers.tracker_factory import (
     get_tracker,
     hf_callbacks,
     register_tracker,
+    start_helpers,
     validate_tracker_names,
 )
 
@@ -30,5 +31,6 @@ __all__ = [
     "hf_callbacks",
     "register_tracker",
     "run_status",
+    "start_helpers",
     "validate_tracker_names",
 ]

@@ -1,7 +1,8 @@
 """Tracker helper processes: a tracker's library (Aim, MLflow) runs only in a child process, ``python -m
 tuning.trackers.isolated MODULE:BACKEND ADDRESS``, so that it can never hang or fail training (tracking libraries fail
 by blocking: a locked repository, a client retrying a dead server, a close that never returns, aim#3067). The training
-process only queues messages for it; the failure rules are docs/trackers.md's "Failure isolation".
+process only queues messages for it; the failure rules are docs/trackers.md's "Failure isolation". A script may start
+a backend's child before its own heavy imports (``start_helper``); the next callback of that backend adopts it.
 
 Protocol, over the ``multiprocessing.connection`` the child opens back to ADDRESS: the parent sends lists of messages,
 ``{"op": "open", "server": [host, port] | None, "timeout": s, **options}`` first, then any of ``{"op": "track",
@@ -248,22 +249,16 @@ class IsolatedCallback:
     # ---- the child process ----
 
     def _start(self) -> None:
-        """Start the child and the threads that talk to it; tracking degrades if it cannot start."""
-        # The child imports this very package, wherever this process found it (an uninstalled checkout too).
-        path = os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+        """Start the child (or adopt one ``start_helper`` started early) and the threads that talk to it; tracking
+        degrades if it cannot start."""
         try:
-            # No authkey: the socket is in a directory only this user can enter.
-            listener = Listener(family="AF_UNIX")
-            # Its own session: a Ctrl-C meant for training must not kill the run before training closes it.
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, self.backend, listener.address],
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": path},
-                start_new_session=True,
-            )
-        except OSError as exc:
-            self._degrade(f"starting the {self.label} helper process failed: {exc!r}")
-            return
+            self._process, listener = _early_helpers.get(self.backend, []).pop(0)
+        except IndexError:
+            try:
+                self._process, listener = _spawn_helper(self.backend)
+            except OSError as exc:
+                self._degrade(f"starting the {self.label} helper process failed: {exc!r}")
+                return
         threading.Thread(target=self._send_all, args=(listener,), name=f"{self.label}-sender", daemon=True).start()
         threading.Thread(target=self._read_answers, name=f"{self.label}-reader", daemon=True).start()
         # A job that fails before on_train_end, and whose owner did not close the run, still flushes and closes it,
@@ -336,6 +331,57 @@ class IsolatedCallback:
         if self._process is not None:
             self._process.kill()  # stuck or broken: nothing it still holds is worth waiting for
         logger.warning("%s tracking stopped, training continues without it: %s", self.label, reason)
+
+
+# Helpers started ahead of their trackers, by backend, oldest first: each waits to be adopted by the next
+# IsolatedCallback of its backend.
+_early_helpers: dict[str, list[tuple[subprocess.Popen, Listener]]] = {}
+
+
+def _spawn_helper(backend: str) -> tuple[subprocess.Popen, Listener]:
+    """The child process of ``backend`` and the listener it connects back to; ``OSError`` when it cannot start."""
+    # The child imports this very package, wherever this process found it (an uninstalled checkout too).
+    path = os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+    # No authkey: the socket is in a directory only this user can enter.
+    listener = Listener(family="AF_UNIX")
+    try:
+        # Its own session: a Ctrl-C meant for training must not kill the run before training closes it.
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, backend, listener.address],
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": path},
+            start_new_session=True,
+        )
+    except OSError:
+        listener.close()
+        raise
+    return process, listener
+
+
+def start_helper(backend: str) -> None:
+    """Start the helper process of ``backend`` ("module:Class") now, on global rank 0, for the next tracker of that
+    backend built in this process to adopt: started before the script's own heavy imports, the helper imports its
+    library on a core those leave idle, instead of beside the first training steps. One never adopted is stopped at
+    exit (its run was never opened); one that cannot start is left to the tracker, which starts and reports its own.
+    """
+    if not is_main_process():
+        return
+    try:
+        helper = _spawn_helper(backend)
+    except OSError:
+        return
+    if not _early_helpers:  # the first one
+        atexit.register(_stop_early_helpers)
+    _early_helpers.setdefault(backend, []).append(helper)
+
+
+def _stop_early_helpers() -> None:
+    for helpers in _early_helpers.values():
+        while helpers:
+            process, listener = helpers.pop()
+            process.kill()
+            process.wait()
+            listener.close()
 
 
 class IsolatedTracker(Tracker):

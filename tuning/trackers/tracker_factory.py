@@ -22,6 +22,7 @@ from tuning.utils.error_logging import UserInputError
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
     from transformers import TrainerCallback
 
+TRACKER_FLAGS = ("--trackers", "--tracker")
 AIMSTACK_TRACKER = "aim"
 MLFLOW_TRACKER = "mlflow"
 
@@ -33,6 +34,7 @@ class TrackerSpec:
     config_class: type
     implementation: str  # "module:Class", constructed with the tracker's config
     extra: str | None = None  # pip extra providing the optional backend
+    helper: str | None = None  # "module:Class" its helper process runs (tuning.trackers.isolated), if it has one
 
 
 _REGISTRY: dict[str, TrackerSpec] = {}
@@ -52,10 +54,22 @@ register_tracker(
     TrackerSpec(FileLoggingTrackerConfig, "tuning.trackers.filelogging_tracker:FileLoggingTracker"),
 )
 register_tracker(
-    AIMSTACK_TRACKER, TrackerSpec(AimConfig, "tuning.trackers.aimstack_tracker:AimStackTracker", extra="aim")
+    AIMSTACK_TRACKER,
+    TrackerSpec(
+        AimConfig,
+        "tuning.trackers.aimstack_tracker:AimStackTracker",
+        extra="aim",
+        helper="tuning.trackers.aim_writer:AimBackend",
+    ),
 )
 register_tracker(
-    MLFLOW_TRACKER, TrackerSpec(MLflowConfig, "tuning.trackers.mlflow_tracker:MLflowTracker", extra="mlflow")
+    MLFLOW_TRACKER,
+    TrackerSpec(
+        MLflowConfig,
+        "tuning.trackers.mlflow_tracker:MLflowTracker",
+        extra="mlflow",
+        helper="tuning.trackers.mlflow_writer:MlflowBackend",
+    ),
 )
 
 
@@ -94,6 +108,34 @@ def _spec(name: str) -> TrackerSpec:
             f"{', '.join(AVAILABLE_TRACKERS + [NO_TRACKING])}{hint}"
         )
     return spec
+
+
+def start_helpers(argv: list[str]) -> None:
+    """Start now the helper processes of the trackers that the command line ``argv`` asks for (``--trackers aim
+    mlflow``, ``--tracker=aim``), for those trackers to adopt when built: a script calls it first thing, so that Aim
+    or MLflow loads in its helper while the script imports torch, instead of beside the first training steps
+    (``tuning.trackers.isolated.start_helper``). Names it does not know, and trackers asked for elsewhere (a job
+    config), start their helper when built."""
+    from tuning.trackers.isolated import start_helper  # light, but it imports this package: not at its top
+
+    for name in dict.fromkeys(_named_trackers(argv)):
+        if (spec := _REGISTRY.get(name.strip().lower())) is not None and spec.helper:
+            start_helper(spec.helper)
+
+
+def _named_trackers(argv: list[str]) -> Iterator[str]:
+    """The values of every ``--trackers``/``--tracker`` flag in ``argv``, as the trainer's parser reads them."""
+    values = False
+    for token in argv:
+        flag, equals, value = token.partition("=")
+        if flag in TRACKER_FLAGS:
+            values = not equals
+            if equals:
+                yield value
+        elif token.startswith("-"):
+            values = False
+        elif values:
+            yield token
 
 
 def tracker_sections(tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> TrackerConfigFactory | None:
