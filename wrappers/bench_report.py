@@ -276,6 +276,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "joules_per_token": summary.get("joules_per_token"),
         "rank_skew": summary.get("rank_skew"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
+        "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,

@@ -120,6 +120,7 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
     for name in ("ok-a2", "ok-a4"):
         assert rows[name]["training_steps"] == "3"
         assert float(rows[name]["tokens_per_second"]) > 0 and float(rows[name]["peak_rss_bytes"]) > 0
+        assert 0 < float(rows[name]["peak_anon_rss_bytes"]) <= float(rows[name]["peak_rss_bytes"])
         assert 0 < float(rows[name]["step_time_p50_s"]) <= float(rows[name]["step_time_p90_s"])
         assert float(rows[name]["model_load_time_s"]) > 0
     assert 0 < int(rows["stopped-b4"]["training_steps"]) < 500
