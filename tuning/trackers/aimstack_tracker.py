@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker_factory import AIM_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -27,7 +28,7 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aimstack_tracker.json`` in
     ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
-    backend, label, export_filename = "tuning.trackers.aim_writer:AimBackend", "Aim", RUN_HASH_FILENAME
+    backend, label, export_filename = AIM_BACKEND, "Aim", RUN_HASH_FILENAME
 
     def __init__(
         self,

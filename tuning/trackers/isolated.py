@@ -251,9 +251,9 @@ class IsolatedCallback:
     def _start(self) -> None:
         """Start the child (or adopt one ``start_helper`` started early) and the threads that talk to it; tracking
         degrades if it cannot start."""
-        try:
-            self._process, listener = _early_helpers.get(self.backend, []).pop(0)
-        except IndexError:
+        if early := _early_helpers.get(self.backend):
+            self._process, listener = early.pop(0)
+        else:
             try:
                 self._process, listener = _spawn_helper(self.backend)
             except OSError as exc:

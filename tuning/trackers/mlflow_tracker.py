@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker_factory import MLFLOW_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -28,7 +29,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     """Tracks a training job into one MLflow run; ``run_id`` is set once the run exists (and ``mlflow_tracker.json``
     written to ``run_uri_export_dir``, by default the trainer's ``output_dir``)."""
 
-    backend, label, export_filename = "tuning.trackers.mlflow_writer:MlflowBackend", "MLflow", RUN_URI_FILENAME
+    backend, label, export_filename = MLFLOW_BACKEND, "MLflow", RUN_URI_FILENAME
 
     def __init__(
         self,

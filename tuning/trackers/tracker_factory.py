@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays li
 TRACKER_FLAGS = ("--trackers", "--tracker")
 AIMSTACK_TRACKER = "aim"
 MLFLOW_TRACKER = "mlflow"
+# What the helper process of each runs (tuning.trackers.isolated); its callback names the same backend.
+AIM_BACKEND = "tuning.trackers.aim_writer:AimBackend"
+MLFLOW_BACKEND = "tuning.trackers.mlflow_writer:MlflowBackend"
 
 AVAILABLE_TRACKERS: list[str] = []  # every registered name, in registration order
 
@@ -59,7 +62,7 @@ register_tracker(
         AimConfig,
         "tuning.trackers.aimstack_tracker:AimStackTracker",
         extra="aim",
-        helper="tuning.trackers.aim_writer:AimBackend",
+        helper=AIM_BACKEND,
     ),
 )
 register_tracker(
@@ -68,7 +71,7 @@ register_tracker(
         MLflowConfig,
         "tuning.trackers.mlflow_tracker:MLflowTracker",
         extra="mlflow",
-        helper="tuning.trackers.mlflow_writer:MlflowBackend",
+        helper=MLFLOW_BACKEND,
     ),
 )
 
