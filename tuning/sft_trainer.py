@@ -473,7 +473,8 @@ def _train(
 ) -> tuple[Any, dict[str, Any], None]:
     """``train()`` once its arguments are checked and its trackers built."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
+
+    from tuning.trainer import TuningTrainer
 
     placed = {id(callback) for callback in additional_callbacks}
     trainer_callbacks = [*additional_callbacks, *(c for c in hf_callbacks(trackers) if id(c) not in placed)]
@@ -519,7 +520,7 @@ def _train(
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
         peft_config = to_peft_config(peft_config, model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-    trainer = SFTTrainer(
+    trainer = TuningTrainer(
         model=model,
         args=_to_sft_config(train_args, max_length),
         train_dataset=train_dataset,
