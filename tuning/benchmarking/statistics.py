@@ -206,16 +206,22 @@ def compare_points(
 ) -> list[Result]:
     """One ``Result`` per (baseline values, candidate values) pair, every value positive and finite (the caller
     names those that are not), the p-values Holm-corrected across all pairs. With too few samples for the test to
-    reach significance (``can_decide``) the verdict is inconclusive; when neither side has any spread there is no
+    reach significance (``can_decide``), one sample on a side included (not counted as a test), the verdict is
+    inconclusive; when neither side has any spread there is no
     interval: identical values are ``identical``, others inconclusive."""
-    tests = len(points)
+    testable = [min(len(base), len(cand)) > 1 for base, cand in points]
+    tests = sum(testable)
     floor = min_runs_a_side(tests, alpha)
-    tested = [mann_whitney_u(base, cand)[1] for base, cand in points]
+    tested = [mann_whitney_u(*point)[1] if ok else None for point, ok in zip(points, testable, strict=True)]
     adjusted = holm(tested)
     results = []
     for (base, cand), p, p_holm in zip(points, tested, adjusted, strict=True):
         ratio = hodges_lehmann_ratio(base, cand)
         sizes = f"n={len(base)}/{len(cand)}"
+        if p is None or p_holm is None:
+            note = f"one sample on a side ({sizes}): no spread to measure, no interval"
+            results.append(Result(ratio, None, None, None, None, INCONCLUSIVE, floor, floor, note))
+            continue
         if len(set(base)) == 1 and len(set(cand)) == 1:
             identical = base[0] == cand[0]
             note = (
