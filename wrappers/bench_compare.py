@@ -179,7 +179,7 @@ def bad_value(value: Any) -> str | None:
     if not bench_report.is_number(value):
         return f"not a number ({value!r})"
     if not math.isfinite(value):
-        return str(value)
+        return "NaN" if math.isnan(value) else "infinite"
     return None if value > 0 else "zero" if value == 0 else f"negative ({value:g})"
 
 
