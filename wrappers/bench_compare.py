@@ -123,17 +123,18 @@ def read_side(location: str) -> tuple[list[Sample], list[str]]:
                 raise SystemExit(f"{PROG}: {path} has schema_version {version}, this compares {SCHEMA_VERSION} only")
     runs = bench_report.load(files)
     done = [Sample(run.name, run.dump) for run in runs if run.dump and run.status in bench_report.DONE_STATUSES]
-    failed = [
-        f"{run.name}: {run.status}"
-        + (f" ({cause.category}: {cause.message})" if (cause := run.root_cause) else "")
-        + (f" ({run.sweep_point['reason']})" if not run.root_cause and (run.sweep_point or {}).get("reason") else "")
-        for run in runs
-        if run.status not in bench_report.DONE_STATUSES
-    ]
+    failed = [failure_line(run) for run in runs if run.status not in bench_report.DONE_STATUSES]
     if not done:
         also = f" ({len(failed)} runs that did not finish)" if failed else ""
         raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}{also}")
     return done, failed
+
+
+def failure_line(run: bench_report.Run) -> str:
+    """``NAME: status (category: message)``, or the sweep's reason for a point that left no report (skipped)."""
+    cause = run.root_cause
+    reason = f"{cause.category}: {cause.message}" if cause else (run.sweep_point or {}).get("reason")
+    return f"{run.name}: {run.status}" + (f" ({reason})" if reason else "")
 
 
 def identity_of(dump: dict[str, Any], match: list[str]) -> tuple[dict[str, str], bool]:
