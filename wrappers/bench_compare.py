@@ -168,9 +168,16 @@ def distinguishing_keys(points: list[Point]) -> list[str]:
 
 
 def label(point: Point, shown: list[str]) -> str:
-    """The point's metadata labels, and the configuration keys that tell it from the other points."""
-    keys = [key for key in sorted(point.identity) if key in shown or not key.startswith(("config.", "world_size"))]
-    return ", ".join(f"{key}={point.identity[key]}" for key in keys) or "(all runs)"
+    """The point's metadata labels, and the configuration keys that tell it from the other points (unless a metadata
+    label of the same name and value says it already, as a sweep's axes do)."""
+    identity = point.identity
+
+    def said(key: str) -> bool:
+        if not key.startswith(("config.", "world_size")):
+            return True
+        return key in shown and identity.get(key.removeprefix("config.")) != identity[key]
+
+    return ", ".join(f"{key}={identity[key]}" for key in sorted(identity) if said(key)) or "(all runs)"
 
 
 def bad_value(value: Any) -> str | None:
@@ -288,8 +295,9 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
         note = row["note"]
         if row["runs_needed"] is not None:
             needed = row["runs_needed"]
-            note += f"; about {needed if needed <= stats.MAX_RUNS_NEEDED else f'> {stats.MAX_RUNS_NEEDED}'} runs a side"
-            note += " would likely decide"
+            samples = "steps" if row["interval"] == WITHIN_RUN else "runs"
+            count = needed if needed <= stats.MAX_RUNS_NEEDED else f"> {stats.MAX_RUNS_NEEDED}"
+            note += f"; about {count} {samples} a side would likely decide"
         cells = [
             row["point"],
             f"{row['baseline_runs']}/{row['candidate_runs']}",
