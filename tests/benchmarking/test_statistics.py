@@ -90,3 +90,21 @@ def test_identical_values_and_one_sample_a_side_give_no_interval():
     assert identical.verdict == statistics.IDENTICAL and "n=4/4" in identical.note and identical.ci_low is None
     assert constant.verdict == statistics.INCONCLUSIVE and constant.ci_low is None and "zero width" in constant.note
     assert single.verdict == statistics.INCONCLUSIVE and single.p_value is None and single.ci_low is None
+
+
+def test_with_many_steps_a_subset_of_pairs_gives_the_same_interval():
+    """80 steps a side: 6400 pairs, more than MAX_PAIRS: the interval from random pairs agrees with scipy's bootstrap
+    of the full estimate."""
+
+    def hodges_lehmann(baseline, candidate, axis=-1):
+        differences = np.log(candidate)[..., :, None] - np.log(baseline)[..., None, :]
+        return np.exp(np.median(differences.reshape(*differences.shape[:-2], -1), axis=-1))
+
+    generator = np.random.default_rng(7)
+    baseline, candidate = generator.normal(100, 5, 80), generator.normal(101, 5, 80)
+    assert len(baseline) * len(candidate) > statistics.MAX_PAIRS
+    low, high = statistics.bootstrap_interval(baseline, candidate)
+    expected = scipy_stats.bootstrap(
+        (baseline, candidate), hodges_lehmann, method="percentile", n_resamples=2000, random_state=0, batch=50
+    ).confidence_interval
+    assert low == pytest.approx(expected.low, rel=3e-3) and high == pytest.approx(expected.high, rel=3e-3)
