@@ -1,12 +1,14 @@
 """bench_compare.py: is the candidate faster or slower than the baseline, for sure? A verdict per point, as a CI gate.
 
     python wrappers/bench_compare.py BASELINE CANDIDATE [--metric tokens_per_second] [--threshold 0.02]
-                                     [--match key1,key2] [--output_dir bench_compare]
+                                     [--match key1,key2] [--within_run] [--strict] [--output_dir bench_compare]
 
-BASELINE and CANDIDATE are sweep directories or directories of dumps. Points are matched by metadata; per point the
-candidate/baseline ratio of the metric's mean gets a 95 % interval: over runs when each side has several (a sweep's
-``repeats: N``), else over the post-warmup steps (within-run only: no run-to-run noise). Exit 1 when any point is
-slower (or worse), 0 otherwise. The formulas: docs/benchmarking.md, "Comparing two sweeps".
+BASELINE and CANDIDATE are sweep directories or directories of dumps. A point is a configuration: the run's metadata
+and the dump's ``config`` (the arguments that define the work). Each whole run is one sample; per point the
+statistics of ``tuning.benchmarking.statistics`` (Hodges–Lehmann ratio, bootstrap interval, Mann–Whitney U, Holm)
+give faster / slower / same / inconclusive. Exit 1 when a point is slower (or worse), 2 when the data cannot be
+compared everywhere (values that are not positive numbers, failed runs, points on one side only, configurations not
+recorded), 3 with --strict when a point is inconclusive, else 0. docs/benchmarking.md, "Comparing two sweeps".
 """
 
 import csv
@@ -22,13 +24,18 @@ from typing import Any
 import bench_report  # beside this script, whose directory Python puts first on sys.path
 import fire
 
+from tuning.benchmarking import statistics as stats
 from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND
 from tuning.utils.cli_flags import reject_unknown_flags
 
 PROG = "bench_compare.py"
 IGNORED_KEYS = ("repeat",)  # a sweep's repeat index: the runs of one point, never a point of its own
-CONFIDENCE = 0.95
 SLOWER_VERDICTS = ("slower", "worse")  # exit 1
+NO_DATA_VERDICTS = ("invalid", "baseline only", "candidate only")  # exit 2
+UNDECIDED_VERDICTS = (stats.INCONCLUSIVE, stats.IDENTICAL)  # exit 3 with --strict
+EXIT_SLOWER, EXIT_NO_DATA, EXIT_UNDECIDED = 1, 2, 3
+NOT_RECORDED = "configuration not recorded (old schema): matched on metadata and world_size only"
+WITHIN_RUN = "within run (steps): ignores run-to-run noise"
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,23 @@ class Metric:
     higher_is_better: bool
     step_series: str | None
     verdicts: tuple[str, str]  # (worse, better)
+
+
+@dataclass
+class Sample:
+    """One run: where its dump is, and the dump."""
+
+    name: str
+    dump: dict[str, Any]
+
+
+@dataclass
+class Point:
+    """A configuration and the runs of each side in it."""
+
+    identity: dict[str, str]  # dotted key → JSON value: metadata labels, config.<argument> or world_size
+    recorded: bool  # the dumps hold the configuration (a ``config`` block)
+    sides: tuple[list[Sample], list[Sample]]
 
 
 def _summary_key(key: str) -> Callable[[dict[str, Any]], float | None]:
@@ -59,53 +83,6 @@ METRICS = {
     "peak_memory": Metric(_peak_memory, False, None, ("worse", "better")),
     "joules_per_token": Metric(_summary_key("joules_per_token"), False, None, ("worse", "better")),
 }
-
-
-def t_quantile(probability: float, degrees_of_freedom: float) -> float:
-    """Student's t quantile for ``probability`` > 0.5: the CDF (Simpson's rule over the density from 0) inverted by
-    bisection; fractional degrees of freedom allowed (Welch's)."""
-    nu = degrees_of_freedom
-    log_norm = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
-
-    def cdf(t: float, intervals: int = 2000) -> float:
-        width = t / intervals
-        total = 0.0
-        for index in range(intervals + 1):
-            x = index * width
-            weight = 1 if index in (0, intervals) else 4 if index % 2 else 2
-            total += weight * math.exp(log_norm - (nu + 1) / 2 * math.log1p(x * x / nu))
-        return 0.5 + total * width / 3
-
-    low, high = 0.0, 1.0
-    while cdf(high) < probability:
-        low, high = high, high * 2
-    for _ in range(50):
-        middle = (low + high) / 2
-        low, high = (middle, high) if cdf(middle) < probability else (low, middle)
-    return (low + high) / 2
-
-
-def ratio_interval(baseline: list[float], candidate: list[float]) -> tuple[float, float | None, float | None]:
-    """(mean(candidate) / mean(baseline), and its 95 % interval): Welch's t on the log of the ratio with the delta
-    method's standard error sqrt(s_c² / (n_c m_c²) + s_b² / (n_b m_b²)); no interval with under 2 values a side."""
-    mean_b, mean_c = statistics.fmean(baseline), statistics.fmean(candidate)
-    ratio = mean_c / mean_b
-    if len(baseline) < 2 or len(candidate) < 2:
-        return ratio, None, None
-    var_b = statistics.variance(baseline) / (len(baseline) * mean_b**2)
-    var_c = statistics.variance(candidate) / (len(candidate) * mean_c**2)
-    if var_b + var_c == 0:
-        return ratio, ratio, ratio
-    df = (var_b + var_c) ** 2 / (var_b**2 / (len(baseline) - 1) + var_c**2 / (len(candidate) - 1))
-    spread = t_quantile((1 + CONFIDENCE) / 2, df) * math.sqrt(var_b + var_c)
-    return ratio, ratio * math.exp(-spread), ratio * math.exp(spread)
-
-
-def verdict(metric: Metric, low: float, high: float, threshold: float) -> str:
-    """Worse when the whole interval lies beyond 1 ∓ threshold on the bad side, better on the good side, else same."""
-    below, above = high < 1 - threshold, low > 1 + threshold
-    worse, better = (below, above) if metric.higher_is_better else (above, below)
-    return metric.verdicts[0] if worse else metric.verdicts[1] if better else "same"
 
 
 def step_values(dump: dict[str, Any], metric: Metric) -> list[float]:
@@ -129,9 +106,10 @@ def flat_metadata(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix[:-1]: json.dumps(value, sort_keys=True)}
 
 
-def read_side(location: str) -> tuple[list[dict[str, Any]], set[str]]:
-    """The dumps of the runs that did their work in ``location`` and the axes of its sweep (if it is one); a one-line
-    ``SystemExit`` when there are none or one has another schema version."""
+def read_side(location: str) -> tuple[list[Sample], list[str]]:
+    """The runs that did their work in ``location``, and a line for each run that did not (a sweep's failed or
+    skipped points, a run that died); a one-line ``SystemExit`` when there is no finished run or a dump has
+    another schema version."""
     if not Path(location).is_dir():
         raise SystemExit(f"{PROG}: {location} is not a directory (give a sweep directory or a directory of dumps)")
     files = bench_report.find_files([location])
@@ -144,77 +122,164 @@ def read_side(location: str) -> tuple[list[dict[str, Any]], set[str]]:
             if version != SCHEMA_VERSION:
                 raise SystemExit(f"{PROG}: {path} has schema_version {version}, this compares {SCHEMA_VERSION} only")
     runs = bench_report.load(files)
-    dumps = [run.dump for run in runs if run.dump and run.status in bench_report.DONE_STATUSES]
-    if not dumps:
-        raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}")
-    return dumps, {axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]}
+    done = [Sample(run.name, run.dump) for run in runs if run.dump and run.status in bench_report.DONE_STATUSES]
+    failed = [failure_line(run) for run in runs if run.status not in bench_report.DONE_STATUSES]
+    if not done:
+        also = f" ({len(failed)} runs that did not finish)" if failed else ""
+        raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}{also}")
+    return done, failed
 
 
-def matching_keys(dumps: list[dict[str, Any]], axes: set[str], match: list[str]) -> list[str]:
-    """``match``, else every metadata key but the repeat index and those whose value differs on every run (sweep
-    ``axes`` always count)."""
-    if match:
-        return match
-    values: dict[str, list[str]] = {}
-    for dump in dumps:
-        for key, value in flat_metadata(dump["metadata"]).items():
-            values.setdefault(key, []).append(value)
-    unique_per_run = {
-        key for key, seen in values.items() if len(dumps) > 1 and len(set(seen)) == len(dumps) and key not in axes
-    }
-    return sorted(key for key in values if key not in IGNORED_KEYS and key not in unique_per_run)
+def failure_line(run: bench_report.Run) -> str:
+    """``NAME: status (category: message)``, or the sweep's reason for a point that left no report (skipped)."""
+    cause = run.root_cause
+    reason = f"{cause.category}: {cause.message}" if cause else (run.sweep_point or {}).get("reason")
+    return f"{run.name}: {run.status}" + (f" ({reason})" if reason else "")
 
 
-def point_of(dump: dict[str, Any], keys: list[str]) -> str:
+def identity_of(dump: dict[str, Any], match: list[str]) -> tuple[dict[str, str], bool]:
+    """What a run's point is: its metadata labels (``match`` only, when given; never the repeat index) and its
+    ``config`` block, else (an older dump without one) its world size; and whether the configuration was recorded."""
     metadata = flat_metadata(dump["metadata"])
-    return ", ".join(f"{key}={metadata.get(key, 'null')}" for key in keys) or "(all runs)"
+    labels = {key: metadata.get(key, "null") for key in match} if match else metadata
+    identity = {key: value for key, value in labels.items() if key not in IGNORED_KEYS}
+    config = dump.get("config")
+    if not isinstance(config, dict):
+        return {**identity, "world_size": json.dumps(dump["world_size"])}, False
+    config_values = {f"config.{key}": json.dumps(value, sort_keys=True) for key, value in config.items()}
+    return {**identity, **config_values}, True
+
+
+def group_points(sides: tuple[list[Sample], list[Sample]], match: list[str]) -> list[Point]:
+    """The runs of both sides grouped by point: equal identities, nothing else, make one point."""
+    points: dict[str, Point] = {}
+    for index, samples in enumerate(sides):
+        for sample in samples:
+            identity, recorded = identity_of(sample.dump, match)
+            key = json.dumps([identity, recorded], sort_keys=True)
+            points.setdefault(key, Point(identity, recorded, ([], []))).sides[index].append(sample)
+    return [points[key] for key in sorted(points)]
+
+
+def distinguishing_keys(points: list[Point]) -> list[str]:
+    """The identity keys whose value is not the same on every point: what tells the points apart."""
+    keys = sorted({key for point in points for key in point.identity})
+    return [key for key in keys if len({point.identity.get(key, "null") for point in points}) > 1]
+
+
+def label(point: Point, shown: list[str]) -> str:
+    """The point's metadata labels, and the configuration keys that tell it from the other points (unless a metadata
+    label of the same name and value says it already, as a sweep's axes do)."""
+    identity = point.identity
+
+    def said(key: str) -> bool:
+        if not key.startswith(("config.", "world_size")):
+            return True
+        return key in shown and identity.get(key.removeprefix("config.")) != identity[key]
+
+    return ", ".join(f"{key}={identity[key]}" for key in sorted(identity) if said(key)) or "(all runs)"
+
+
+def bad_value(value: Any) -> str | None:
+    """Why ``value`` cannot enter a ratio, or None when it is a positive finite number."""
+    if value is None:
+        return "missing or null (NaN and infinities are written as null)"
+    if not bench_report.is_number(value):
+        return f"not a number ({value!r})"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "infinite"
+    return None if value > 0 else "zero" if value == 0 else f"negative ({value:g})"
+
+
+def samples_of(point: Point, metric: Metric, metric_name: str, within_run: bool) -> tuple[list, list, list[str], str]:
+    """Each side's values of the metric (a value per run; per post-warmup step when ``within_run`` and a side has one
+    run), the problems found (file and key) and what the values are."""
+    over_steps = within_run and min(len(runs) for runs in point.sides) == 1 and metric.step_series is not None
+    values: tuple[list[float], list[float]] = ([], [])
+    problems = []
+    for side, runs in zip(values, point.sides, strict=True):
+        for sample in runs:
+            run_values = [metric.read(sample.dump["summary"])]
+            where = f"{sample.name}.json: summary.{metric_name}"
+            if over_steps:
+                run_values, where = step_values(sample.dump, metric), f"{sample.name}.json: {metric.step_series}"
+                run_values = run_values or [None]
+            if reason := next((bad for value in run_values if (bad := bad_value(value))), None):
+                problems.append(f"{where} is {reason}")
+            side.extend(run_values)
+    return values[0], values[1], problems, WITHIN_RUN if over_steps else "over runs"
 
 
 def compare(
-    baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], metric: Metric, keys: list[str], threshold: float
+    points: list[Point], metric: Metric, metric_name: str, threshold: float, within_run: bool
 ) -> list[dict[str, Any]]:
-    """One row per point: the means, the ratio, its interval and how it was formed, the verdict."""
-    sides: dict[str, tuple[list, list]] = {}
-    for index, dumps in enumerate((baseline, candidate)):
-        for dump in dumps:
-            sides.setdefault(point_of(dump, keys), ([], []))[index].append(dump)
-    rows = []
-    for point, (base_runs, cand_runs) in sorted(sides.items()):
-        row: dict[str, Any] = {"point": point, "baseline_runs": len(base_runs), "candidate_runs": len(cand_runs)}
-        base_values = [value for dump in base_runs if (value := metric.read(dump["summary"])) is not None]
-        cand_values = [value for dump in cand_runs if (value := metric.read(dump["summary"])) is not None]
-        row["baseline"] = statistics.fmean(base_values) if base_values else None
-        row["candidate"] = statistics.fmean(cand_values) if cand_values else None
-        if not base_values or not cand_values:
-            side = "baseline" if base_values else "candidate" if cand_values else "neither side"
-            rows.append(
-                {**row, "ratio": None, "ci_low": None, "ci_high": None, "interval": "", "verdict": side + " only"}
-            )
-            continue
-        if len(base_values) > 1 and len(cand_values) > 1:
-            ratio, low, high = ratio_interval(base_values, cand_values)
-            interval = "over runs"
+    """One row per point: the runs, the sides' medians, the ratio, its interval, the p-values and the verdict."""
+    shown = distinguishing_keys(points)
+    rows, tested = [], []
+    for point in points:
+        base, cand, problems, interval = samples_of(point, metric, metric_name, within_run)
+        row: dict[str, Any] = {
+            "point": label(point, shown),
+            "baseline_runs": len(point.sides[0]),
+            "candidate_runs": len(point.sides[1]),
+            "baseline": statistics.median(base) if base and not problems else None,
+            "candidate": statistics.median(cand) if cand and not problems else None,
+            **dict.fromkeys(("ratio", "ci_low", "ci_high", "p_value", "p_adjusted", "min_runs", "runs_needed")),
+            "interval": "",
+            "verdict": "",
+            "note": "" if point.recorded else NOT_RECORDED,
+        }
+        if not base or not cand:
+            row["verdict"] = "baseline only" if base else "candidate only"
+        elif problems:
+            row.update(verdict="invalid", note="; ".join(note for note in (*problems, row["note"]) if note))
         else:
-            base_steps = [value for dump in base_runs for value in step_values(dump, metric)]
-            cand_steps = [value for dump in cand_runs for value in step_values(dump, metric)]
-            ratio = row["candidate"] / row["baseline"]
-            low = high = None
-            if len(base_steps) > 1 and len(cand_steps) > 1:
-                step_ratio, low, high = ratio_interval(base_steps, cand_steps)
-                low, high = low * ratio / step_ratio, high * ratio / step_ratio  # around the summaries' ratio
-            interval = "within run (steps)" if low is not None else "none (one value a side)"
-        judged_low, judged_high = (low, high) if low is not None else (ratio, ratio)
-        rows.append(
-            {
-                **row,
-                "ratio": ratio,
-                "ci_low": low,
-                "ci_high": high,
-                "interval": interval,
-                "verdict": verdict(metric, judged_low, judged_high, threshold),
-            }
+            row["interval"] = interval
+            tested.append((row, (base, cand)))
+        rows.append(row)
+    results = stats.compare_points([values for _, values in tested], threshold, metric.higher_is_better)
+    better = {stats.FASTER: metric.verdicts[1], stats.SLOWER: metric.verdicts[0]}
+    for (row, _), result in zip(tested, results, strict=True):
+        row.update(
+            ratio=result.ratio,
+            ci_low=result.ci_low,
+            ci_high=result.ci_high,
+            p_value=result.p_value,
+            p_adjusted=result.p_adjusted,
+            min_runs=result.min_runs,
+            runs_needed=result.runs_needed,
+            verdict=better.get(result.verdict, result.verdict),
+            note="; ".join(note for note in (result.note, row["note"]) if note),
         )
+        if result.ci_low is None:
+            row["interval"] = "none"
+        if result.p_value is None and not within_run:
+            row["note"] += "; repeat the runs, or --within_run for an interval over steps (ignores run-to-run noise)"
     return rows
+
+
+def exit_code(rows: list[dict[str, Any]], failed: list[str], strict: bool) -> tuple[int, str]:
+    """1 when a point is slower (worse), else 2 when the data cannot be compared everywhere (a value that is not a
+    positive number, a point on one side only, a run that did not finish, a configuration not recorded), else 3
+    with ``strict`` when a point is inconclusive or identical, else 0; and why, in one line."""
+    verdicts = [row["verdict"] for row in rows]
+    if slower := sum(verdict in SLOWER_VERDICTS for verdict in verdicts):
+        return EXIT_SLOWER, f"{slower} of {len(rows)} points slower (worse)"
+    no_data = sum(verdict in NO_DATA_VERDICTS for verdict in verdicts)
+    not_recorded = sum(NOT_RECORDED in row["note"] for row in rows)
+    if no_data or failed or not_recorded:
+        reasons = [
+            f"{no_data} of {len(rows)} points not compared" if no_data else "",
+            f"{len(failed)} runs did not finish" if failed else "",
+            f"{not_recorded} points without a recorded configuration" if not_recorded else "",
+        ]
+        return EXIT_NO_DATA, "; ".join(reason for reason in reasons if reason)
+    undecided = sum(verdict in UNDECIDED_VERDICTS for verdict in verdicts)
+    if undecided and strict:
+        return EXIT_UNDECIDED, f"{undecided} of {len(rows)} points inconclusive or identical (--strict)"
+    if undecided:
+        return 0, f"{undecided} of {len(rows)} points inconclusive or identical: nothing shown slower, nor the same"
+    return 0, f"all {len(rows)} points decided, none slower"
 
 
 def _number(value: float | None, digits: str = ".4g") -> str:
@@ -222,21 +287,30 @@ def _number(value: float | None, digits: str = ".4g") -> str:
 
 
 def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
-    header = ["point", "runs (baseline/candidate)", f"baseline {metric_name}", "candidate", "ratio", "95 % interval"]
-    lines = ["| " + " | ".join([*header, "over", "verdict"]) + " |", "|---" * (len(header) + 2) + "|"]
+    header = ["point", "runs (baseline/candidate)", f"baseline {metric_name} (median)", "candidate", "ratio (HL)"]
+    header += ["95 % interval", "over", "p (Holm)", "verdict", "note"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for row in rows:
         interval = f"{row['ci_low']:.3f}–{row['ci_high']:.3f}" if row["ci_low"] is not None else ""
+        note = row["note"]
+        if row["runs_needed"] is not None:
+            needed = row["runs_needed"]
+            samples = "steps" if row["interval"] == WITHIN_RUN else "runs"
+            count = needed if needed <= stats.MAX_RUNS_NEEDED else f"> {stats.MAX_RUNS_NEEDED}"
+            note += f"; about {count} {samples} a side would likely decide"
         cells = [
-            row["point"].replace("|", "\\|"),
+            row["point"],
             f"{row['baseline_runs']}/{row['candidate_runs']}",
             _number(row["baseline"]),
             _number(row["candidate"]),
             _number(row["ratio"], ".3f"),
             interval,
             row["interval"],
+            _number(row["p_adjusted"], ".3g"),
             row["verdict"],
+            note.removeprefix("; "),
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,7 +327,8 @@ def plot(rows: list[dict[str, Any]], metric_name: str, threshold: float, path: P
     for index, row in enumerate(shown):
         low, high = (row["ci_low"], row["ci_high"]) if row["ci_low"] is not None else (row["ratio"], row["ratio"])
         axes.errorbar([row["ratio"]], [index], xerr=[[row["ratio"] - low], [high - row["ratio"]]], fmt="o", capsize=4)
-    axes.axvspan(1 - threshold, 1 + threshold, color="grey", alpha=0.2, label=f"same (±{threshold:g})")
+    band = f"same (1/{1 + threshold:g} to {1 + threshold:g})"
+    axes.axvspan(1 / (1 + threshold), 1 + threshold, color="grey", alpha=0.2, label=band)
     axes.axvline(1.0, color="grey", linewidth=1)
     axes.set_yticks(range(len(shown)), [row["point"] for row in shown])
     axes.set(xlabel=f"candidate / baseline {metric_name} (95 % interval)", title="bench_compare")
@@ -269,30 +344,42 @@ def main(
     metric: str = "tokens_per_second",
     threshold: float = 0.02,
     match: str | tuple[str, ...] = (),
+    within_run: bool = False,
+    strict: bool = False,
     output_dir: str = "bench_compare",
 ) -> int:
     """Compare CANDIDATE with BASELINE point by point; write comparison.md, comparison.csv and comparison.png.
+
+    Exit 1: a point is slower (worse); 2: the data cannot be compared everywhere (a value that is not a positive
+    number, a point on one side only, a run that did not finish, a configuration not recorded); 3: with --strict, a
+    point is inconclusive or identical; 0: none of these. Bad input: a one-line error and exit 1, before any work.
 
     Args:
         baseline: A sweep directory or a directory of dumps: the reference.
         candidate: The same for the change under test.
         metric: tokens_per_second, step_time_p50, mfu, peak_memory or joules_per_token.
-        threshold: Relative change the whole 95 % interval must pass for a verdict other than same.
-        match: Metadata keys that identify a point, comma-separated (dotted for nested keys); default: every key
-            but the repeat index and keys whose value differs on every run (timestamps, hosts) unless a sweep axis.
+        threshold: The noise band: relative changes within it do not count (same needs the whole interval inside,
+            faster or slower a significant change estimated beyond it).
+        match: Metadata keys that identify a point with the dump's config, comma-separated (dotted for nested keys);
+            default: every metadata key but the repeat index.
+        within_run: With one run on a side, compare the runs' post-warmup steps instead (the interval then ignores
+            run-to-run noise, and the row says so); default: such a point is inconclusive.
+        strict: Exit 3 when a point is inconclusive or identical (a gate that must show the change is harmless).
         output_dir: Where comparison.md, comparison.csv and comparison.png are written.
     """
     if metric not in METRICS:
         raise SystemExit(f"{PROG}: --metric {metric!r}: choose one of {', '.join(METRICS)}")
     if not bench_report.is_number(threshold) or not 0 <= threshold < 1:
         raise SystemExit(f"{PROG}: --threshold must be a number from 0 to below 1, got {threshold!r}")
-    (base_dumps, base_axes), (cand_dumps, cand_axes) = read_side(str(baseline)), read_side(str(candidate))
-    keys = matching_keys(base_dumps + cand_dumps, base_axes | cand_axes, names(match))
-    rows = compare(base_dumps, cand_dumps, METRICS[metric], keys, float(threshold))
-    if not any(row["ratio"] is not None for row in rows):
+    (base_runs, base_failed), (cand_runs, cand_failed) = read_side(str(baseline)), read_side(str(candidate))
+    points = group_points((base_runs, cand_runs), names(match))
+    if not any(all(point.sides) for point in points):
+        differ = ", ".join(distinguishing_keys(points)) or "nothing"
         raise SystemExit(
-            f"{PROG}: no point is on both sides with a {metric} (matched on: {', '.join(keys) or 'nothing'})"
+            f"{PROG}: no point is on both sides: the {len(points)} points differ in {differ} "
+            "(--match names the metadata keys that identify a point; the config block always counts)"
         )
+    rows = compare(points, METRICS[metric], metric, float(threshold), bool(within_run))
     out = Path(str(output_dir))
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, metric)
@@ -303,9 +390,16 @@ def main(
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, metric, float(threshold), out / "comparison.png")
-    if any(row["interval"] == "within run (steps)" for row in rows):
-        print("within run (steps): one run a side; the interval covers step-to-step noise, not run-to-run noise")
-    return 1 if any(row["verdict"] in SLOWER_VERDICTS for row in rows) else 0
+    failed = [
+        f"{side} run {line}"
+        for side, lines in (("baseline", base_failed), ("candidate", cand_failed))
+        for line in lines
+    ]
+    for line in failed:
+        print(f"not compared: {line}")
+    code, why = exit_code(rows, failed, bool(strict))
+    print(f"exit {code}: {why}")
+    return code
 
 
 def names(value: str | tuple[str, ...]) -> list[str]:

@@ -71,6 +71,7 @@ class Point:
     flags: dict[str, Any]  # base + axes without nproc_per_node, and metadata (the file's + axes) as JSON
     nproc: int
     config: str  # hash of everything the point runs with: a state line of another config does not count
+    repeat: int = 0  # which of the sweep's repeats of these axis values
 
     @property
     def label(self) -> str:
@@ -161,8 +162,8 @@ def spec_problems(spec: Any) -> Iterator[str]:
 
 
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
-    """The points that differ from ``point`` by a smaller batch size only: they run first, and an OOM in one skips
-    it. Every point has the same axes, so a numeric batch size axis gives every point one."""
+    """The points of the same repeat that differ from ``point`` by a smaller batch size only: they run first, and an
+    OOM in one skips it. Every point has the same axes, so a numeric batch size axis gives every point one."""
     if not bench_report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
         return []
     return [
@@ -171,12 +172,15 @@ def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
         if bench_report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
         and smaller < size
         and other.axes == {**point.axes, BATCH_SIZE_AXIS: smaller}
+        and other.repeat == point.repeat  # an interleaved sweep's first round runs before its second
     ]
 
 
-def grid(spec: dict[str, Any]) -> list[Point]:
+def grid(spec: dict[str, Any], interleave: bool = False) -> list[Point]:
     """Every combination of the axes, in the order the file lists them (the last axis varies fastest); with
-    ``repeats`` N > 1, each N times in a row, its metadata's ``repeat`` (0 to N-1) in its id too."""
+    ``repeats`` N > 1, each N times, its metadata's ``repeat`` (0 to N-1) in its id too: in a row, or with
+    ``interleave`` in rounds (every combination once, then every one again), so that a drift of the machine's speed
+    falls on all of them alike."""
     points = []
     repeats = spec[REPEATS_KEY]
     for values in itertools.product(*spec["axes"].values()):
@@ -188,8 +192,8 @@ def grid(spec: dict[str, Any]) -> list[Point]:
             metadata = {**spec["metadata"], **axes, **tells_apart}
             config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
             flags_of_point = {**flags, "metadata": json.dumps(metadata)}
-            points.append(Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config))
-    return points
+            points.append(Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config, repeat))
+    return sorted(points, key=lambda point: point.repeat) if interleave else points  # sorted() keeps ties' order
 
 
 def flag_tokens(flags: dict[str, Any]) -> list[str]:
@@ -630,6 +634,7 @@ def main(
     point_timeout: float | None = None,
     dry_run: bool = False,
     report_only: bool = False,
+    interleave: bool = False,
     ray_address: str | None = None,
     ray_num_cpus: int | None = None,
     ray_runtime_env: str | dict | None = None,
@@ -648,6 +653,8 @@ def main(
         point_timeout: Seconds after which a point is stopped (SIGTERM, then SIGKILL 30 s later): status timeout.
         dry_run: Print the points, their files and their state, and run nothing.
         report_only: Write OUTPUT_DIR/report from what the sweep directory holds now, and run nothing.
+        interleave: Run the repeats in rounds (every point once, then each again) rather than each point's in a row,
+            so that the machine's drift falls on every point alike.
         ray_address: An existing Ray cluster (ray://host:10001 or host:6379); default: start a local instance.
         ray_num_cpus: CPUs of the local Ray instance (default: all of this machine's).
         ray_runtime_env: JSON Ray runtime_env, e.g. '{"working_dir": "."}' to ship this checkout to the nodes.
@@ -659,7 +666,7 @@ def main(
             raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
     if point_timeout is not None and (not bench_report.is_number(point_timeout) or point_timeout <= 0):
         raise SystemExit(f"--point_timeout must be a positive number of seconds, got {point_timeout!r}")
-    points = grid(load_spec(str(spec)))
+    points = grid(load_spec(str(spec)), bool(interleave))
     sweep_dir = Path(str(output_dir)).absolute()
     sweep = Sweep(points, sweep_dir, retries, point_timeout)
     if dry_run:

@@ -1,11 +1,12 @@
-"""wrappers/bench_compare.py: the statistics on synthetic dumps with known answers (in process), the command line's
-bad input, and two real sweeps of the tiny model: a candidate slowed by 30 % per step is slower at every point (exit
-1); two identical sweeps with ``repeats: 3`` are the same at --threshold 0.15."""
+"""wrappers/bench_compare.py: synthetic dumps with known answers (in process) for each way the data can fail to
+support a verdict (values that are not positive numbers, one run a side, identical values, different configurations,
+dumps without a config block, failed runs), the command line's bad input, and two real sweeps of the tiny model: a
+candidate slowed by 30 % per step is slower at every point within run (exit 1); two identical sweeps with 3 repeats
+a side are inconclusive, never slower (exit 0), and say how many runs would decide."""
 
 import json
 import math
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,14 @@ from tests.helpers.training import (
     run_python,
     subprocess_env,
 )
+from tuning.benchmarking import statistics
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 BENCH_COMPARE = REPO_ROOT / "wrappers" / "bench_compare.py"
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
-T_975_DF4 = 2.7764451051977987  # Student's t, 97.5 % quantile, 4 degrees of freedom (any table)
+CONFIG = {"model_name_or_path": "tiny", "per_device_train_batch_size": 2, "max_seq_length": 128, "world_size": 1}
+# Seconds per step of six runs: about 1 % apart from run to run.
+SECONDS = [0.500, 0.504, 0.497, 0.502, 0.495, 0.506]
 
 
 @pytest.fixture(scope="module")
@@ -45,81 +49,168 @@ def read_rows(path: Path) -> dict[str, dict[str, str]]:
     return csv_by(path, "point")
 
 
-@pytest.mark.parametrize(("df", "quantile"), [(1, 12.706204736), (2, 4.30265273), (4, T_975_DF4), (30, 2.04227246)])
-def test_t_quantile_matches_the_tables(bench_compare, df, quantile):
-    assert bench_compare.t_quantile(0.975, df) == pytest.approx(quantile, rel=1e-4)
-
-
-def runs(directory: Path, seconds_per_run: list[float], metadata: dict, **extra) -> None:
-    """One dump per entry: a run of 4 steps of that many seconds (100 tokens each, the first step warmup)."""
+def runs(directory: Path, seconds_per_run: list[float], metadata: dict, config: dict | None = CONFIG, **summary):
+    """One dump per entry: a run of 4 steps of that many seconds (100 tokens each, the first step warmup), the
+    ``config`` block of its arguments (none: an older dump), ``summary`` values overriding the measured ones."""
+    paths = []
     for index, seconds in enumerate(seconds_per_run):
-        write_dump(directory / f"{metadata}-{index}.json", [seconds] * 4, {**metadata, "repeat": index}, **extra)
+        path = directory / f"{json.dumps(metadata, sort_keys=True)}-{json.dumps(config, sort_keys=True)}-{index}.json"
+        dump = write_dump(path, [seconds] * 4, {**metadata, "repeat": index})
+        if config is not None:
+            dump["config"] = config
+        dump["summary"].update(summary)
+        path.write_text(json.dumps(dump))
+        paths.append(path)
+    return paths
 
 
-def test_over_runs_the_interval_is_welch_s_on_the_log_ratio(bench_compare, tmp_path):
-    """Three runs a side, the candidate's throughputs 0.7 times the baseline's: equal relative spreads give exactly 4
-    degrees of freedom, so the interval is 0.7 × exp(±t(0.975, 4) × se) with se from the runs' spread."""
-    baseline_tps = [200.0, 210.0, 190.0]
-    runs(tmp_path / "base", [100 / tps for tps in baseline_tps], {"batch": 1})
-    runs(tmp_path / "cand", [100 / (0.7 * tps) for tps in baseline_tps], {"batch": 1})
-    code = bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), output_dir=str(tmp_path / "out"))
-    relative_variance = statistics.variance(baseline_tps) / statistics.fmean(baseline_tps) ** 2
-    spread = T_975_DF4 * math.sqrt(2 * relative_variance / 3)
-    (row,) = read_rows(tmp_path / "out" / "comparison.csv").values()
-    assert row["point"] == "batch=1" and row["interval"] == "over runs"
-    assert float(row["ratio"]) == pytest.approx(0.7)
-    assert float(row["ci_low"]) == pytest.approx(0.7 * math.exp(-spread), rel=1e-4)
-    assert float(row["ci_high"]) == pytest.approx(0.7 * math.exp(spread), rel=1e-4)
-    assert row["verdict"] == "slower" and code == 1
+def run_compare(bench_compare, tmp_path, capsys, **flags) -> tuple[int, dict[str, dict[str, str]], str]:
+    out = tmp_path / "out"
+    code = bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), output_dir=str(out), **flags)
+    return code, read_rows(out / "comparison.csv"), capsys.readouterr().out
+
+
+def test_six_runs_a_side_decide_with_the_statistics_module_s_numbers(bench_compare, tmp_path, capsys):
+    """10 % faster at batch 1, 0.5 % slower at batch 2 (inside ±2 %), on the same six-run noise: faster and same,
+    exit 0; the row's numbers are the statistics module's over the runs' throughputs."""
+    runs(tmp_path / "base", SECONDS, {"batch": 1})
+    runs(tmp_path / "cand", [s / 1.1 for s in SECONDS], {"batch": 1})
+    runs(tmp_path / "base", SECONDS, {"batch": 2})
+    runs(tmp_path / "cand", [s * 1.005 for s in reversed(SECONDS)], {"batch": 2})
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    assert {point: row["verdict"] for point, row in rows.items()} == {"batch=1": "faster", "batch=2": "same"}
+    assert code == 0 and "exit 0: all 2 points decided, none slower" in out
+    base, cand = [100 / s for s in SECONDS], [100 / (s * 1.005) for s in reversed(SECONDS)]
+    (expected,) = statistics.compare_points([(base, cand)], 0.02, True)[:1]
+    row = rows["batch=2"]
+    assert float(row["ratio"]) == pytest.approx(expected.ratio) and float(row["ratio"]) == pytest.approx(1 / 1.005)
+    assert float(row["ci_low"]) == pytest.approx(expected.ci_low) and row["interval"] == "over runs"
+    assert row["baseline_runs"] == row["candidate_runs"] == "6" and row["min_runs"] == "5"
     assert (tmp_path / "out" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_verdicts_follow_the_interval_against_the_threshold(bench_compare, tmp_path):
-    """Batch 1: 10 % faster, tight: faster. Batch 2: 1 % slower, inside ±2 %: same. Batch 4: baseline only. With
-    step time, lower is better: the same data gives the same verdicts."""
-    runs(tmp_path / "base", [0.50, 0.51, 0.49], {"batch": 1})
-    runs(tmp_path / "cand", [0.50 / 1.1, 0.51 / 1.1, 0.49 / 1.1], {"batch": 1})
-    runs(tmp_path / "base", [0.50, 0.50, 0.50], {"batch": 2})
-    runs(tmp_path / "cand", [0.505, 0.505, 0.505], {"batch": 2})
-    runs(tmp_path / "base", [0.5, 0.5], {"batch": 4})
+def test_a_slower_candidate_exits_1_and_step_time_reads_the_other_way(bench_compare, tmp_path, capsys):
+    runs(tmp_path / "base", SECONDS, {"batch": 1})
+    runs(tmp_path / "cand", [s * 1.1 for s in SECONDS], {"batch": 1})
     for metric in ("tokens_per_second", "step_time_p50"):
-        out = tmp_path / metric
-        code = bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), metric=metric, output_dir=str(out))
-        rows = read_rows(out / "comparison.csv")
-        assert {point: row["verdict"] for point, row in rows.items()} == {
-            "batch=1": "faster",
-            "batch=2": "same",
-            "batch=4": "baseline only",
-        }
-        assert code == 0
+        code, rows, out = run_compare(bench_compare, tmp_path, capsys, metric=metric)
+        assert rows["batch=1"]["verdict"] == "slower" and code == 1, out
+    code, rows, _ = run_compare(bench_compare, tmp_path, capsys, metric="step_time_p50")
+    assert float(rows["batch=1"]["ratio"]) == pytest.approx(1.1)
 
 
-def test_one_run_a_side_gives_a_within_run_interval_over_the_steps(bench_compare, tmp_path, capsys):
-    """Steps of 0.5 and 0.6 s alternating after the warmup (tokens/s 200 and 166.7), the candidate's the same: the
-    ratio is 1 and the interval is the steps' (Welch over the per-step throughputs)."""
-    write_dump(tmp_path / "base" / "a.json", [1.0, 0.5, 0.6, 0.5, 0.6, 0.5, 0.6], {"batch": 1})
-    write_dump(tmp_path / "cand" / "a.json", [1.0, 0.6, 0.5, 0.6, 0.5, 0.6, 0.5], {"batch": 1})
-    code = bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), output_dir=str(tmp_path / "out"))
-    (row,) = read_rows(tmp_path / "out" / "comparison.csv").values()
-    steps = [200.0, 100 / 0.6] * 3
-    relative_variance = statistics.variance(steps) / statistics.fmean(steps) ** 2
-    spread = bench_compare.t_quantile(0.975, 10) * math.sqrt(2 * relative_variance / 6)
-    assert row["interval"] == "within run (steps)" and float(row["ratio"]) == pytest.approx(1.0)
-    assert float(row["ci_high"]) == pytest.approx(math.exp(spread), rel=1e-4)
-    assert row["verdict"] == "same" and code == 0
-    assert "not run-to-run noise" in capsys.readouterr().out
+@pytest.mark.parametrize(("side", "value", "reason"), [("cand", math.nan, "NaN"), ("base", None, "missing or null")])
+def test_a_value_that_is_not_a_number_names_file_and_key_and_never_passes(
+    bench_compare, tmp_path, capsys, side, value, reason
+):
+    """A NaN (or null) throughput in one run of either side: the point is invalid, not same; exit 2."""
+    runs(tmp_path / "base", SECONDS, {"batch": 1})
+    runs(tmp_path / "cand", SECONDS, {"batch": 1})
+    (bad,) = runs(tmp_path / side, [0.5], {"batch": 1, "odd": 1}, tokens_per_second=value)
+    bad.rename(bad.with_name("bad.json"))
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, match="batch")
+    assert rows["batch=1"]["verdict"] == "invalid" and code == 2
+    assert f"bad.json: summary.tokens_per_second is {reason}" in rows["batch=1"]["note"]
+    assert "exit 2: 1 of 1 points not compared" in out
 
 
-def test_points_match_on_metadata_but_not_keys_unique_to_each_run(bench_compare, tmp_path):
-    """``started`` differs on every run (like a timestamp): ignored; ``--match`` picks keys itself."""
+def test_a_zero_baseline_is_named_not_a_traceback(bench_compare, tmp_path, capsys):
+    runs(tmp_path / "base", SECONDS[:3], {"batch": 1}, tokens_per_second=0.0)
+    runs(tmp_path / "cand", SECONDS[:3], {"batch": 1})
+    code, rows, _ = run_compare(bench_compare, tmp_path, capsys)
+    assert rows["batch=1"]["verdict"] == "invalid" and "summary.tokens_per_second is zero" in rows["batch=1"]["note"]
+    assert code == 2
+
+
+def test_one_run_a_side_is_inconclusive_unless_within_run_is_asked_for(bench_compare, tmp_path, capsys):
+    """Ten steps of 0.500 to 0.527 s after the warmup, the candidate's 10 % longer: without --within_run no verdict
+    (exit 0, or 3 with --strict); with it the steps decide, and the row says what its interval ignores."""
+    steps = [0.5 + 0.003 * k for k in (3, 7, 0, 9, 4, 1, 8, 5, 2, 6)]
+    write_dump(tmp_path / "base" / "a.json", [1.0, *steps], {"batch": 1})
+    write_dump(tmp_path / "cand" / "a.json", [1.0, *(step * 1.1 for step in reversed(steps))], {"batch": 1})
+    for side in ("base", "cand"):
+        dump = json.loads((tmp_path / side / "a.json").read_text())
+        (tmp_path / side / "a.json").write_text(json.dumps({**dump, "config": CONFIG}))
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    row = rows["batch=1"]
+    assert row["verdict"] == "inconclusive" and row["ci_low"] == "" and code == 0
+    assert "one sample on a side (n=1/1)" in row["note"] and "--within_run" in row["note"]
+    assert run_compare(bench_compare, tmp_path, capsys, strict=True)[0] == 3
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, within_run=True)
+    row = rows["batch=1"]
+    assert row["interval"] == "within run (steps): ignores run-to-run noise" and row["candidate_runs"] == "1"
+    assert row["verdict"] == "slower" and code == 1 and float(row["ratio"]) == pytest.approx(1 / 1.1)
+
+
+def test_identical_values_say_identical_with_n_and_no_interval(bench_compare, tmp_path, capsys):
+    runs(tmp_path / "base", [0.5] * 4, {"batch": 1})
+    runs(tmp_path / "cand", [0.5] * 4, {"batch": 1})
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    row = rows["batch=1"]
+    assert row["verdict"] == "identical" and "identical values (n=4/4)" in row["note"]
+    assert row["ci_low"] == row["ci_high"] == "" and row["interval"] == "none" and code == 0
+    assert "| 4/4 | 200 | 200 | 1.000 |  | none |" in out
+    assert run_compare(bench_compare, tmp_path, capsys, strict=True)[0] == 3
+
+
+def test_different_configurations_outside_a_sweep_never_match(bench_compare, tmp_path):
+    """Batch size 2 against 4, the same (empty) metadata: no ratio between them; the error names the key."""
+    runs(tmp_path / "base", [0.5], {})
+    runs(tmp_path / "cand", [0.5], {}, config={**CONFIG, "per_device_train_batch_size": 4})
+    result = compare_command(str(tmp_path / "base"), str(tmp_path / "cand"), "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no point is on both sides: the 2 points differ in config.per_device_train_batch_size" in result.stderr
+
+
+def test_points_match_on_metadata_and_config_and_list_one_sided_points(bench_compare, tmp_path, capsys):
+    """A key that differs on every run (``started``) splits points unless --match leaves it out; --match never
+    merges runs of different configurations; a point on one side only is listed as such, and exits 2."""
     for side, started in (("base", "09:00"), ("cand", "10:00")):
-        write_dump(tmp_path / side / "a.json", [0.5] * 4, {"batch": 1, "model": "m", "started": started})
-        write_dump(tmp_path / side / "b.json", [0.5] * 4, {"batch": 2, "model": "m", "started": started + "x"})
-    bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), output_dir=str(tmp_path / "out"))
-    assert set(read_rows(tmp_path / "out" / "comparison.csv")) == {'batch=1, model="m"', 'batch=2, model="m"'}
-    bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), match="model", output_dir=str(tmp_path / "m"))
-    (row,) = read_rows(tmp_path / "m" / "comparison.csv").values()
-    assert row["point"] == 'model="m"' and row["baseline_runs"] == "2"
+        runs(tmp_path / side, SECONDS[:4], {"model": "m", "started": started})
+        runs(tmp_path / side, SECONDS[:4], {"model": "m", "started": started}, config={**CONFIG, "packing": True})
+    runs(tmp_path / "base", SECONDS[:4], {"model": "n", "started": "11:00"})
+    with pytest.raises(SystemExit, match="the 5 points differ in config.packing, model, started"):
+        run_compare(bench_compare, tmp_path, capsys)
+    code, rows, _ = run_compare(bench_compare, tmp_path, capsys, match="model")
+    assert set(rows) == {'config.packing=true, model="m"', 'model="m"', 'model="n"'}
+    assert rows['model="n"']["verdict"] == "baseline only" and code == 2
+    assert rows['config.packing=true, model="m"']["baseline_runs"] == "4"
+    assert rows['config.packing=true, model="m"']["verdict"] == "inconclusive"  # 4 runs a side: 5 can decide
+
+
+def test_dumps_without_a_config_block_match_on_metadata_but_never_pass(bench_compare, tmp_path, capsys):
+    """Older dumps: the configuration is not recorded, the point says so and the exit code is 2 even when the
+    statistics say same."""
+    runs(tmp_path / "base", SECONDS, {"batch": 1}, config=None)
+    runs(tmp_path / "cand", list(reversed(SECONDS)), {"batch": 1}, config=None)
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    (row,) = rows.values()
+    assert row["verdict"] == "same" and code == 2
+    assert "configuration not recorded (old schema)" in row["note"]
+    assert "exit 2: 1 points without a recorded configuration" in out
+
+
+def test_a_sweep_with_half_its_points_failed_exits_2_naming_them(bench_compare, tmp_path, capsys):
+    """Two of four points of the candidate sweep ended in errors: their rows are baseline only, the failed runs are
+    listed, exit 2, even though the points compared are the same."""
+    for batch in (1, 2, 3, 4):
+        runs(tmp_path / "base", SECONDS, {"batch": batch})
+        paths = runs(tmp_path / "cand", list(reversed(SECONDS)), {"batch": batch})
+        if batch > 2:
+            for path in paths:
+                dump = json.loads(path.read_text())
+                error = {"category": "gpu_oom", "message": "CUDA out of memory", "global_step": 1}
+                path.write_text(json.dumps({**dump, "status": "error", "error": error}))
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    assert {point: row["verdict"] for point, row in rows.items()} == {
+        "batch=1": "same",
+        "batch=2": "same",
+        "batch=3": "baseline only",
+        "batch=4": "baseline only",
+    }
+    assert code == 2 and out.count("not compared: candidate run ") == 12
+    assert "error (gpu_oom: CUDA out of memory)" in out
+    assert "exit 2: 2 of 4 points not compared; 12 runs did not finish" in out
 
 
 @pytest.mark.parametrize(
@@ -170,47 +261,63 @@ def write_sweep_spec(path: Path, model: str, repeats: int = 1, **extra) -> Path:
     return path
 
 
-def run_sweeps(*specs_and_outputs: tuple[Path, Path]) -> None:
-    """Run the sweeps at the same time: on a shared machine both sides then run under the same load, which a
-    comparison of one run a side (within-run intervals) cannot otherwise tell from the change under test."""
+def run_sweeps(*runs: tuple[Path, Path, float], flags: tuple[str, ...] = ()) -> None:
+    """Run the sweeps (spec, output, the fraction by which its steps are slowed) at the same time: on a shared machine
+    both sides then run under the same load, which a comparison of one run a side (within-run intervals) cannot
+    otherwise tell from the change under test."""
     processes = [
         subprocess.Popen(
-            [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out)],
-            env=subprocess_env(SLOW_STEP_FRACTION="0.3"),
+            [sys.executable, str(BENCH_SWEEP), str(spec), "--output_dir", str(out), *flags],
+            env=subprocess_env(SLOW_STEP_FRACTION=str(fraction)),
             cwd=REPO_ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for spec, out in specs_and_outputs
+        for spec, out, fraction in runs
     ]
     for process in processes:
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == 0, stderr[-3000:]
 
 
+def assert_configs_recorded(directory: Path) -> None:
+    """The comparisons below match points on the dumps' config block, which bench_train writes."""
+    for path in (directory / "points").glob("*.json"):
+        assert "config" in json.loads(path.read_text()), f"{path} has no config block"
+
+
 @pytest.mark.slow
 def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny_model, tmp_path):
-    steps = {"max_steps": 40}  # a within-run interval narrows with the steps it has
-    baseline = write_sweep_spec(tmp_path / "base.yaml", tiny_model, **steps)
-    slowed = write_sweep_spec(
-        tmp_path / "cand.yaml", tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction", **steps
+    """Both sides run the same flags (the slowing callback too), one run a point: inconclusive without
+    --within_run (exit 0), slower at every point with it (exit 1), the rows saying the interval is within run."""
+    spec = write_sweep_spec(
+        tmp_path / "sweep.yaml", tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction", max_steps=40
     )
-    run_sweeps((baseline, tmp_path / "base"), (slowed, tmp_path / "cand"))
-    result = compare_command(str(tmp_path / "base"), str(tmp_path / "cand"), "--output_dir", str(tmp_path / "out"))
+    run_sweeps((spec, tmp_path / "base", 0.0), (spec, tmp_path / "cand", 0.3))
+    assert_configs_recorded(tmp_path / "base")
+    sides = (str(tmp_path / "base"), str(tmp_path / "cand"))
+    result = compare_command(*sides, "--output_dir", str(tmp_path / "runs"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {row["verdict"] for row in read_rows(tmp_path / "runs" / "comparison.csv").values()} == {"inconclusive"}
+    result = compare_command(*sides, "--within_run", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1, result.stdout + result.stderr
     rows = read_rows(tmp_path / "out" / "comparison.csv")
     assert len(rows) == 2 and {row["verdict"] for row in rows.values()} == {"slower"}, result.stdout
-    assert all(row["interval"] == "within run (steps)" for row in rows.values())
+    assert {row["interval"] for row in rows.values()} == {"within run (steps): ignores run-to-run noise"}
     assert "per_device_train_batch_size=2 | 1/1 |" in (tmp_path / "out" / "comparison.md").read_text()
 
 
 @pytest.mark.slow
-def test_two_identical_sweeps_with_three_repeats_are_the_same(tiny_model, tmp_path):
-    """One sweep of six repeats a point, split into its even and odd repeats: two sides of identical configuration
-    whose runs alternate in time, so a change of load on the machine falls on both alike (two sweeps run side by
-    side drift apart, and then each side's points run beside different neighbours)."""
-    run_sweeps((write_sweep_spec(tmp_path / "sweep.yaml", tiny_model, repeats=6), tmp_path / "sweep"))
+def test_two_identical_sweeps_with_three_repeats_are_inconclusive_never_slower(tiny_model, tmp_path):
+    """One interleaved sweep of six repeats a point, split into its even and odd repeats: two sides of identical
+    configuration whose runs alternate in time, so a change of load on the machine falls on both alike. Three runs a
+    side cannot decide two points (the exact test needs 5): inconclusive, exit 0, and --strict fails it."""
+    run_sweeps(
+        (write_sweep_spec(tmp_path / "sweep.yaml", tiny_model, repeats=6), tmp_path / "sweep", 0.0),
+        flags=("--interleave",),
+    )
+    assert_configs_recorded(tmp_path / "sweep")
     for side, parity in (("base", 0), ("cand", 1)):
         (tmp_path / side).mkdir()
         for repeat in range(parity, 6, 2):  # each batch size's dump of that repeat
@@ -218,12 +325,13 @@ def test_two_identical_sweeps_with_three_repeats_are_the_same(tiny_model, tmp_pa
             assert len(dumps) == 2, dumps
             for dump in dumps:
                 shutil.copy(dump, tmp_path / side / dump.name)
-    result = compare_command(
-        str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15", "--output_dir", str(tmp_path / "out")
-    )
+    sides = (str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15")
+    result = compare_command(*sides, "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = read_rows(tmp_path / "out" / "comparison.csv")
-    assert len(rows) == 2 and {row["verdict"] for row in rows.values()} == {"same"}, result.stdout
-    assert {(row["baseline_runs"], row["candidate_runs"], row["interval"]) for row in rows.values()} == {
-        ("3", "3", "over runs")
-    }
+    assert len(rows) == 2 and {row["verdict"] for row in rows.values()} == {"inconclusive"}, result.stdout
+    assert {
+        (row["baseline_runs"], row["candidate_runs"], row["interval"], row["min_runs"]) for row in rows.values()
+    } == {("3", "3", "over runs", "5")}
+    assert all("the test needs 5 a side to decide" in row["note"] for row in rows.values())
+    assert compare_command(*sides, "--strict", "--output_dir", str(tmp_path / "strict")).returncode == 3

@@ -437,3 +437,14 @@ def test_dry_run_lists_the_points_and_their_files(tmp_path):
     assert lines[0].startswith("learning_rate=0.1 max_seq_length=8  nproc_per_node=1  ")
     assert str(tmp_path / "sweep" / "points" / "learning_rate-0-1_max_seq_length-8-") in lines[0]
     assert not (tmp_path / "sweep").exists()
+
+
+def test_interleave_runs_the_repeats_in_rounds(tmp_path):
+    """Every point once, then each again: a drift of the machine's speed falls on both learning rates alike."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"axes": {"learning_rate": [0.1, 0.2]}, "repeats": 3}))
+    result = sweep(path, tmp_path / "sweep", "--dry_run", "--interleave", timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()[:-1]
+    order = [(line.split("  ")[0], line.split("_repeat-")[1][0]) for line in lines]
+    assert order == [(f"learning_rate={rate}", repeat) for repeat in "012" for rate in ("0.1", "0.2")]

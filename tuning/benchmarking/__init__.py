@@ -4,7 +4,8 @@ until one of ``api``'s names is read from it (older copies of bench_train do), s
 command, ``bench_report``) never load torch or transformers. Modules: ``api``, ``schema`` (the dump's models, for
 ``validate_dump``), ``journal``, ``dump`` (journal records → dump, the series names), ``record``, ``callback``,
 ``tokens``, ``flops`` (model FLOPs per token, device peaks), ``ranks`` (per-rank forward time and data wait),
-``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``).
+``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``),
+``statistics`` (bench_compare's two-sample tests).
 """
 
 import importlib
