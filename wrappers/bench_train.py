@@ -392,9 +392,15 @@ class BenchmarkJob:
                 args.data_args,
                 train_args,
                 args.tune_config,
-                tracker_configs=args.tracker_configs,
-                additional_callbacks=callbacks,
-                exp_metadata=metadata,
+                args.quantization_config,
+                args.trainer_controller_args,
+                args.tracker_configs,
+                callbacks,
+                metadata,
+                args.quantized_lora_config,
+                args.fusedops_kernels_config,
+                args.attention_and_distributed_packing_config,
+                args.fast_moe_config,
                 trackers=trackers,
             )
         finally:  # the runs end with the job's outcome so far

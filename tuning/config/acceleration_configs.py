@@ -1,6 +1,6 @@
 """fms-hf-tuning v3.1.0's fms-acceleration argument dataclasses, with its names and flags (``--padding_free
 huggingface``, ``--multipack 16``, ``--fast_moe 1``...). tuning-bench has none of these features: the flags parse so
-that v3.1.0 command lines and job configs are read whole, and ``train()`` refuses any of them set."""
+that v3.1.0 command lines and job configs are read whole, and ``tuning.config.unsupported`` refuses any of them set."""
 
 from dataclasses import dataclass, field
 from typing import Any
