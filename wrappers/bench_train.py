@@ -329,6 +329,7 @@ class BenchmarkJob:
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
+                "config": benchmarking.run_configuration(args, WORLD_SIZE),
                 "environment": benchmarking.environment_info(),
                 "flags": vars(flags),
             }

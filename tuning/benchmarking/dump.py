@@ -282,6 +282,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
+        "config": header.get("config"),
         "host": header["host"],
         "rank": header["rank"],
         "world_size": header["world_size"],

@@ -141,6 +141,9 @@ class Dump(_Model):
     experiment: str | None
     metadata: dict[str, Any]
     """the merged metadata"""
+    config: dict[str, Any] | None = None
+    """the arguments that define the run's work, flat (tuning.benchmarking.configuration.CONFIG_ARGUMENTS): equal
+    objects, the same configuration (dumps before it lack the key)"""
     host: str
     rank: int
     world_size: int
