@@ -31,6 +31,7 @@ from tuning.config.unsupported import (
 )
 from tuning.utils import config_utils
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 CLI_ROWS = [row for row in UNSUPPORTED if row.name in refused_flags()]
 
@@ -94,6 +95,26 @@ def test_both_scripts_refuse_each_row_alike_before_the_model_loads(
     assert trainer_line == bench_line
     assert trainer_line.startswith(f"user_error: UserInputError: --{row.name} ")
     assert trainer_line.endswith(f"{row.feature} is not supported by tuning-bench")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_job_config_is_refused_alike(bench_train, unloadable_model, tmp_path, monkeypatch):
+    """The Kubernetes route: the flags in SFT_TRAINER_CONFIG_JSON_PATH, a list value as a job config holds it."""
+    job = {
+        "model_name_or_path": unloadable_model,
+        "training_data_path": SAMPLE_TRAIN_PATH,
+        "dataset_text_field": "output",
+        "output_dir": str(tmp_path / "out"),
+        "fast_kernels": ["True", "True", "True"],
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    monkeypatch.setenv(config_utils.CONFIG_PATH_ENV, str(tmp_path / "job.json"))
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(tmp_path / "termination-log"))
+    monkeypatch.setattr("sys.argv", ["sft_trainer.py"])
+    assert sft_trainer.main() == 1
+    assert bench_train.main([]) == 1
+    refusal = "--fast_kernels True True True: fms-acceleration's fused ops and kernels is not supported by tuning-bench"
+    assert termination_lines(tmp_path / "termination-log") == [f"user_error: UserInputError: {refusal}"] * 2
     assert not (tmp_path / "out").exists()
 
 
