@@ -8,6 +8,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from transformers import HfArgumentParser
 
 from tests.helpers.training import (
     BENCH_TRAIN,
@@ -19,8 +20,14 @@ from tests.helpers.training import (
     termination_lines,
 )
 from tuning import sft_trainer
-from tuning.config.acceleration_configs import AttentionAndDistributedPackingConfig, QuantizedLoraConfig
-from tuning.config.peft_config import LoraConfig
+from tuning.config.acceleration_configs import (
+    AttentionAndDistributedPackingConfig,
+    FastMoeConfig,
+    FusedOpsAndKernelsConfig,
+    QuantizedLoraConfig,
+)
+from tuning.config.configs import DataArguments, TrainerControllerArguments, TrainingArguments
+from tuning.config.peft_config import LoraConfig, Mxfp4Config
 from tuning.config.unsupported import (
     ANY_BUT_DEFAULT,
     PLAIN_FLAGS,
@@ -95,6 +102,33 @@ def test_both_scripts_refuse_each_row_alike_before_the_model_loads(
     assert trainer_line == bench_line
     assert trainer_line.startswith(f"user_error: UserInputError: --{row.name} ")
     assert trainer_line.endswith(f"{row.feature} is not supported by tuning-bench")
+    assert not (tmp_path / "out").exists()
+
+
+# The argument dataclass of each train() keyword the table's rows live in: a row in a new place needs its class here.
+KEYWORD_CLASSES = {
+    "data_args": DataArguments,
+    "train_args": TrainingArguments,
+    "trainer_controller_args": TrainerControllerArguments,
+    "quantization_config": Mxfp4Config,
+    "quantized_lora_config": QuantizedLoraConfig,
+    "fusedops_kernels_config": FusedOpsAndKernelsConfig,
+    "attention_and_distributed_packing_config": AttentionAndDistributedPackingConfig,
+    "fast_moe_config": FastMoeConfig,
+}
+
+
+@pytest.mark.parametrize("row", [row for row in CLI_ROWS if row.where != PLAIN_FLAGS], ids=lambda row: row.name)
+def test_train_refuses_each_row_given_as_its_dataclass(row, tiny_model, sample_train, tmp_path):
+    """A Python caller builds the dataclass itself (here from the row's flag): ``train()`` refuses it alike."""
+    output_dir = str(tmp_path / "out")
+    model_args, data_args, train_args = make_args(tiny_model, output_dir, sample_train)
+    keywords = {"model_args": model_args, "data_args": data_args, "train_args": train_args}
+    extra = ["--output_dir", output_dir] if row.where == "train_args" else []
+    parser = HfArgumentParser(KEYWORD_CLASSES[row.where])
+    (keywords[row.where],) = parser.parse_args_into_dataclasses(args=[*refusing_argv(row), *extra])
+    with pytest.raises(UserInputError, match=f"^--{row.name} .*: {re.escape(row.feature)} is not supported"):
+        sft_trainer.train(**keywords)
     assert not (tmp_path / "out").exists()
 
 
