@@ -246,8 +246,8 @@ def test_comma_separated_trackers_get_a_hint(monkeypatch):
     [
         (["--peft_method", "alora", "--alora_invocation_string", "<x>"], "--peft_method alora"),
         (["--alora_invocation_string", "<x>"], "aLoRA is not supported"),
-        (["--quantization_method", "mxfp4"], "--quantization_method mxfp4: quantized models are not supported"),
-        (["--dequantize", "False"], "--dequantize: MXFP4 quantized models are not supported"),
+        (["--quantization_method", "mxfp4"], "--quantization_method mxfp4: MXFP4 quantized models is not supported"),
+        (["--dequantize", "False"], "--dequantize False: MXFP4 quantized models is not supported"),
     ],
 )
 def test_unsupported_peft_and_quantization_methods_are_refused_by_name(argv, culprit, monkeypatch):

@@ -43,7 +43,6 @@ from tuning.config.acceleration_configs import (
     QuantizedLoraConfig,
 )
 from tuning.config.configs import (
-    UNSUPPORTED_FLAGS,
     DataArguments,
     ModelArguments,
     TrainerControllerArguments,
@@ -58,6 +57,7 @@ from tuning.config.peft_config import (
     to_peft_config,
 )
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
+from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.formatting import format_file
 from tuning.data.loading import check_data_file
@@ -83,17 +83,6 @@ logger = logging.getLogger("tuning.sft_trainer")
 KEY_ALIASES = {"data_path": "training_data_path", "evaluation_strategy": "eval_strategy", "tracker": "trackers"}
 # What train() uses when not told otherwise: the file logger with its defaults (fms-hf-tuning's default too).
 DEFAULT_TRACKER_CONFIGS = TrackerConfigs()
-# train()'s arguments for fms-hf-tuning features this package does not have: refused unless None or, for argument
-# dataclasses, left at their defaults (what parse_arguments returns when their flags are not given).
-UNSUPPORTED_FEATURES = {
-    "quantization_config": "MXFP4 quantized models",
-    "trainer_controller_args": "the trainer controller",
-    "quantized_lora_config": "fms-acceleration's quantized LoRA",
-    "fusedops_kernels_config": "fms-acceleration's fused ops and kernels",
-    "attention_and_distributed_packing_config": "fms-acceleration's padding-free attention and multipack",
-    "fast_moe_config": "fms-acceleration's fast MoE",
-    "additional_data_handlers": "data handlers of --data_config_path pipelines",
-}
 # The plain flags beside the dataclasses: name → value when not given.
 _PLAIN_FLAGS = {
     "peft_method": None,
@@ -154,6 +143,13 @@ _PARSER_DATACLASSES = (
     AttentionAndDistributedPackingConfig,
     FastMoeConfig,
     TrackerConfigs,
+)
+# train()'s keywords of the fms-acceleration dataclasses, in the parser's order.
+_ACCELERATION_KEYWORDS = (
+    "quantized_lora_config",
+    "fusedops_kernels_config",
+    "attention_and_distributed_packing_config",
+    "fast_moe_config",
 )
 
 
@@ -223,14 +219,15 @@ def parse_arguments(
     peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
         raise UserInputError(f"unknown peft_method {peft_method!r}; choose one of {list(PEFT_METHODS)}")
-    if peft_method == "alora" or flags.alora_invocation_string is not None:
-        raise UserInputError("--peft_method alora (--alora_invocation_string): aLoRA is not supported by tuning-bench")
-    if (flags.quantization_method or "none") != "none":
-        raise UserInputError(
-            f"--quantization_method {flags.quantization_method}: quantized models are not supported by tuning-bench"
-        )
-    if changed_fields(mxfp4_config):
-        raise UserInputError("--dequantize: MXFP4 quantized models are not supported by tuning-bench")
+    refuse_unsupported(
+        model_args=model_args,
+        data_args=data_args,
+        train_args=training_args,
+        trainer_controller_args=controller_args,
+        quantization_config=mxfp4_config if changed_fields(mxfp4_config) else None,
+        **dict(zip(_ACCELERATION_KEYWORDS, own[7:11], strict=True)),
+        **{PLAIN_FLAGS: argparse.Namespace(**{**vars(flags), "peft_method": peft_method})},
+    )
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
@@ -268,19 +265,6 @@ def changed_fields(config: Any) -> list[str]:
     return changed
 
 
-def check_supported(arguments: dict[str, Any]) -> None:
-    """Refuse ``train()``'s arguments for features not implemented here (``UNSUPPORTED_FEATURES``), naming them;
-    an argument dataclass left at its defaults is no request for the feature."""
-    for argument, value in arguments.items():
-        if value is None or value == {}:
-            continue
-        flags = changed_fields(value) if dataclasses.is_dataclass(value) and argument != "quantization_config" else None
-        if flags == []:
-            continue
-        named = f"{argument} (--{', --'.join(flags)})" if flags else argument
-        raise UserInputError(f"{named}: {UNSUPPORTED_FEATURES[argument]} is not supported by tuning-bench")
-
-
 def check_output_dir(path: str) -> None:
     """``--output_dir`` must be a directory or creatable as one: no regular file at it or above it."""
     existing = os.path.abspath(path)
@@ -316,11 +300,7 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
 
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
     """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
-    for name, feature in UNSUPPORTED_FLAGS.items():
-        args = data_args if hasattr(data_args, name) else train_args
-        spec = next(spec for spec in dataclasses.fields(args) if spec.name == name)
-        if getattr(args, name) != spec.default:
-            raise UserInputError(f"--{name} {getattr(args, name)}: not supported by tuning-bench ({feature})")
+    refuse_unsupported(model_args=model_args, data_args=data_args, train_args=train_args)
     if not model_args.model_name_or_path:
         raise UserInputError("--model_name_or_path is required")
     for flag, path in (
@@ -434,16 +414,15 @@ def train(
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])
     tracker_configs = DEFAULT_TRACKER_CONFIGS if tracker_configs is None else tracker_configs
-    check_supported(
-        {
-            "quantization_config": quantization_config,
-            "trainer_controller_args": trainer_controller_args,
-            "quantized_lora_config": quantized_lora_config,
-            "fusedops_kernels_config": fusedops_kernels_config,
-            "attention_and_distributed_packing_config": attention_and_distributed_packing_config,
-            "fast_moe_config": fast_moe_config,
-            "additional_data_handlers": additional_data_handlers,
-        }
+    refuse_unsupported(
+        peft_config=peft_config,
+        quantization_config=quantization_config,
+        trainer_controller_args=trainer_controller_args,
+        quantized_lora_config=quantized_lora_config,
+        fusedops_kernels_config=fusedops_kernels_config,
+        attention_and_distributed_packing_config=attention_and_distributed_packing_config,
+        fast_moe_config=fast_moe_config,
+        additional_data_handlers=additional_data_handlers,
     )
     if not isinstance(tracker_configs, TrackerConfigs | TrackerConfigFactory):
         raise UserInputError(

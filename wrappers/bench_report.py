@@ -275,6 +275,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "mfu": summary.get("mfu"),
         "joules_per_token": summary.get("joules_per_token"),
         "rank_skew": summary.get("rank_skew"),
+        "straggler": _straggler(summary),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
@@ -282,6 +283,12 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "training_steps": dump["training_steps"] if dump else None,
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
+
+
+def _straggler(summary: dict[str, Any]) -> str | None:
+    """``rank N: data`` or ``rank N: compute`` from the dump's straggler keys; None when no rank held the rest back."""
+    rank = summary.get("straggler_rank")
+    return None if rank is None else f"rank {rank}: {summary.get('straggler_cause')}"
 
 
 def _format(key: str, value: Any) -> str:

@@ -329,6 +329,7 @@ class BenchmarkJob:
                 "host": socket.gethostname(),
                 "rank": RANK,
                 "world_size": WORLD_SIZE,
+                "config": benchmarking.run_configuration(args, WORLD_SIZE),
                 "environment": benchmarking.environment_info(),
                 "flags": vars(flags),
             }
@@ -392,9 +393,15 @@ class BenchmarkJob:
                 args.data_args,
                 train_args,
                 args.tune_config,
-                tracker_configs=args.tracker_configs,
-                additional_callbacks=callbacks,
-                exp_metadata=metadata,
+                args.quantization_config,
+                args.trainer_controller_args,
+                args.tracker_configs,
+                callbacks,
+                metadata,
+                args.quantized_lora_config,
+                args.fusedops_kernels_config,
+                args.attention_and_distributed_packing_config,
+                args.fast_moe_config,
                 trackers=trackers,
             )
         finally:  # the runs end with the job's outcome so far

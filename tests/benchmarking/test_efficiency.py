@@ -11,7 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.nvml import load_fake_nvml
-from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS
+from tuning.benchmarking.callback import DISPATCHED_BATCHES, _dispatched
+from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, straggler
 from tuning.benchmarking.flops import config_parameter_counts, flops_per_token, parameter_counts, peak_tflops_of
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.ranks import RankTimes
@@ -133,10 +134,29 @@ def test_without_a_counter_the_sampled_power_is_integrated_over_the_same_time(tm
     assert summary["joules_per_token"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(
+    ("forward", "fetch", "expected"),
+    [
+        ([0.1, 0.1], [0.16, 0.01], (0, "data")),
+        ([0.1, 0.15, 0.1], [0.01, 0.01, 0.02], (1, "compute")),
+        ([0.1, 0.105], [0.01, 0.01], (None, None)),  # within 10 %: no straggler
+        ([0.1, 0.3], None, (1, "compute")),  # fetch not measurable: compute alone
+        ([0.1], [0.5], (None, None)),  # one process
+        ([0.1, None], [0.1, 0.1], (None, None)),
+    ],
+)
+def test_the_straggler_is_the_rank_with_the_longest_own_time_and_its_larger_excess(forward, fetch, expected):
+    assert straggler(forward, fetch) == expected
+
+
 def test_rank_skew_is_the_slowest_over_the_fastest_forward_time(tmp_path):
-    summary = efficiency_run(tmp_path, rank_forward_time_p50=[0.1, 0.25], rank_data_wait_p50=[0.01, 0.02])
+    summary = efficiency_run(
+        tmp_path, rank_forward_time_p50=[0.1, 0.25], rank_data_wait_p50=[0.01, 0.02], rank_data_fetch_p50=[0.01, 0.01]
+    )
     assert summary["rank_skew"] == pytest.approx(2.5)
     assert summary["rank_forward_time_p50"] == [0.1, 0.25] and summary["rank_data_wait_p50"] == [0.01, 0.02]
+    assert summary["rank_data_fetch_p50"] == [0.01, 0.01] and summary["data_fetch_unmeasurable"] is None
+    assert (summary["straggler_rank"], summary["straggler_cause"]) == (1, "compute")
 
 
 def test_sampler_reads_the_energy_counter_of_each_gpu(monkeypatch):
@@ -166,14 +186,34 @@ def test_rank_times_sum_a_step_s_forward_passes_and_time_the_wait_for_its_batche
     batch = torch.ones((1, 4), dtype=torch.long)
     for step in (1, 2, 3):
         time.sleep(0.01 * step)  # the data wait
+        times.batches_fetched(0.001 * step)
+        times.batches_fetched(0.001)  # a step's batches may come in several fetches
         times.step_begins(step)
         for _ in range(2):  # micro-batches
             model(input_ids=batch)
         times.step_ends(step)
     model.eval()
     model(input_ids=batch)  # evaluation: not timed
-    forward, data_wait = times.medians(after_step=1)
+    forward, data_wait, data_fetch = times.medians(after_step=1)
     assert 0.04 <= forward < 0.08  # two timed 20 ms sleeps, plus the tiny model's time
     assert 0.025 <= data_wait < 0.045  # the median of 20 ms and 30 ms
-    assert times.gather(after_step=1) == ([forward], [data_wait])
+    assert data_fetch == pytest.approx(0.0035)  # the median of 3 ms and 4 ms
+    assert times.gather(after_step=1) == ([forward], [data_wait], [data_fetch])
     times.detach()
+
+
+def test_per_rank_fetch_is_not_measurable_where_one_rank_dispatches_the_batches():
+    """accelerate dispatches an iterable dataset's batches from rank 0 by default: with several ranks the dump says
+    per-rank fetch is not measurable; a map-style dataset's loader, or one process, is measured."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter([torch.ones(2)] * 4)
+
+    accelerator = Accelerator(cpu=True)
+    streamed = accelerator.prepare_data_loader(DataLoader(Stream(), batch_size=2))
+    mapped = accelerator.prepare_data_loader(DataLoader([torch.ones(2)] * 4, batch_size=2))
+    assert _dispatched(streamed, world_size=2) == DISPATCHED_BATCHES and "not measurable" in DISPATCHED_BATCHES
+    assert _dispatched(streamed, world_size=1) is None and _dispatched(mapped, world_size=2) is None

@@ -163,3 +163,20 @@ class SlowStepsByFraction(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(self.fraction * (time.perf_counter() - self.step_began))
+
+
+class SlowDataFetch(TrainerCallback):
+    """Every micro-batch's collation sleeps ``$SLOW_FETCH_SECONDS`` on the rank ``$SLOW_FETCH_RANK``: a rank with a
+    slow input pipeline. Its data loader's collate function is wrapped at train begin, before the epoch's iterator
+    exists (which takes the function then)."""
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        if int(os.environ["SLOW_FETCH_RANK"]) == int(os.environ.get("RANK", "0")):
+            loader = getattr(train_dataloader, "base_dataloader", train_dataloader)  # accelerate's adapter iterates it
+            seconds, collate = float(os.environ["SLOW_FETCH_SECONDS"]), loader.collate_fn
+
+            def slow_collate(samples):
+                time.sleep(seconds)
+                return collate(samples)
+
+            loader.collate_fn = slow_collate

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.aim import AimServer, read_runs
-from tests.helpers.bench import bench_args, read_dump, rebuild, run_bench, series, start_bench
+from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
 from tests.helpers.nvml import FAKE_NVML_DIR
@@ -511,7 +511,39 @@ def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model
     fast, slow = summary["rank_forward_time_p50"]
     assert slow >= 0.05 and slow > fast
     assert summary["rank_skew"] == pytest.approx(slow / fast) and summary["rank_skew"] > 1
-    assert len(summary["rank_data_wait_p50"]) == 2
+    assert len(summary["rank_data_wait_p50"]) == 2 and len(summary["rank_data_fetch_p50"]) == 2
+    assert (summary["straggler_rank"], summary["straggler_cause"]) == (1, "compute")
+
+
+@pytest.mark.slow
+def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_model, tmp_path):
+    """Rank 0's collation sleeps 0.15 s per micro-batch. Both ranks' data wait holds it (the count of the batch's
+    items across ranks waits for rank 0); only rank 0's own fetch does, so the dump and bench_report name rank 0 and
+    "data". The dump's config says what ran: two processes of the flags given."""
+    args = bench_args(
+        tiny_model,
+        tmp_path / "runs",
+        max_steps=6,
+        callbacks=f"{BENCH_CALLBACKS}:SlowDataFetch",
+        system_metrics_interval=0,
+    )
+    returncode, _, stderr = run_bench(args, torchrun=True, SLOW_FETCH_SECONDS="0.15", SLOW_FETCH_RANK="0")
+    assert returncode == 0, stderr
+    dump = read_dump(tmp_path / "runs" / "bench.json")
+    summary = dump["summary"]
+    slow, fast = summary["rank_data_fetch_p50"]
+    assert slow >= 0.15 > fast and min(summary["rank_data_wait_p50"]) >= 0.15
+    assert (summary["straggler_rank"], summary["straggler_cause"], summary["data_fetch_unmeasurable"]) == (
+        0,
+        "data",
+        None,
+    )
+    config = dump["config"]
+    assert (config["world_size"], config["per_device_train_batch_size"], config["max_steps"]) == (2, 4, 6)
+    assert config["model_name_or_path"] == tiny_model and "output_dir" not in config
+    report = load_script(REPO_ROOT / "wrappers" / "bench_report.py")
+    report.main(str(tmp_path / "runs"), output_dir=str(tmp_path / "report"))
+    assert csv_by(tmp_path / "report" / "report.csv", "run")["bench"]["straggler"] == "rank 0: data"
 
 
 # ---- the command line, without training ----

@@ -5,6 +5,7 @@ transformers) but not pydantic: ``validate_dump``, the one name that needs the s
 """
 
 from tuning.benchmarking.callback import BenchmarkCallback
+from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.dump import SCHEMA_VERSION, rank_report_path, write_dump
 from tuning.benchmarking.journal import Journal, journal_path
 from tuning.benchmarking.record import RunRecord
@@ -91,6 +92,7 @@ __all__ = [
     "print_error_marker",
     "print_own_line",
     "rank_report_path",
+    "run_configuration",
     "run_status",
     "run_with_error_reporting",
     "save",

@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 
 RECORD_INTERVAL_S = 0.1
 MIRROR_INTERVAL_S = 1.0
+# The dump's data_fetch_unmeasurable, when each rank's own fetch of its batches cannot be measured.
+DISPATCHED_BATCHES = (
+    "batches are dispatched from rank 0 (accelerate's dispatch_batches, its default for iterable datasets): "
+    "per-rank data fetch is not measurable"
+)
+NO_FETCH_REPORTS = "the trainer reported no batch fetches (tuning.trainer.TuningTrainer does): not measured"
 
 
 class BenchmarkCallback(TrainerCallback):
@@ -78,6 +84,7 @@ class BenchmarkCallback(TrainerCallback):
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = 0.0  # times, set at begin
         self._tokens: StepTokenCounter | None = None
         self._rank_times: RankTimes | None = None
+        self._fetch_unmeasurable: str | None = None  # why each rank's own data fetch cannot be timed, if so
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
@@ -100,6 +107,7 @@ class BenchmarkCallback(TrainerCallback):
         if model is not None:
             self._tokens = StepTokenCounter(model, args.device)
             self._rank_times = RankTimes(model, args.device)
+        self._fetch_unmeasurable = _dispatched(kwargs.get("train_dataloader"), args.world_size)
         if self.sampler is not None:
             self.sampler.start()
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
@@ -115,6 +123,11 @@ class BenchmarkCallback(TrainerCallback):
             self.stop_agreement.join(Vote.STOP_REASON, self._on_agreed)
         if self.watchdog is not None:
             self.watchdog.arm()
+
+    def on_batches_fetched(self, seconds: float) -> None:
+        """``TuningTrainer``'s report: this rank fetched the coming optimizer step's batches in ``seconds``."""
+        if self._rank_times is not None:
+            self._rank_times.batches_fetched(seconds)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self._rank_times is not None:
@@ -153,13 +166,20 @@ class BenchmarkCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._record_unrecorded(time.time(), wait=True)
         energy = self._energy()
-        forward, data_wait = self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [])
+        forward, data_wait, fetch = (
+            self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [], [])
+        )
+        unmeasurable = self._fetch_unmeasurable
+        if unmeasurable is None and fetch and None in fetch:
+            unmeasurable = NO_FETCH_REPORTS
         if self._main and self.record is not None:
             self.record.note(
                 train_end=time.time(),
                 energy_mj_at_train_end=energy,
                 rank_forward_time_p50=forward or None,
                 rank_data_wait_p50=data_wait or None,
+                rank_data_fetch_p50=None if unmeasurable else fetch or None,
+                data_fetch_unmeasurable=unmeasurable,
             )
         self.close()
 
@@ -257,6 +277,14 @@ def _flops_counts(model: Any) -> dict[str, int] | None:
     except Exception as exc:  # noqa: BLE001 - a model the formula cannot describe costs its MFU, never the run
         logger.warning("no model FLOPs per token: cannot count the model's parameters: %s", exc)
         return None
+
+
+def _dispatched(dataloader: Any, world_size: int) -> str | None:
+    """Why per-rank fetch times mean nothing for ``dataloader``: one rank of several fetches every batch and sends
+    each rank its share (accelerate's ``dispatch_batches``, its default for iterable datasets); None otherwise."""
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    return DISPATCHED_BATCHES if world_size > 1 and isinstance(dataloader, DataLoaderDispatcher) else None
 
 
 def _device_peak(device: Any) -> float | None:

@@ -27,6 +27,9 @@ GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
 MODEL_LOAD_TIME = "model_load_time"
+# How much longer than the other ranks' median a rank's own time per step (forward + data fetch) must be for the dump
+# to name it the straggler.
+STRAGGLER_MIN_EXCESS = 0.10
 
 INCOMPLETE_RUN_MESSAGE = (
     "the run ended without finishing its journal (killed by a signal, the OOM killer or a node failure); "
@@ -204,8 +207,6 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
         start += notes.get("warmup_seconds", 0.0)
     per_gpu, source = _energy(series, notes, measured.after_warmup, start, measured.train_end)
     total = sum(per_gpu) if per_gpu and None not in per_gpu else None
-    forward = notes.get("rank_forward_time_p50")
-    known = [seconds for seconds in forward or [] if seconds is not None]
     return {
         "model_flops_per_token": model_flops,
         "achieved_tflops_per_device": achieved,
@@ -215,10 +216,43 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
         "energy_joules_per_gpu": per_gpu,
         "joules_per_token": _ratio(total, token_count),
         "energy_source": source,
+        **_rank_figures(notes),
+    }
+
+
+def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
+    """The per-rank keys of the summary: the medians the callback gathered, the forward-time skew and the straggler."""
+    forward, fetch = notes.get("rank_forward_time_p50"), notes.get("rank_data_fetch_p50")
+    known = [seconds for seconds in forward or [] if seconds is not None]
+    rank, cause = straggler(forward, fetch)
+    return {
         "rank_forward_time_p50": forward,
         "rank_data_wait_p50": notes.get("rank_data_wait_p50"),
+        "rank_data_fetch_p50": fetch,
+        "data_fetch_unmeasurable": notes.get("data_fetch_unmeasurable"),
         "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
+        "straggler_rank": rank,
+        "straggler_cause": cause,
     }
+
+
+def straggler(forward: list[float | None] | None, fetch: list[float | None] | None) -> tuple[int | None, str | None]:
+    """(the rank that holds the others back, "data" or "compute"), or (None, None). Each rank's own time per step is
+    its median forward time plus its median data fetch (0 where fetch is not measured); the straggler is the rank
+    whose own time exceeds the median of the other ranks' by more than ``STRAGGLER_MIN_EXCESS`` of it, and its cause
+    is whichever of its fetch and its forward time exceeds the other ranks' median by more. None on one process or
+    without every rank's forward time."""
+    if not forward or len(forward) < 2 or None in forward:
+        return None, None
+    data = fetch if fetch and len(fetch) == len(forward) and None not in fetch else [0.0] * len(forward)
+    own = [compute + wait for compute, wait in zip(forward, data, strict=True)]
+    rank = max(range(len(own)), key=own.__getitem__)
+    others = [other for other in range(len(own)) if other != rank]
+    if own[rank] <= (1 + STRAGGLER_MIN_EXCESS) * statistics.median(own[other] for other in others):
+        return None, None
+    data_excess = data[rank] - statistics.median(data[other] for other in others)
+    compute_excess = forward[rank] - statistics.median(forward[other] for other in others)
+    return rank, "data" if data_excess > compute_excess else "compute"
 
 
 def _summary(
@@ -282,6 +316,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
+        "config": header.get("config"),
         "host": header["host"],
         "rank": header["rank"],
         "world_size": header["world_size"],

@@ -1,9 +1,11 @@
-"""Per-rank compute time, to find a straggler. In synchronous data-parallel training every rank's step lasts as long
-as the slowest rank's (the others wait in the gradient all-reduce), so step times cannot name it; the time each rank
-spends in its own model's forward passes can. Per optimizer step: the forward time summed over the step's
-micro-batches (forward hooks on the model, timed with CUDA events on a GPU, read once they are done, without a device
-synchronisation per step; with the clock elsewhere) and the wait from the previous step's end to this step's begin,
-where the trainer fetches the step's batches. Medians are gathered from every rank once, at the end.
+"""Per-rank compute and data time, to find a straggler. In synchronous data-parallel training every rank's step lasts
+as long as the slowest rank's (the others wait in the gradient all-reduce), so step times cannot name it; the time
+each rank spends in its own work can. Per optimizer step: the forward time summed over the step's micro-batches
+(forward hooks on the model, timed with CUDA events on a GPU, read once they are done, without a device
+synchronisation per step; with the clock elsewhere); the rank's own fetch of the step's batches (``batches_fetched``,
+fed by ``TuningTrainer.get_batch_samples``: the data loader's ``next`` calls only, before the cross-rank count of the
+batch's items); and the wait from the previous step's end to this step's begin, which holds that fetch but also the
+wait for the other ranks in that count. Medians are gathered from every rank once, at the end.
 """
 
 import statistics
@@ -31,6 +33,8 @@ class RankTimes:
         self._last_step_end = time.perf_counter()
         self.forward_seconds: dict[int, float] = {}  # by optimizer step
         self.data_wait_seconds: dict[int, float] = {}
+        self.data_fetch_seconds: dict[int, float] = {}
+        self._fetched: float | None = None  # fetch seconds of the coming step's batches; None: none reported
         self._handles = [
             model.register_forward_pre_hook(self._forward_begins),
             model.register_forward_hook(self._forward_ends),
@@ -55,9 +59,15 @@ class RankTimes:
             self._step_seconds += time.perf_counter() - self._started
         self._started = None
 
+    def batches_fetched(self, seconds: float) -> None:
+        """This rank spent ``seconds`` fetching the batches of the coming optimizer step (maybe in several calls)."""
+        self._fetched = (self._fetched or 0.0) + seconds
+
     def step_begins(self, step: int) -> None:
         """The trainer has fetched the batches of optimizer step ``step`` (the one it is about to complete)."""
         self.data_wait_seconds[step] = time.perf_counter() - self._last_step_end
+        if self._fetched is not None:
+            self.data_fetch_seconds[step], self._fetched = self._fetched, None
 
     def step_ends(self, step: int) -> None:
         self._last_step_end = time.perf_counter()
@@ -76,24 +86,27 @@ class RankTimes:
             self._unresolved.popleft()
             self.forward_seconds[step] = seconds + sum(start.elapsed_time(end) / 1000.0 for start, end in events)
 
-    def medians(self, after_step: int | None) -> tuple[float | None, float | None]:
-        """(forward time, data wait) medians over the steps after ``after_step`` (None or none left: every step)."""
+    def medians(self, after_step: int | None) -> tuple[float | None, float | None, float | None]:
+        """(forward time, data wait, data fetch) medians over the steps after ``after_step`` (None or none left:
+        every step); None for a figure without any step."""
         self._resolve(wait=True)
         result = []
-        for per_step in (self.forward_seconds, self.data_wait_seconds):
+        for per_step in (self.forward_seconds, self.data_wait_seconds, self.data_fetch_seconds):
             values = [seconds for step, seconds in per_step.items() if after_step is None or step > after_step]
             result.append(median(values or list(per_step.values())))
-        return result[0], result[1]
+        return result[0], result[1], result[2]
 
-    def gather(self, after_step: int | None) -> tuple[list[float | None], list[float | None]]:
-        """Every rank's (forward time, data wait) medians, in rank order; every rank must call it (a collective)."""
+    def gather(self, after_step: int | None) -> tuple[list[float | None], list[float | None], list[float | None]]:
+        """Every rank's (forward time, data wait, data fetch) medians as three lists in rank order; every rank must
+        call it (a collective)."""
         mine = self.medians(after_step)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
         else:
             everyone = [mine]
-        return [forward for forward, _ in everyone], [wait for _, wait in everyone]
+        forward, wait, fetch = zip(*everyone, strict=True)
+        return list(forward), list(wait), list(fetch)
 
     def detach(self) -> None:
         for handle in self._handles:

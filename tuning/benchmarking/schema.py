@@ -101,9 +101,19 @@ class Summary(_Model):
     rank_forward_time_p50: list[Number] | None = None
     """per rank: median seconds per step in its model's forward passes"""
     rank_data_wait_p50: list[Number] | None = None
-    """per rank: median seconds per step waiting for the step's batches"""
+    """per rank: median seconds per step from the previous step's end to this one's begin: its batches' fetch and the
+    wait for the slowest rank in the count of the batch's items"""
+    rank_data_fetch_p50: list[Number] | None = None
+    """per rank: median seconds per step that the rank itself spent fetching the step's batches from its data loader;
+    null where not measurable (data_fetch_unmeasurable says why)"""
+    data_fetch_unmeasurable: str | None = None
+    """why rank_data_fetch_p50 is null: batches dispatched from rank 0, or a trainer that reports no fetches"""
     rank_skew: Number = None
     """slowest over fastest rank's rank_forward_time_p50; 1.0 on one process"""
+    straggler_rank: int | None = None
+    """the rank whose own time per step (forward + data fetch) exceeds the other ranks' median by more than 10 %"""
+    straggler_cause: Literal["data", "compute"] | None = None
+    """where the straggler's extra time goes: its data fetch or its forward passes"""
 
 
 class Environment(_Model):
@@ -141,6 +151,9 @@ class Dump(_Model):
     experiment: str | None
     metadata: dict[str, Any]
     """the merged metadata"""
+    config: dict[str, Any] | None = None
+    """the arguments that define the run's work, flat (tuning.benchmarking.configuration.CONFIG_ARGUMENTS): equal
+    objects, the same configuration (dumps before it lack the key)"""
     host: str
     rank: int
     world_size: int

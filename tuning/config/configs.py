@@ -1,7 +1,7 @@
 """Argument dataclasses of the sft_trainer CLI, with fms-hf-tuning v3.1.0's field names and defaults and older
 names as aliases; every transformers ``TrainingArguments`` flag is available through the subclass below. Flags of
-features tuning-bench does not implement parse; ``UNSUPPORTED_FLAGS`` names them, and a value other than their
-default is refused before any model work."""
+features tuning-bench does not implement parse; ``tuning.config.unsupported`` refuses them, set to anything but
+their default, before any model work."""
 
 import logging
 from dataclasses import dataclass, field
@@ -59,7 +59,7 @@ class DataArguments:
     add_special_tokens: list[str] | None = field(
         default=None, metadata={"help": "Special tokens to add to the tokenizer (the embeddings grow to match)."}
     )
-    # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (UNSUPPORTED_FLAGS).
+    # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).
     data_config_path: str | None = field(default=None, metadata={"help": "Not supported: data config pipelines."})
     chat_template: str | None = field(default=None, metadata={"help": "Not supported: chat templates."})
     dataset_conversation_field: str | None = field(default=None, metadata={"help": "Not supported: chat data."})
@@ -125,20 +125,6 @@ class TrainerControllerArguments:
     trainer_controller_config_file: str | None = field(
         default=None, metadata={"help": "Not supported: the trainer controller's rules file."}
     )
-
-
-# Flags of fms-hf-tuning features not implemented here: refused when set to anything but their default.
-UNSUPPORTED_FLAGS = {
-    "data_config_path": "data preprocessing pipelines",
-    "chat_template": "chat templates",
-    "dataset_conversation_field": "chat data",
-    "instruction_template": "chat data",
-    "dataset_image_field": "vision models",
-    "do_dataprocessing_only": "offline data processing",
-    "num_train_dataset_shards": "offline data processing",
-    "num_eval_dataset_shards": "offline data processing",
-    "enable_reduce_loss_sum": "sum loss reduction",
-}
 
 
 def _has_accelerator() -> bool:

@@ -7,9 +7,11 @@ import json
 import logging
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig, to_peft_config
+from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.utils.error_logging import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -76,8 +78,7 @@ def create_tuning_config(peft_method: str | None, **kwargs: Any) -> "LoraConfig 
     """The PEFT argument dataclass of ``peft_method`` (lora, pt; None or "none" for full fine-tuning) with
     ``kwargs`` applied by ``update_config``."""
     method = str(peft_method).lower()
-    if method == "alora":
-        raise UserInputError("peft_method alora: aLoRA is not supported by tuning-bench")
+    refuse_unsupported(**{PLAIN_FLAGS: SimpleNamespace(peft_method=method)})
     if method in ("none", ""):
         return None
     if method not in ("lora", "pt"):

@@ -1,0 +1,64 @@
+"""The dump's ``config``: equal exactly for runs of the same work, whatever names or places them."""
+
+import json
+
+import pytest
+
+from tuning.benchmarking.configuration import CONFIG_ARGUMENTS, run_configuration
+from tuning.sft_trainer import get_parser, parse_arguments
+
+BASE = ["--model_name_or_path", "m", "--training_data_path", "d.jsonl", "--output_dir", "out", "--max_steps", "5"]
+
+
+def config_of(*flags: str, world_size: int = 1) -> dict:
+    return run_configuration(parse_arguments(get_parser(), args=[*BASE, *flags]), world_size)
+
+
+def test_it_is_flat_json_with_every_listed_argument():
+    config = config_of("--peft_method", "lora", "--torch_dtype", "float32", "--target_modules", "q_proj", "v_proj")
+    assert json.loads(json.dumps(config)) == config
+    assert all(not isinstance(value, dict) for name, value in config.items() if name != "fsdp_config")
+    listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
+    assert set(config) == listed | {"peft_method", "world_size"}
+    assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
+    assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [
+        ["--output_dir", "elsewhere"],
+        ["--seed", "7"],
+        ["--logging_steps", "3", "--run_name", "x"],
+        ["--exp_metadata", '{"a": 1}'],
+        ["--lora_alpha", "64"],  # scaling only; and this run is no LoRA run: ignored
+        ["--eval_steps", "10"],  # no evaluation
+        ["--num_train_epochs", "9"],  # max_steps decides
+    ],
+)
+def test_what_only_names_or_places_a_run_leaves_it_equal(noise):
+    assert config_of(*noise) == config_of()
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [
+        (["--per_device_train_batch_size", "2"], "per_device_train_batch_size"),
+        (["--max_seq_length", "128"], "max_seq_length"),
+        (["--gradient_checkpointing", "True"], "gradient_checkpointing"),
+        (["--packing", "True"], "packing"),
+        (["--peft_method", "pt"], "peft_method"),
+        (["--torch_dtype", "float16"], "torch_dtype"),
+        (["--save_strategy", "steps", "--save_steps", "2"], "save_steps"),
+    ],
+)
+def test_what_changes_the_work_makes_it_differ(flags, key):
+    changed, base = config_of(*flags), config_of()
+    assert changed != base and changed[key] != base[key]
+
+
+def test_world_size_and_the_peft_method_s_own_arguments():
+    assert config_of(world_size=2)["world_size"] == 2
+    prompt = config_of("--peft_method", "pt", "--num_virtual_tokens", "4")
+    assert prompt["num_virtual_tokens"] == 4 and "r" not in prompt
+    assert "num_virtual_tokens" not in config_of() and "r" not in config_of()

@@ -1,0 +1,116 @@
+"""The dump's ``config``: the arguments that define a run's work, as one flat JSON object (argument name → value).
+Two runs are the same configuration exactly when their ``config`` objects are equal, so it holds what changes what is
+computed or what it costs on purpose (model, data, batch, sequence length, PEFT method and its shape, precision,
+attention, parallelism, steps, the side work inside measured steps: evaluation and checkpoints) and nothing that
+only names or places a run (output_dir, run names, trackers, logging, seed: a seed picks other samples of the same
+work). ``CONFIG_ARGUMENTS`` lists them; the PEFT method's own arguments appear only for that method. Torch-free.
+"""
+
+import json
+from typing import Any
+
+PEFT_METHOD = "peft_method"
+WORLD_SIZE = "world_size"
+# Argument names by where ``parse_arguments``' values hold them. "lora" and "pt": only when that is the PEFT method.
+CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "model_args": (
+        "model_name_or_path",
+        "tokenizer_name_or_path",
+        "torch_dtype",
+        "use_flash_attn",
+        "flash_attn_implementation",
+        "embedding_size_multiple_of",
+    ),
+    "data_args": (
+        "training_data_path",
+        "validation_data_path",
+        "data_config_path",
+        "dataset_text_field",
+        "data_formatter_template",
+        "response_template",
+        "add_special_tokens",
+    ),
+    "training_args": (
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "max_seq_length",
+        "packing",
+        "max_steps",
+        "num_train_epochs",
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "bf16",
+        "fp16",
+        "tf32",
+        "optim",
+        "torch_compile",
+        "use_cpu",
+        "fsdp",
+        "fsdp_config",
+        "eval_strategy",
+        "eval_steps",
+        "save_strategy",
+        "save_steps",
+        "dataloader_num_workers",
+    ),
+    "lora": (
+        "r",
+        "target_modules",
+        "exclude_modules",
+        "lora_dropout",
+        "bias",
+        "use_dora",
+        "lora_bias",
+        "modules_to_save",
+        "layers_to_transform",
+        "layers_pattern",
+        "trainable_token_indices",
+        "target_parameters",
+    ),
+    "pt": ("num_virtual_tokens",),
+    # fms-acceleration's flags: refused today (tuning.config.unsupported); here so that a run which uses one once it
+    # is supported says so, and dumps from before and after it compare on the same keys.
+    "quantized_lora_config": ("auto_gptq", "bnb_qlora"),
+    "fusedops_kernels_config": ("fused_lora", "fast_kernels"),
+    "attention_and_distributed_packing_config": ("padding_free", "multipack"),
+    "fast_moe_config": ("fast_moe",),
+}
+# Arguments that change nothing unless another one is set so, null otherwise: runs that differ only in them are the
+# same configuration.
+_ONLY_WITH = {
+    "fsdp_config": lambda config: bool(config["fsdp"]),
+    "num_train_epochs": lambda config: config["max_steps"] <= 0,
+    "eval_steps": lambda config: config["eval_strategy"] == "steps",
+    "per_device_eval_batch_size": lambda config: config["eval_strategy"] != "no",
+    "save_steps": lambda config: config["save_strategy"] == "steps",
+}
+
+
+def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
+    """``args`` (``parse_arguments``' ``ParsedArguments``) and the number of processes as the dump's ``config``: the
+    ``CONFIG_ARGUMENTS`` values as JSON values (a dtype, an enum or an option list as its text), plus ``peft_method``
+    (lora, pt or none) and ``world_size``; an argument that changes nothing as the others are set (``_ONLY_WITH``:
+    ``eval_steps`` without step-wise evaluation...) is null."""
+    tune_config = args.tune_config
+    peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
+    if tune_config is not None and peft_method == "none":
+        peft_method = type(tune_config).__name__  # a peft library config handed to train() by a caller
+    config: dict[str, Any] = {PEFT_METHOD: peft_method, WORLD_SIZE: world_size}
+    for where, names in CONFIG_ARGUMENTS.items():
+        holder = tune_config if where in ("lora", "pt") else getattr(args, where)
+        if where in ("lora", "pt") and where != peft_method:
+            continue
+        for name in names:
+            config[name] = _json_value(getattr(holder, name, None))
+    for name, matters in _ONLY_WITH.items():
+        if not matters(config):
+            config[name] = None
+    return dict(sorted(config.items()))
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON holds it: enums by their value, anything else JSON lacks (a torch.dtype) as its text."""
+    if hasattr(value, "value") and isinstance(value.value, str | int):  # an Enum: "steps", not "IntervalStrategy.STEPS"
+        value = value.value
+    return json.loads(json.dumps(value, default=lambda item: getattr(item, "value", None) or str(item)))
