@@ -3,8 +3,51 @@ must change how a step or a checkpoint runs (the loss's reduction, per-rank data
 extends this class instead of adding a trainer of its own. ``tuning.sft_trainer.train()`` builds it; importing this
 module loads TRL, so callers import it lazily."""
 
+import logging
+import os
+import time
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
+
+from tuning.utils.checkpoints import mark_complete, mark_writing
+from tuning.utils.graceful_stop import GracefulStopCallback
+
+logger = logging.getLogger(__name__)
 
 
 class TuningTrainer(SFTTrainer):
-    """``SFTTrainer`` as ``train()`` runs it. Features override its hooks here, each calling ``super()``."""
+    """``SFTTrainer`` as ``train()`` runs it. Features override its hooks here, each calling ``super()``.
+
+    Checkpoints: each one is marked complete only after every rank has written its part (``tuning.utils.checkpoints``
+    says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
+    checkpoint survives until the next one is complete. ``save_on_preemption``: a ``GracefulStopCallback`` among the
+    callbacks writes a checkpoint of the step it stops at (unless ``save_strategy`` is ``no``).
+    """
+
+    def __init__(self, *args, save_on_preemption: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, GracefulStopCallback):
+                callback.save_at_stop = save_on_preemption
+
+    def _save_checkpoint(self, model, trial):
+        """transformers' checkpoint (as TRL extends it), between the two marks of its status file, with the rotation
+        moved after the second. Overridden as TRL does: transformers offers no public hook before a save."""
+        checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        started = time.perf_counter()
+        if self.args.should_save:
+            mark_writing(checkpoint)
+        self.accelerator.wait_for_everyone()  # no rank rewrites a file of a folder still marked complete
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()  # every rank's part is on disk
+        if self.args.should_save:
+            mark_complete(checkpoint, self.state.global_step, self.args.world_size)
+            rotate_checkpoints(
+                self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
+            )
+        logger.info("wrote %s in %.2f s", checkpoint, time.perf_counter() - started)
