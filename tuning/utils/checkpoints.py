@@ -12,9 +12,10 @@ import os
 import re
 
 from safetensors import SafetensorError, safe_open
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 STATUS_FILE = "tuning_checkpoint.json"
+TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer's name, without importing that module
 _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 # Weights as transformers and PEFT write them: safetensors (single or sharded), torch pickles, FSDP shard folders.
 _WEIGHTS = re.compile(r"^(model|adapter_model)(-\d+-of-\d+)?\.safetensors$|^(pytorch_model|adapter_model).*\.bin$")
