@@ -3,17 +3,13 @@ must change how a step or a checkpoint runs (the loss's reduction, per-rank data
 extends this class instead of adding a trainer of its own. ``tuning.sft_trainer.train()`` builds it; importing this
 module loads TRL, so callers import it lazily."""
 
-import logging
 import os
-import time
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
 
 from tuning.utils.checkpoints import mark_complete, mark_writing
 from tuning.utils.graceful_stop import GracefulStopCallback
-
-logger = logging.getLogger(__name__)
 
 
 class TuningTrainer(SFTTrainer):
@@ -35,7 +31,6 @@ class TuningTrainer(SFTTrainer):
         """transformers' checkpoint (as TRL extends it), between the two marks of its status file, with the rotation
         moved after the second. Overridden as TRL does: transformers offers no public hook before a save."""
         checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        started = time.perf_counter()
         if self.args.should_save:
             mark_writing(checkpoint)
         self.accelerator.wait_for_everyone()  # no rank rewrites a file of a folder still marked complete
@@ -50,4 +45,3 @@ class TuningTrainer(SFTTrainer):
             rotate_checkpoints(
                 self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
             )
-        logger.info("wrote %s in %.2f s", checkpoint, time.perf_counter() - started)

@@ -13,6 +13,7 @@ import enum
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,7 @@ class GracefulStopCallback(TrainerCallback):
         self.save_at_stop = save_at_stop
         self._checkpoint_at_stop = False  # this step's, known at its end
         self._step = 0
+        self._save_started = 0.0
         self.received_signal: int | None = None  # caught here or, with several ranks, by another rank
         self._caught: int | None = None
         self._previous: dict[int, Any] = {}
@@ -143,6 +145,12 @@ class GracefulStopCallback(TrainerCallback):
         control.should_evaluate = False
         if self._checkpoint_at_stop:
             logger.warning("Stopping after step %d: writing %s-%d first", self._step, PREFIX_CHECKPOINT_DIR, self._step)
+            self._save_started = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._stopping:
+            seconds = time.perf_counter() - self._save_started
+            logger.warning("Wrote %s-%d in %.2f s", PREFIX_CHECKPOINT_DIR, state.global_step, seconds)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self._stopping:  # the step's checkpoint, if any, is written
