@@ -11,7 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.bench import bench_args, read_dump, run_bench, start_bench
 from tests.helpers.training import (
+    BENCH_CALLBACKS,
     SFT_TRAINER,
     TORCHRUN,
     Job,
@@ -147,3 +149,27 @@ def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step
     assert "resuming from checkpoint-4 (global step 4)" in restart.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == [1, 2, 3, 4, 5, 6]  # step 5: the restart's
     assert checkpoint_problem(str(output_dir / "checkpoint-6")) is None  # rewritten in place, complete
+
+
+@pytest.mark.slow
+def test_bench_train_writes_the_checkpoint_at_sigterm_and_a_bare_resume_flag_resumes_from_it(tiny_model, tmp_path):
+    """bench_train gets the behaviour through train(): its own GracefulStopCallback, no flag of its own."""
+    args = bench_args(
+        tiny_model,
+        tmp_path,
+        max_steps=8,
+        save_strategy="steps",
+        save_steps=100,
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
+    )
+    preempted = start_bench(args, log_dir=tmp_path / "preempted")
+    wait_for_steps(tmp_path / "training_logs.jsonl", 2, preempted, signal.SIGTERM)
+    stderr = preempted.finish(timeout=120)
+    assert preempted.returncode == 143, stderr[-3000:]
+    stopped = read_dump(tmp_path / "bench.json")["training_steps"]
+    assert checkpoint_problem(str(tmp_path / f"checkpoint-{stopped}")) is None
+
+    returncode, _, stderr = run_bench([*args, "--resume_from_checkpoint"])
+    assert returncode == 0, stderr[-3000:]
+    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in stderr
+    assert logged_steps(tmp_path / "training_logs.jsonl") == list(range(1, 9))
