@@ -84,6 +84,7 @@ def _command(tiny_model: str, output_dir: Path, ranks: int, **extra) -> list[str
         "gradient_accumulation_steps": 4,  # steps long enough for a SIGTERM to land between two checkpoints
         "save_strategy": "steps",
         "save_steps": SAVE_STEPS,
+        "save_total_limit": 1,
         "save_model_dir": str(output_dir / "final"),
     }
     flags = cli_args(tiny_model, str(output_dir), **{**options, **extra})
@@ -108,6 +109,7 @@ def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exac
     assert stderr.count("exit_code=143") == ranks, stderr[-3000:]
     assert SAVE_STEPS < stopped < 2 * SAVE_STEPS  # between two scheduled checkpoints
     assert checkpoint_problem(str(output_dir / f"checkpoint-{stopped}")) is None
+    assert [path.name for path in output_dir.glob("checkpoint-*")] == [f"checkpoint-{stopped}"]  # rotated once complete
     status = json.loads((output_dir / f"checkpoint-{stopped}" / STATUS_FILE).read_text())
     assert status == {"complete": True, "global_step": stopped, "world_size": ranks}
 
