@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.helpers.bench import bench_args, read_dump, run_bench, start_bench
+from tests.helpers.graceful_stop import SignalAtStep
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     SFT_TRAINER,
@@ -19,15 +20,17 @@ from tests.helpers.training import (
     Job,
     cli_args,
     logged_steps,
+    make_args,
     run_python,
     run_sft_trainer,
     two_ranks,
     wait_for_steps,
 )
 from tuning.config.configs import TrainingArguments
-from tuning.sft_trainer import get_parser, resume_checkpoint
+from tuning.sft_trainer import get_parser, resume_checkpoint, train
 from tuning.utils.checkpoints import STATUS_FILE, checkpoint_problem, newest_complete_checkpoint
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.graceful_stop import GracefulStopCallback
 
 SAVE_STEPS, MAX_STEPS = 5, 12
 
@@ -176,3 +179,31 @@ def test_bench_train_writes_the_checkpoint_at_sigterm_and_a_bare_resume_flag_res
     assert returncode == 0, stderr[-3000:]
     assert f"resuming from checkpoint-{stopped} (global step {stopped})" in stderr
     assert logged_steps(tmp_path / "training_logs.jsonl") == list(range(1, 9))
+
+
+@pytest.mark.parametrize("save_on_preemption", [True, False])
+def test_save_on_preemption_reaches_the_trainer_through_train(tiny_model, sample_train, tmp_path, save_on_preemption):
+    """In process: train() hands --save_on_preemption to TuningTrainer, which sets the stop's checkpoint by it."""
+    stop = GracefulStopCallback()
+    model_args, data_args, train_args = make_args(
+        tiny_model,
+        str(tmp_path),
+        sample_train,
+        max_steps=6,
+        save_strategy="steps",
+        save_steps=4,
+        save_on_preemption=save_on_preemption,
+    )
+    try:
+        trainer, info, _ = train(
+            model_args, data_args, train_args, additional_callbacks=[SignalAtStep(2, signal.SIGTERM), stop]
+        )
+    finally:
+        stop.restore_signal_handlers()
+    assert (trainer.state.global_step, stop.received_signal, info["resumed_from_step"]) == (2, signal.SIGTERM, None)
+    assert [path.name for path in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"] * save_on_preemption
+    if save_on_preemption:
+        assert json.loads((tmp_path / "checkpoint-2" / STATUS_FILE).read_text())["complete"] is True
+        trainer, info, _ = train(model_args, data_args, train_args)  # the restart: where it resumed, for the dump
+        assert trainer.state.global_step == 6
+        assert (info["resumed_from_checkpoint"], info["resumed_from_step"]) == (str(tmp_path / "checkpoint-2"), 2)
