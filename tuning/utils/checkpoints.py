@@ -38,8 +38,21 @@ def mark_writing(checkpoint: str) -> None:
     _write_status(checkpoint, {"complete": False})
 
 
+def _sync_folder(folder: str) -> None:
+    """Flush every file under ``folder``, and the folders themselves, to disk: transformers writes without ``fsync``,
+    so a node that goes down soon after could otherwise lose files a complete mark vouches for."""
+    for directory, _, names in os.walk(folder):
+        for path in [*(os.path.join(directory, name) for name in names), directory]:
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+
+
 def mark_complete(checkpoint: str, global_step: int, world_size: int) -> None:
-    """Mark ``checkpoint`` complete: call once every rank has written its part."""
+    """Mark ``checkpoint`` complete once its files are on disk: call once every rank has written its part."""
+    _sync_folder(checkpoint)
     _write_status(checkpoint, {"complete": True, "global_step": global_step, "world_size": world_size})
 
 
