@@ -181,7 +181,7 @@ def test_bench_train_writes_the_checkpoint_at_sigterm_and_a_bare_resume_flag_res
     assert logged_steps(tmp_path / "training_logs.jsonl") == list(range(1, 9))
 
 
-@pytest.mark.parametrize("save_on_preemption", [True, False])
+@pytest.mark.parametrize("save_on_preemption", [pytest.param(True, marks=pytest.mark.slow), False])  # True: 2 runs
 def test_save_on_preemption_reaches_the_trainer_through_train(tiny_model, sample_train, tmp_path, save_on_preemption):
     """In process: train() hands --save_on_preemption to TuningTrainer, which sets the stop's checkpoint by it."""
     stop = GracefulStopCallback()
