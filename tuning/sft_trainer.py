@@ -33,7 +33,6 @@ import torch
 import transformers
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import is_flash_attn_2_available
 
 from tuning.config.acceleration_configs import (
@@ -71,6 +70,7 @@ from tuning.trackers.tracker_factory import (
     external_tracker_config_classes,
     hf_callbacks,
 )
+from tuning.utils.checkpoints import checkpoint_problem, newest_complete_checkpoint, trained_steps
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
@@ -338,19 +338,28 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
             raise UserInputError(f"--{flag} must be positive, got {getattr(train_args, flag)}")
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
         raise UserInputError(f"--max_steps must be a number of steps or -1 (all epochs), got {train_args.max_steps}")
-    checkpoint = resume_checkpoint(train_args)
-    if checkpoint is not None and not os.path.isdir(checkpoint):
-        raise UserInputError(f"--resume_from_checkpoint {checkpoint} is not a directory")
+    resume_checkpoint(train_args)
+
+
+def _resume_choice(train_args: TrainingArguments) -> tuple[str | None, list[tuple[str, str]]]:
+    """``resume_checkpoint``'s answer and the newer checkpoints it skipped, each with its problem."""
+    value = train_args.resume_from_checkpoint
+    if value is None or str(value).lower() == "true":
+        return newest_complete_checkpoint(train_args.output_dir) if train_args.output_dir else (None, [])
+    if str(value).lower() == "false":
+        return None, []
+    if not os.path.isdir(value):
+        raise UserInputError(f"--resume_from_checkpoint {value} is not a directory")
+    if problem := checkpoint_problem(value):
+        raise UserInputError(f"--resume_from_checkpoint {value} is not a complete checkpoint: {problem}")
+    return value, []
 
 
 def resume_checkpoint(train_args: TrainingArguments) -> str | None:
-    """Where training resumes from, as fms-hf-tuning v3.1.0 reads ``--resume_from_checkpoint``: unset or "true", the
-    last ``checkpoint-N`` in ``output_dir`` (None when there is none: a fresh start); "false", None; else the path."""
-    value = train_args.resume_from_checkpoint
-    if value is None or str(value).lower() == "true":
-        output_dir = train_args.output_dir
-        return get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
-    return None if str(value).lower() == "false" else value
+    """Where training resumes from, as fms-hf-tuning v3.1.0 reads ``--resume_from_checkpoint``, complete checkpoints
+    only (``tuning.utils.checkpoints``): unset or "true", the newest complete ``checkpoint-N`` in ``output_dir`` (None
+    when there is none: a fresh start); "false", None; else the path, a user error unless a complete checkpoint."""
+    return _resume_choice(train_args)[0]
 
 
 def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
@@ -403,8 +412,10 @@ def train(
     trackers: list[Tracker] | None = None,
 ) -> tuple[Any, dict[str, Any], None]:
     """Fine-tune (resuming as ``--resume_from_checkpoint`` says); checkpoints go to ``output_dir`` by
-    ``save_strategy``, the final model nowhere (``save()`` writes it). Returns fms-hf-tuning v3.1.0's ``(trainer,
-    {"added_tokens_info": ..., "model_load_time": ...}, None)``, the last being the trainer controller it lacks.
+    ``save_strategy`` (and at a SIGTERM, ``--save_on_preemption``), the final model nowhere (``save()`` writes it).
+    Returns fms-hf-tuning v3.1.0's ``(trainer, {"added_tokens_info": ..., "model_load_time": ...,
+    "resumed_from_checkpoint": path or None, "resumed_from_step": global step or None}, None)``, the last being the
+    trainer controller it lacks.
 
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
@@ -478,6 +489,14 @@ def _train(
     eval_path = data_args.validation_data_path
     eval_dataset = _build_dataset(eval_path, data_args, tokenizer, max_length) if eval_path else None
 
+    checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
+    for folder, problem in skipped:
+        logger.warning("skipping %s: %s", folder, problem)
+    resumed_from_step = None
+    if checkpoint is not None:
+        resumed_from_step = trained_steps(checkpoint)
+        logger.warning("resuming from %s (global step %d)", os.path.basename(checkpoint), resumed_from_step)
+
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
         model_args.model_name_or_path,
@@ -507,9 +526,16 @@ def _train(
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=trainer_callbacks,
+        save_on_preemption=train_args.save_on_preemption,
     )
-    trainer.train(resume_from_checkpoint=resume_checkpoint(train_args))
-    return trainer, {"added_tokens_info": added_tokens_info, "model_load_time": model_load_time}, None
+    trainer.train(resume_from_checkpoint=checkpoint)
+    info = {
+        "added_tokens_info": added_tokens_info,
+        "model_load_time": model_load_time,
+        "resumed_from_checkpoint": checkpoint,
+        "resumed_from_step": resumed_from_step,
+    }
+    return trainer, info, None
 
 
 def save(path: str, trainer, tc_callback: Any = None, log_level: str = "WARNING", args: Any = None) -> None:

@@ -3,11 +3,16 @@ must change how a step or a checkpoint runs (the loss's reduction, per-rank data
 extends this class instead of adding a trainer of its own. ``tuning.sft_trainer.train()`` builds it; importing this
 module loads TRL, so callers import it lazily."""
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
+
+from tuning.utils.checkpoints import mark_complete, mark_writing
+from tuning.utils.graceful_stop import GracefulStopCallback
 
 
 class TuningTrainer(SFTTrainer):
@@ -16,7 +21,38 @@ class TuningTrainer(SFTTrainer):
     Per-rank data timing: each optimizer step's batches are fetched in ``get_batch_samples``, which then counts the
     batch's items across ranks (a collective: every rank waits there for the slowest). Only the data loader's
     ``next`` calls are timed, and every callback with an ``on_batches_fetched(seconds)`` method gets this rank's
-    own fetch time of the step's batches (``tuning.benchmarking``'s callback does)."""
+    own fetch time of the step's batches (``tuning.benchmarking``'s callback does).
+
+    Checkpoints: each one is marked complete only after every rank has written its part (``tuning.utils.checkpoints``
+    says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
+    checkpoint survives until the next one is complete. ``save_on_preemption``: a ``GracefulStopCallback`` among the
+    callbacks writes a checkpoint of the step it stops at (unless ``save_strategy`` is ``no``).
+    """
+
+    def __init__(self, *args, save_on_preemption: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, GracefulStopCallback):
+                callback.save_at_stop = save_on_preemption
+
+    def _save_checkpoint(self, model, trial):
+        """transformers' checkpoint (as TRL extends it), between the two marks of its status file, with the rotation
+        moved after the second. Overridden as TRL does: transformers offers no public hook before a save."""
+        checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            mark_writing(checkpoint)
+        self.accelerator.wait_for_everyone()  # no rank rewrites a file of a folder still marked complete
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()  # every rank's part is on disk
+        if self.args.should_save:
+            mark_complete(checkpoint, self.state.global_step, self.args.world_size)
+            rotate_checkpoints(
+                self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
+            )
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, device: Any) -> tuple[list, Any]:
         timed = _TimedIterator(epoch_iterator)

@@ -225,7 +225,8 @@ class PointProcess:
         launcher = [sys.executable]
         if nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
-        flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        # A stopped point starts again from scratch (docs/sweeps.md): a checkpoint at its stop would only cost time.
+        flags = {"save_on_preemption": False, **flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
         # The termination log names the root cause as the launcher saw it: a rank SIGKILLed leaves no report.
         env = {
             **(popen.pop("env", None) or os.environ),

@@ -14,20 +14,21 @@ from tuning.utils.error_logging import TrainingInterrupted, build_error_report, 
 from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement, Vote
 
 
-def test_sigterm_stops_training_at_the_step_boundary(tmp_path):
+@pytest.mark.parametrize("save_at_stop", [True, False])
+def test_sigterm_stops_training_at_the_step_boundary(tmp_path, save_at_stop):
     before = signal.getsignal(signal.SIGTERM)
-    stop = GracefulStopCallback()
-    trainer = tiny_trainer(tmp_path, [SignalAtStep(3, signal.SIGTERM), stop])
+    stop = GracefulStopCallback(save_at_stop=save_at_stop)
+    trainer = tiny_trainer(tmp_path, [SignalAtStep(2, signal.SIGTERM), stop])  # checkpoints due at 3, 6...
     trainer.train()
-    assert trainer.state.global_step == 3
+    assert trainer.state.global_step == 2
     assert stop.received_signal == signal.SIGTERM
-    assert last_global_step() == 3
-    assert not (tmp_path / "out" / "checkpoint-3").exists()  # no checkpoint started inside the grace period
+    assert last_global_step() == 2
+    assert sorted(path.name for path in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-2"] * save_at_stop
     assert signal.getsignal(signal.SIGTERM) == stop._handle  # kept past train end, while the report is due
     stop.restore_signal_handlers()
     assert signal.getsignal(signal.SIGTERM) is before
     report = build_error_report(TrainingInterrupted(stop.received_signal), global_step=last_global_step())
-    assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 3)
+    assert (report["category"], report["exit_code"], report["global_step"]) == ("interrupted", 143, 2)
 
 
 def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):

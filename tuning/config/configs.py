@@ -95,6 +95,23 @@ class TrainingArguments(transformers.TrainingArguments):
             "aliases": ["--tracker"],
         },
     )
+    save_on_preemption: bool = field(
+        default=True,
+        metadata={
+            "help": "On SIGTERM/SIGINT, write a checkpoint of the step training stops at (unless --save_strategy no), "
+            "so that a restart resumes from it (docs/errors.md)."
+        },
+    )
+    # Redeclared so that a bare --resume_from_checkpoint means "true", as the docs' v3.1.0 usage suggests.
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={
+            "help": "Unset or true (also given bare): the newest complete checkpoint in output_dir; false: a fresh "
+            "start; else a checkpoint's path.",
+            "nargs": "?",
+            "const": "true",
+        },
+    )
     save_model_dir: str | None = field(
         default=None, metadata={"help": "Directory the final model is saved to; unset: no final save."}
     )

@@ -24,6 +24,15 @@ def format_record(name: str, value: float, step: int | None, epoch: float | None
     return json.dumps(record) + "\n"
 
 
+def _logged_after(line: str, step: int) -> bool:
+    """``line`` is a record of a step after ``step`` (a torn last line of a killed run counts as one)."""
+    try:
+        logged = json.loads(line)["data"]["step"]
+    except (ValueError, KeyError, TypeError):
+        return True
+    return logged is not None and logged > step
+
+
 class FileLoggingCallback(TrainerCallback):
     """Appends to ``<output_dir>/<logs_filename>`` (the trainer's ``output_dir``) on global rank 0.
 
@@ -59,6 +68,28 @@ class FileLoggingCallback(TrainerCallback):
             self.path = os.path.join(args.output_dir, self.logs_filename)
             if self._pending:
                 self._write([])
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and state.global_step > 0:
+            self.path = self.path or os.path.join(args.output_dir, self.logs_filename)
+            self._drop_records_after(state.global_step)
+
+    def _drop_records_after(self, step: int) -> None:
+        """Resuming at ``step``: drop the records of later steps, which the run before the restart logged and this
+        one logs again, so that the file keeps one record per step (the surviving run's). Rewritten aside, then
+        swapped in, so that a kill meanwhile loses nothing."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8") as handle:
+            lines = handle.readlines()
+        kept = [line for line in lines if not _logged_after(line, step)]
+        if len(kept) < len(lines):
+            with open(f"{self.path}.tmp", "w", encoding="utf-8") as handle:
+                handle.writelines(kept)
+            os.replace(f"{self.path}.tmp", self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:

@@ -1,16 +1,26 @@
 """Stopping training at an optimizer-step boundary on every rank at once: on a signal (``GracefulStopCallback``), or
-on a callback's own rule (``tuning.benchmarking.callback.BenchmarkCallback``), decided by one ``StopAgreement``."""
+on a callback's own rule (``tuning.benchmarking.callback.BenchmarkCallback``), decided by one ``StopAgreement``.
+
+On SIGTERM (a Kubernetes preemption, torchrun's shutdown) or SIGINT, in order: each rank finishes the optimizer step
+it is in; the ranks agree at that step's end (one all-reduce) that training stops there; every rank writes its part
+of a checkpoint of that step into ``output_dir`` (the kind ``--save_strategy`` writes: weights or adapter, optimizer,
+scheduler, RNG and trainer state), and ``TuningTrainer`` marks it complete once all have; the trainer returns, the
+trackers flush, and the caller raises ``TrainingInterrupted`` (exit 143). No checkpoint with ``--save_strategy no``
+or ``--save_on_preemption false``, and no evaluation. A restart with the same command resumes from that checkpoint;
+one the grace period cut short is skipped with a warning (``tuning.utils.checkpoints``)."""
 
 import enum
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from tuning.utils.error_logging import record_global_step, record_stop_signal
 
@@ -69,14 +79,19 @@ class GracefulStopCallback(TrainerCallback):
     (trackers flush) and the caller raises ``TrainingInterrupted`` from ``received_signal``. A second signal before
     the stop gets the previous handler (the user can still force it). Once the stop is agreed, a repeated SIGTERM
     (torchrun's to every worker once one exits) is ignored until ``restore_signal_handlers()``, so that it cannot cut
-    a report short; checkpoints and evaluations are skipped: half a checkpoint in the grace period is worse than none.
+    the checkpoint or a report short. At the stop, a checkpoint of that step is due unless ``save_at_stop`` is off
+    (``TuningTrainer`` sets it from ``--save_on_preemption``) or ``save_strategy`` is ``no``; no evaluation.
     Also records the global step for error reports.
     """
 
     signals = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, agreement: StopAgreement | None = None) -> None:
+    def __init__(self, agreement: StopAgreement | None = None, save_at_stop: bool = True) -> None:
         self.agreement = agreement if agreement is not None else StopAgreement()
+        self.save_at_stop = save_at_stop
+        self._checkpoint_at_stop = False  # this step's, known at its end
+        self._step = 0
+        self._save_started = 0.0
         self.received_signal: int | None = None  # caught here or, with several ranks, by another rank
         self._caught: int | None = None
         self._previous: dict[int, Any] = {}
@@ -115,6 +130,8 @@ class GracefulStopCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         record_global_step(state.global_step)
+        self._step = state.global_step
+        self._checkpoint_at_stop = self.save_at_stop and args.save_strategy != SaveStrategy.NO
         self.agreement.vote(Vote.SIGNAL, self.received_signal or 0, control)
 
     def _on_agreed(self, signum: int, control: TrainerControl) -> None:
@@ -124,11 +141,19 @@ class GracefulStopCallback(TrainerCallback):
         record_stop_signal(self.received_signal)
         self._stopping = True
         control.should_training_stop = True
-        control.should_save = False
+        control.should_save = self._checkpoint_at_stop
         control.should_evaluate = False
+        if self._checkpoint_at_stop:
+            logger.warning("Stopping after step %d: writing %s-%d first", self._step, PREFIX_CHECKPOINT_DIR, self._step)
+            self._save_started = time.perf_counter()
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._stopping:
+            seconds = time.perf_counter() - self._save_started
+            logger.warning("Wrote %s-%d in %.2f s", PREFIX_CHECKPOINT_DIR, state.global_step, seconds)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        if self._stopping:
+        if self._stopping:  # the step's checkpoint, if any, is written
             control.should_save = False
             control.should_evaluate = False
 
