@@ -395,6 +395,7 @@ class BenchmarkJob:
                 tracker_configs=args.tracker_configs,
                 additional_callbacks=callbacks,
                 exp_metadata=metadata,
+                attention_and_distributed_packing_config=args.attention_and_distributed_packing_config,
                 trackers=trackers,
             )
         finally:  # the runs end with the job's outcome so far
