@@ -594,8 +594,9 @@ def _train(
 def with_new_token_rows_trained(peft_config: Any, model) -> Any:
     """A LoRA config that also trains and saves the embedding rows of tokens added to the vocabulary (fms-hf-tuning
     3.2): the input embeddings join ``modules_to_save``, with ``ensure_weight_tying`` where the model ties its output
-    embeddings to them (3.2 sets it always; peft warns when there is nothing to tie); untied output embeddings join too (3.2 leaves them out), else their new rows would stay
-    random and unsaved. Unchanged when not LoRA, or when the embeddings are targeted already."""
+    embeddings to them (3.2 sets it always; peft warns when there is nothing to tie); untied output embeddings join
+    too (3.2 leaves them out), else their new rows would stay random and unsaved. Unchanged when not LoRA, or when
+    the embeddings are targeted already."""
     import peft
 
     if not isinstance(peft_config, peft.LoraConfig):
