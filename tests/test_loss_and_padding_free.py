@@ -168,3 +168,19 @@ def test_lora_with_added_tokens_trains_and_saves_their_rows(tied, tiny_model, sa
         expected = getattr(trainer.model, embeddings)().weight[token_id]
         assert torch.equal(getattr(loaded, embeddings)().weight[token_id], expected)
     assert not torch.allclose(loaded.get_input_embeddings().weight[token_id], starts["embed_tokens"], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_bench_train_hands_padding_free_to_train(tiny_model, tmp_path):
+    """Through bench_train too: padding-free trains (its dump counts the examples' tokens, TRL's count of the
+    concatenated rows agreeing), and padding-free with packing is refused as a user error, not ignored."""
+    from tests.helpers.bench import bench_args, read_dump, run_bench, series
+
+    out = tmp_path / "ok"
+    code, _, stderr = run_bench(bench_args(tiny_model, out, padding_free="huggingface"))
+    assert code == 0, stderr[-3000:]
+    dump = read_dump(out / "bench.json")
+    assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1] > 0
+    refused = tmp_path / "refused"
+    code, _, stderr = run_bench(bench_args(tiny_model, refused, padding_free="huggingface", packing="True"))
+    assert code == 1 and "--padding_free with --packing" in stderr
