@@ -60,6 +60,8 @@ FAILED = "failed: "  # the value of a step's row when the step failed
 OOM_JOB = "OOM job (batch {oom_batch_size})"  # the figures of its rows begin with it
 RATIOS = {"tokens_per_second": "tokens_per_second_ratio", "step_s": "step_time_ratio", "loop_s": "loop_ratio"}
 NVML_SERIES = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT)
+PADDING_FREE_STEPS = 20  # optimizer steps of each padded and padding-free job
+PADDING_FREE_JOB = "padded against padding-free (varied lengths)"
 EFFICIENCY_KEYS = ("mfu", "peak_tflops_per_device", "joules_per_token", "energy_source")  # of the dump's summary
 
 
@@ -146,6 +148,38 @@ def build_dataset(path: Path, records: int, seq_length: int, seed: int) -> Path:
             text = f"### Input: {' '.join(rng.choices(words, k=4))}\n{overhead.RESPONSE_TEMPLATE} "
             handle.write(json.dumps({"output": text + " ".join(rng.choices(words, k=seq_length))}) + "\n")
     return path
+
+
+def build_varied_dataset(path: Path, records: int, seq_length: int, seed: int) -> Path:
+    """Like ``build_dataset``, with responses of ``seq_length / 8`` to ``seq_length`` words: padded batches carry
+    padding, which padding-free ones leave out."""
+    words = sorted({word for record in load_records(SAMPLE_TRAIN_PATH) for word in record["output"].split()})
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as handle:
+        for _ in range(records):
+            text = f"### Input: {' '.join(rng.choices(words, k=4))}\n{overhead.RESPONSE_TEMPLATE} "
+            length = rng.randint(max(seq_length // 8, 1), seq_length)
+            handle.write(json.dumps({"output": text + " ".join(rng.choices(words, k=length))}) + "\n")
+    return path
+
+
+def padding_free_command(workload: Workload, model_dir: Path, data_path: Path, run_dir: Path, attention: str):
+    """``benchmarks/padding_free.py`` on this check's model: one warm-up and one measured round of each arm, one
+    epoch of ``data_path`` per job."""
+    return [
+        *(sys.executable, "-m", "benchmarks.padding_free", "--workdir", str(run_dir), "--model_dir", str(model_dir)),
+        *("--data_path", str(data_path), "--max_steps", str(PADDING_FREE_STEPS), "--rounds", "1"),
+        *("--batch_size", str(workload.batch_size), "--torch_dtype", workload.torch_dtype),
+        *("--use_flash_attn", str(attention == FLASH_ATTENTION), "--seed", str(workload.seed)),
+        *("--json", str(run_dir / "padding_free.json")),
+    ]
+
+
+def run_padding_free(command: list[str], run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    run_dir.mkdir(parents=True)
+    with (run_dir / "stderr.log").open("w", encoding="utf-8") as stderr:
+        subprocess.run(command, env=env, cwd=overhead.REPO_ROOT, stdout=stderr, stderr=stderr, check=True)
+    return json.loads((run_dir / "padding_free.json").read_text())
 
 
 def job_command(
@@ -273,9 +307,12 @@ def run_check(
     if gpu.uuid is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid  # the dump must still key its series by index
     model_dir, data_path, oom_dir = workdir / "model", workdir / "train.jsonl", workdir / "oom"
+    varied_path, padding_free_dir = workdir / "varied.jsonl", workdir / "padding_free"
     workdir.mkdir(parents=True, exist_ok=True)
     records = max(workload.oom_batch_size, workload.batch_size * workload.max_steps)
     build_dataset(data_path, records, workload.seq_length, workload.seed)
+    build_varied_dataset(varied_path, workload.batch_size * PADDING_FREE_STEPS, workload.seq_length, workload.seed)
+    padding_free = padding_free_command(workload, model_dir, varied_path, padding_free_dir, attention)
     jobs: list[Job] = []
 
     def argv(arm: str, run_dir: Path) -> list[str]:
@@ -300,6 +337,7 @@ def run_check(
         "throughput": throughput,
         "dump": lambda: dump_summary(json.loads(last_dump.read_text())),
         "oom": lambda: run_oom(oom_command, oom_dir, env, gpu),
+        "padding_free": lambda: run_padding_free(padding_free, padding_free_dir, env),
     }
     for name, step in steps.items():
         print(f"--- {name} (at {time.perf_counter() - started:.0f} s)", flush=True)
@@ -431,12 +469,25 @@ def oom_rows(results: dict[str, Any]) -> list[Row]:
     ]
 
 
+def padding_free_rows(results: dict[str, Any]) -> list[Row]:
+    """Padding-free against padded tokens/s on varied-length data: flash attention skips across the concatenated
+    sequences, so it must gain there; sdpa attends over the whole row under a mask, so there it is only a figure."""
+    measured, attention = results["padding_free"], results["attention"]
+    tokens, ratio = measured["tokens_per_second"], measured["ratio"]
+    value = f"{ratio:.3f}× ({tokens['padding_free']:,.0f} vs {tokens['padded']:,.0f})"
+    figure = f"tokens/s, padding-free ÷ padded ({attention}, responses 1/8-1× of the sequence)"
+    if attention != FLASH_ATTENTION:
+        return [Row(figure, value)]
+    return [Row(figure, value, "> 1×", ratio > 1)]
+
+
 # Per step: the figure of its one row when it failed ({} fields from the workload), and its rows when it did not.
 STEP_ROWS = {
     "model": ("model", model_rows),
     "throughput": ("throughput: bench_train against bare TRL", throughput_rows),
     "dump": ("the last bench_train dump", dump_rows),
     "oom": (OOM_JOB, oom_rows),
+    "padding_free": (PADDING_FREE_JOB, padding_free_rows),
 }
 
 

@@ -7,6 +7,7 @@ import logging
 import pickle
 
 import pytest
+import torch
 
 from tests.helpers.training import RESPONSE_TEMPLATE
 from tuning.config.configs import DataArguments, TrainingArguments
@@ -96,7 +97,8 @@ def test_result_unpacks_and_has_names(monkeypatch):
 def test_defaults_follow_fms_hf_tuning(monkeypatch):
     args = parse(BASE, monkeypatch)
     assert args.tune_config is None
-    assert args.model_args.torch_dtype == "bfloat16" and args.model_args.use_flash_attn
+    assert args.model_args.torch_dtype is torch.bfloat16 and args.model_args.use_flash_attn  # a dtype, as in v3.1.0
+    assert parse(BASE + ["--torch_dtype", "float32"], monkeypatch).model_args.torch_dtype == "float32"  # given: a name
     assert args.training_args.max_seq_length == 4096 and not args.training_args.packing
     assert args.training_args.save_strategy == "epoch" and args.training_args.logging_strategy == "epoch"
 
@@ -255,7 +257,7 @@ def test_unsupported_peft_and_quantization_methods_are_refused_by_name(argv, cul
         parse(BASE + argv, monkeypatch)
 
 
-def test_module_aliases_of_v3():
+def test_module_aliases_of_v3(monkeypatch):
     """v3.1.0's helper modules, on our dataclasses."""
     tune_config = create_tuning_config("lora", r=4, lora_alpha=16, **{"PromptTuningConfig.num_virtual_tokens": 3})
     assert isinstance(tune_config, LoraConfig) and (tune_config.r, tune_config.lora_alpha) == (4, 16)
@@ -267,11 +269,21 @@ def test_module_aliases_of_v3():
     assert configs[0].r == 2 and configs[1].num_virtual_tokens == 5
     with pytest.raises(UserInputError, match="aLoRA is not supported"):
         create_tuning_config("alora")
+    for caught in (AssertionError, UserInputError):  # v3.1.0's exception type, and a user fault here
+        with pytest.raises(caught, match="peft config hello not defined"):
+            create_tuning_config("hello", foo="x")
     hf_config = get_hf_peft_config("CAUSAL_LM", LoraConfig(r=4, target_modules=["all-linear"]), None)
     assert (hf_config.r, hf_config.target_modules, hf_config.task_type) == (4, "all-linear", "CAUSAL_LM")
     assert get_hf_peft_config("CAUSAL_LM", None, None) is None
     logger, level = set_log_level("mine", "info")
     assert (logger.name, level, logging.getLogger().level) == ("mine", "info", logging.INFO)
+    set_log_level("mine", "warning")
+    for name in ("LOG_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(name, raising=False)
+    logger, level = set_log_level("mine", "passive")  # neither flag nor environment: v3.1.0's INFO
+    assert (level, logger.getEffectiveLevel()) == ("info", logging.INFO)
+    monkeypatch.setenv("LOG_LEVEL", "error")
+    assert set_log_level("mine")[1] == "error"
     set_log_level("mine", "warning")
     assert DataArguments(add_special_tokens=["<x>"]).add_special_tokens == ["<x>"]
     assert legacy_resize is tokenizer_and_embedding_resize

@@ -55,7 +55,8 @@ def test_ado_style_wrapper_trains_with_its_own_aim_callback(tiny_model, tmp_path
     )
     logs = [json.loads(line) for line in (tmp_path / "out" / "training_logs.jsonl").read_text().splitlines()]
     assert [r["data"]["step"] for r in logs if r["name"] == "training_loss"] == [1, 2, 3]  # the file logger, alone
-    assert not (tmp_path / "out" / "aimstack_tracker.json").exists()  # no tracker of ours beside ado's callback
+    for name in ("aim_tracker.json", "aimstack_tracker.json"):  # v3.1.0's name and the 2.x one
+        assert not (tmp_path / "out" / name).exists()  # no tracker of ours beside ado's callback
     assert not (tmp_path / "termination-log").exists()
 
 

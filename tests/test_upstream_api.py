@@ -350,7 +350,7 @@ def test_train_with_aim_keeps_the_file_logger(tiny_model, sample_train, tmp_path
     configs = TrackerConfigFactory(aim_config=AimConfig(experiment="unit_test", aim_repo=str(tmp_path / "aim")))
     sft_trainer.train(model_args, data_args, train_args, tracker_configs=configs, exp_metadata={"dead": "beef"})
     assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2]
-    assert json.loads((output_dir / "aimstack_tracker.json").read_text())["run_hash"]
+    assert json.loads((output_dir / "aim_tracker.json").read_text())["run_hash"]
 
 
 def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path):
@@ -376,8 +376,8 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
             "--trainer_controller_config_file rules.yaml: the trainer controller is not supported",
         ),
         (
-            {"attention_and_distributed_packing_config": AttentionAndDistributedPackingConfig(padding_free=["hf"])},
-            "--padding_free hf: padding-free attention is not supported",
+            {"attention_and_distributed_packing_config": AttentionAndDistributedPackingConfig(multipack=["16"])},
+            "--multipack 16: multipack sampling is not supported",
         ),
         ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, "--fast_moe 1: fms-acceleration's fast MoE"),
         ({"additional_data_handlers": {"mine": object()}}, "additional_data_handlers: data handlers"),
@@ -417,7 +417,7 @@ def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path):
     result = run_sft_trainer(cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim")))
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2, 3]
-    assert json.loads((output_dir / "aimstack_tracker.json").read_text())["run_hash"]
+    assert json.loads((output_dir / "aim_tracker.json").read_text())["run_hash"]
 
 
 @pytest.mark.slow

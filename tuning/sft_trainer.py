@@ -3,6 +3,7 @@ Python API (docs/cli-and-api.md). ``main()`` parses, builds the trackers and han
 and saves to ``--save_model_dir`` as v3.1.0 does."""
 
 import argparse
+import copy
 import dataclasses
 import glob
 import json
@@ -31,6 +32,7 @@ if __name__ == "__main__":
 
 import torch
 import transformers
+from accelerate.utils import set_seed
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainerCallback
 from transformers.utils import is_flash_attn_2_available
@@ -83,6 +85,9 @@ logger = logging.getLogger("tuning.sft_trainer")
 KEY_ALIASES = {"data_path": "training_data_path", "evaluation_strategy": "eval_strategy", "tracker": "trackers"}
 # What train() uses when not told otherwise: the file logger with its defaults (fms-hf-tuning's default too).
 DEFAULT_TRACKER_CONFIGS = TrackerConfigs()
+# Attention implementations that keep the sequences of a padding-free row apart: flash attention by the row's
+# position_ids, sdpa and eager by the block-diagonal mask transformers builds from them when no attention mask is given.
+PADDING_FREE_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
 # The plain flags beside the dataclasses: name → value when not given.
 _PLAIN_FLAGS = {
     "peft_method": None,
@@ -367,19 +372,24 @@ def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: i
     return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
-def _attention_implementation(model_args: ModelArguments) -> str:
+def _attention_implementation(model_args: ModelArguments, quiet: bool = False) -> str:
+    """``--flash_attn_implementation`` with ``--use_flash_attn`` where flash attention 2 can run, else sdpa (with a
+    warning unless ``quiet``, when flash attention was asked for)."""
     if not model_args.use_flash_attn:
         return "sdpa"
     if torch.cuda.is_available() and is_flash_attn_2_available():
         return model_args.flash_attn_implementation
-    logger.warning("flash attention 2 is not available here (needs CUDA and flash-attn); using sdpa instead")
+    if not quiet:
+        logger.warning("flash attention 2 is not available here (needs CUDA and flash-attn); using sdpa instead")
     return "sdpa"
 
 
-def _to_sft_config(train_args: TrainingArguments, max_length: int):
+def _to_sft_config(train_args: TrainingArguments, max_length: int, padding_free: bool = False):
     """TRL needs its own SFTConfig; copy every transformers field so TRL's defaults (bf16, gradient
     checkpointing on) never override what the user asked for. Our datasets come truncated to ``max_length`` with
-    fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own."""
+    fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own.
+    Padding-free, TRL gets no ``max_length`` (it refuses one without packing, which it would not enforce): the
+    rows are truncated already."""
     from trl import SFTConfig
 
     values = {
@@ -388,7 +398,13 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int):
         if spec.init
     }
     prepared = {"skip_prepare_dataset": not train_args.packing}
-    return SFTConfig(**values, max_length=max_length, packing=train_args.packing, dataset_kwargs=prepared)
+    return SFTConfig(
+        **values,
+        max_length=None if padding_free else max_length,
+        packing=train_args.packing,
+        padding_free=padding_free,
+        dataset_kwargs=prepared,
+    )
 
 
 @removes_data_caches
@@ -445,11 +461,42 @@ def train(
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
     validate_arguments(model_args, data_args, train_args)
+    padding_free = attention_and_distributed_packing_config is not None and (
+        attention_and_distributed_packing_config.is_padding_free
+    )
+    if padding_free:
+        check_padding_free(model_args, train_args, peft_config)
+    run = (model_args, data_args, train_args, peft_config, exp_metadata)
     if trackers is not None:  # the caller's: it closes them
-        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+        return _train(*run, trackers, additional_callbacks, padding_free)
     trackers = build_trackers(train_args.trackers, tracker_configs)
     with closed_on_failure(trackers):
-        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+        return _train(*run, trackers, additional_callbacks, padding_free)
+
+
+def check_padding_free(model_args: ModelArguments, train_args: TrainingArguments, peft_config: Any) -> None:
+    """Refuse, before the model loads, what cannot train padding-free correctly (``--padding_free huggingface``)."""
+    if train_args.packing:
+        raise UserInputError(
+            "--padding_free with --packing: padding-free batches are the packing (TRL's collator concatenates the "
+            "batch's sequences); give one of them"
+        )
+    if train_args.use_cache:
+        raise UserInputError(
+            "--padding_free with --use_cache True: the sequences of a padding-free row are kept apart only "
+            "without a KV cache; leave --use_cache off"
+        )
+    if isinstance(peft_config, PromptTuningConfig) or getattr(peft_config, "is_prompt_learning", False):
+        raise UserInputError(
+            "--padding_free with --peft_method pt: prompt tuning prepends virtual tokens to each sequence, "
+            "which a padding-free row has no place for; use LoRA or full fine-tuning"
+        )
+    attention = _attention_implementation(model_args, quiet=True)
+    if attention not in PADDING_FREE_ATTENTION:
+        raise UserInputError(
+            f"--padding_free needs an attention implementation that keeps packed sequences apart by their "
+            f"position_ids ({', '.join(PADDING_FREE_ATTENTION)}); --flash_attn_implementation gives {attention}"
+        )
 
 
 def _train(
@@ -460,6 +507,7 @@ def _train(
     exp_metadata: dict | None,
     trackers: list[Tracker],
     additional_callbacks: list[TrainerCallback],
+    padding_free: bool,
 ) -> tuple[Any, dict[str, Any], None]:
     """``train()`` once its arguments are checked and its trackers built."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -518,16 +566,21 @@ def _train(
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
         peft_config = to_peft_config(peft_config, model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    if added_tokens_info["num_new_tokens"] > 0:
+        peft_config = with_new_token_rows_trained(peft_config, model)
     trainer = TuningTrainer(
         model=model,
-        args=_to_sft_config(train_args, max_length),
+        args=_to_sft_config(train_args, max_length, padding_free),
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=trainer_callbacks,
         save_on_preemption=train_args.save_on_preemption,
+        reduce_loss_sum=train_args.enable_reduce_loss_sum,
     )
+    # As fms-hf-tuning 3.2: each rank its own random stream (dropout masks), once the trainer is built.
+    set_seed(train_args.seed, device_specific=True)
     trainer.train(resume_from_checkpoint=checkpoint)
     info = {
         "added_tokens_info": added_tokens_info,
@@ -536,6 +589,33 @@ def _train(
         "resumed_from_step": resumed_from_step,
     }
     return trainer, info, None
+
+
+def with_new_token_rows_trained(peft_config: Any, model) -> Any:
+    """A LoRA config that also trains and saves the embedding rows of tokens added to the vocabulary (fms-hf-tuning
+    3.2): the input embeddings join ``modules_to_save``, with ``ensure_weight_tying`` where the model ties its output
+    embeddings to them (3.2 sets it always; peft warns when there is nothing to tie); untied output embeddings join
+    too (3.2 leaves them out), else their new rows would stay random and unsaved. Unchanged when not LoRA, or when
+    the embeddings are targeted already."""
+    import peft
+
+    if not isinstance(peft_config, peft.LoraConfig):
+        return peft_config
+    names = {id(module): name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name}
+    input_embeddings, output_embeddings = model.get_input_embeddings(), model.get_output_embeddings()
+    embedding_names = [names[id(input_embeddings)]]
+    tied = output_embeddings is None or output_embeddings.weight is input_embeddings.weight
+    if not tied:
+        embedding_names.append(names[id(output_embeddings)])
+    targets = peft_config.target_modules
+    if not isinstance(targets, str) and any(name in (targets or ()) for name in ("embed_tokens", "lm_head")):
+        return peft_config
+    peft_config = copy.deepcopy(peft_config)  # a caller's config stays as given
+    saved = list(peft_config.modules_to_save or [])
+    peft_config.modules_to_save = saved + [name for name in embedding_names if name not in saved]
+    peft_config.ensure_weight_tying = tied  # the saved copy of the input embeddings is the output one too
+    logger.info("new tokens: %s trained in full and saved with the adapter", ", ".join(embedding_names))
+    return peft_config
 
 
 def save(path: str, trainer, tc_callback: Any = None, log_level: str = "WARNING", args: Any = None) -> None:

@@ -8,11 +8,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
 
 from tuning.utils.checkpoints import mark_complete, mark_writing
 from tuning.utils.graceful_stop import GracefulStopCallback
+
+IGNORE_INDEX = -100  # labels of tokens outside the loss (prompt, padding), as transformers and TRL mark them
 
 
 class TuningTrainer(SFTTrainer):
@@ -27,10 +30,18 @@ class TuningTrainer(SFTTrainer):
     says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
     checkpoint survives until the next one is complete. ``save_on_preemption``: a ``GracefulStopCallback`` among the
     callbacks writes a checkpoint of the step it stops at (unless ``save_strategy`` is ``no``).
+
+    ``reduce_loss_sum`` is ``--enable_reduce_loss_sum``, v3.1.0's experimental loss: the cross entropy of each
+    micro-batch summed over its label tokens instead of averaged, then divided by the gradient accumulation steps by
+    the Trainer (as v3.1.0's ``SumLossSFTTrainer`` has it), so that every token weighs the same whatever the number of
+    label tokens in its micro-batch.
     """
 
-    def __init__(self, *args, save_on_preemption: bool = True, **kwargs):
+    def __init__(self, *args, save_on_preemption: bool = True, reduce_loss_sum: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        self.reduce_loss_sum = reduce_loss_sum
+        if reduce_loss_sum:
+            self.loss_is_scaled_for_ga = False  # the Trainer divides the summed loss by the accumulation steps
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, GracefulStopCallback):
                 callback.save_at_stop = save_on_preemption
@@ -53,6 +64,21 @@ class TuningTrainer(SFTTrainer):
             rotate_checkpoints(
                 self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
             )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self.reduce_loss_sum:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs["labels"]
+        outputs = model(**{key: value for key, value in inputs.items() if key != "labels"}, use_cache=False)
+        # Prompt tuning puts its virtual tokens before the sequence: their logits predict no label.
+        logits = outputs.logits[:, -labels.shape[1] :, :]
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1, :].flatten(0, 1).float(),
+            labels[:, 1:].flatten().to(logits.device),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        return (loss, outputs) if return_outputs else loss
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, device: Any) -> tuple[list, Any]:
         timed = _TimedIterator(epoch_iterator)

@@ -164,11 +164,12 @@ def test_failed_steps_become_failed_rows_and_the_table_escapes_pipes():
         "throughput": {"error": "RuntimeError: trl run 0 failed (exit 1); stderr ends with:"},
         "dump": {"error": "FileNotFoundError: metrics.json"},
         "oom": {"error": "TimeoutExpired: 300 s"},
+        "padding_free": {"error": "CalledProcessError: exit 1"},
         "seconds": 600.0,
     }
     rows = gpu_check.table_rows(results)
     failed = [row for row in rows if row.value.startswith("failed: ")]
-    assert [row.ok for row in failed] == [False] * 4
+    assert [row.ok for row in failed] == [False] * 5
     assert rows[-1].value == "10 min 0 s" and rows[-1].ok is False
     table = gpu_check.markdown([*rows, gpu_check.Row("a | b", "1 | 2", "", None)]).splitlines()
     assert table[:2] == ["| figure | value | target | ✓/✗ |", "|---|---|---|---|"]
@@ -200,7 +201,7 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         )
     finally:
         gpu.close()
-    for step in ("model", "throughput", "dump", "oom"):
+    for step in ("model", "throughput", "dump", "oom", "padding_free"):
         assert "error" not in results[step], results[step]
 
     # Both arms trained the same batches: identical losses on CPU; no CUDA, so no peaks.
@@ -244,6 +245,10 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         "energy source": True,  # the stand-in's counter
     }
     assert {figure: rows[figure].ok for figure in expected} == expected
+    padding_free = results["padding_free"]  # one measured round of each arm, on data whose batches need padding
+    assert [len(runs) for runs in padding_free["runs"].values()] == [1, 1] and padding_free["ratio"] > 0
+    row = rows["tokens/s, padding-free ÷ padded (sdpa, responses 1/8-1× of the sequence)"]
+    assert row.value.startswith(f"{padding_free['ratio']:.3f}×") and row.ok is None  # sdpa: a figure, no target
     timed_rows = {"tokens/s, bench_train ÷ bare TRL", "step time, bench_train ÷ bare TRL", "whole check"}
     assert {*timed_rows, "loop (train_runtime), bench_train ÷ bare TRL: our share of the loop"} <= set(rows)
 
@@ -307,6 +312,26 @@ def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_
 def minimal_dump(**summary) -> dict:
     """A dump with no series, and a summary holding the keys dump_summary reads plus ``summary``."""
     return {"aggregates": [], "metrics": [], "summary": {"cuda": None, "tokens_per_second": 100.0, **summary}}
+
+
+def test_padding_free_row_has_a_target_only_with_flash_attention():
+    measured = {"tokens_per_second": {"padded": 1000.0, "padding_free": 1500.0}, "ratio": 1.5}
+    (flash,) = gpu_check.padding_free_rows({"padding_free": measured, "attention": gpu_check.FLASH_ATTENTION})
+    (sdpa,) = gpu_check.padding_free_rows({"padding_free": measured, "attention": "sdpa"})
+    assert (flash.value, flash.target, flash.ok) == ("1.500× (1,500 vs 1,000)", "> 1×", True)
+    assert (sdpa.target, sdpa.ok) == ("", None)
+    slower = {**measured, "ratio": 0.9}
+    assert gpu_check.padding_free_rows({"padding_free": slower, "attention": gpu_check.FLASH_ATTENTION})[0].ok is False
+
+
+def test_varied_data_needs_padding_and_the_job_is_one_epoch(tmp_path):
+    path = gpu_check.build_varied_dataset(tmp_path / "varied.jsonl", 40, 64, seed=1)
+    lengths = [len(json.loads(line)["output"].split()) for line in path.read_text().splitlines()]
+    assert len(lengths) == 40 and max(lengths) - min(lengths) > 32
+    command = gpu_check.padding_free_command(TINY, tmp_path / "m", path, tmp_path / "pf", "sdpa")
+    flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert int(flags["--max_steps"]) * int(flags["--batch_size"]) == TINY.batch_size * gpu_check.PADDING_FREE_STEPS
+    assert flags["--use_flash_attn"] == "False" and flags["--data_path"] == str(path)
 
 
 def test_mfu_and_energy_rows_judge_the_dump_s_efficiency_keys():

@@ -112,9 +112,17 @@ def test_a_backend_registered_from_outside_gets_its_flags_parsed(tmp_path, monke
 # ---- local stores ----
 
 
-@pytest.mark.parametrize("store", ["directory", "sqlite"])
-def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_path, caplog):
-    uri = str(tmp_path / "mlruns") if store == "directory" else f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"
+@pytest.mark.parametrize("store", ["directory", "sqlite", "file"])
+def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_path, caplog, monkeypatch):
+    """A directory (a sqlite store in it), a sqlite URI, and v3.1.0's ``file://`` store (MLflow 3 refuses file stores
+    unless opted in: the helper opts in, with one warning of MLflow's deprecation and the way to sqlite)."""
+    uris = {
+        "directory": str(tmp_path / "mlruns"),
+        "sqlite": f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}",
+        "file": f"file://{tmp_path / 'mlruns'}",
+    }
+    uri = uris[store]
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     output_dir, export_dir = tmp_path / "out", tmp_path / "export"
     config = MLflowConfig(
         mlflow_tracking_uri=uri, mlflow_experiment="local", mlflow_run_uri_export_path=str(export_dir)
@@ -128,6 +136,11 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     drive(tracker.get_hf_callback(), output_dir)
 
     assert not tracker.degraded and not degraded_warnings(caplog, DEGRADED_WARNING)
+    deprecations = [record for record in caplog.records if "MLflow deprecates" in record.getMessage()]
+    assert len(deprecations) == (store == "file")
+    if store == "file":
+        assert "sqlite" in deprecations[0].getMessage() and (tmp_path / "mlruns" / "0").is_dir()  # MLflow's layout
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read it back here, as its users must
     exported = json.loads((export_dir / RUN_URI_FILENAME).read_text())
     assert exported["run_id"] == tracker.run_id and exported["run_uri"] == f"runs:/{tracker.run_id}"
     assert not (output_dir / RUN_URI_FILENAME).exists()

@@ -247,14 +247,14 @@ def test_sigkilled_aim_run_rebuilds_with_its_run_hash(tiny_model, tmp_path):
     )
     process = start_bench(args)
     wait_for_steps(journal, 2, process)
-    wait_until((tmp_path / "aimstack_tracker.json").exists, process, "its Aim run")
+    wait_until((tmp_path / "aim_tracker.json").exists, process, "its Aim run")
     # a journal flush after the hash came, then the kill
     wait_for_steps(journal, len(logged_steps(journal)) + 1, process, signal.SIGKILL)
     process.communicate(timeout=30)
 
     dump = rebuild(journal)
     assert dump["rebuilt_from_journal"] and dump["status"] == "error"
-    run_hash = json.loads((tmp_path / "aimstack_tracker.json").read_text())["run_hash"]
+    run_hash = json.loads((tmp_path / "aim_tracker.json").read_text())["run_hash"]
     assert run_hash and dump["run_hash"] == run_hash
 
 

@@ -6,6 +6,7 @@ their default, before any model work."""
 import logging
 from dataclasses import dataclass, field
 
+import torch
 import transformers
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -25,8 +26,9 @@ class ModelArguments:
         default=True,
         metadata={"help": "Use flash attention 2 when installed on a GPU; falls back to sdpa with a warning."},
     )
-    # A string on the command line; Python callers may give a torch.dtype as well.
-    torch_dtype: str = field(default="bfloat16", metadata={"help": "Model dtype: bfloat16, float16 or float32."})
+    # As in v3.1.0: torch.bfloat16 unless given; a name given on the command line or in a job config stays a string
+    # (get_torch_dtype reads both), and Python callers may set a torch.dtype.
+    torch_dtype: str = field(default=torch.bfloat16, metadata={"help": "Model dtype: bfloat16, float16 or float32."})
     embedding_size_multiple_of: int = field(
         default=1, metadata={"help": "Resize token embeddings to a multiple of this after adding special tokens."}
     )
@@ -120,7 +122,13 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False,
         metadata={"help": "Add train_tokens_per_second to the final metrics, as transformers 4 computed it."},
     )
-    enable_reduce_loss_sum: bool = field(default=False, metadata={"help": "Not supported: sum loss reduction."})
+    enable_reduce_loss_sum: bool = field(
+        default=False,
+        metadata={
+            "help": "Sum the token losses of each micro-batch instead of averaging them (v3.1.0's experimental loss "
+            "reduction, so that every token weighs the same under gradient accumulation)."
+        },
+    )
 
     def __post_init__(self):
         if isinstance(self.trackers, str):  # trackers="aim" from Python: one name, not its characters

@@ -48,9 +48,7 @@ class AimConfig:
     aim_remote_server_ip: str | None = _flag("Remote Aim server host.")
     aim_remote_server_port: int | None = _flag("Remote Aim server port.")
     aim_url: str | None = _flag("Remote Aim server as aim://host:port; default: from the server ip and port.")
-    aim_run_id_export_path: str | None = _flag(
-        "Directory for aimstack_tracker.json (the run hash); default output_dir."
-    )
+    aim_run_id_export_path: str | None = _flag("Directory for aim_tracker.json (the run hash); default output_dir.")
     aim_system_tracking_interval: int | None = _flag("Seconds between Aim's own system-metric samples; unset: none.")
     aim_close_timeout: float = _close_timeout("Aim")
 
@@ -103,7 +101,7 @@ class TrackerConfigs:
     training_logs_filename: str = _flag(
         "File in output_dir receiving one JSON line per logged loss.", "training_logs.jsonl"
     )
-    aim_run_id_export_path: str | None = _flag("Directory for aimstack_tracker.json; --run_uri_export_path when unset.")
+    aim_run_id_export_path: str | None = _flag("Directory for aim_tracker.json; --run_uri_export_path when unset.")
     mlflow_run_uri_export_path: str | None = _flag(
         "Directory for mlflow_tracker.json; --run_uri_export_path when unset."
     )

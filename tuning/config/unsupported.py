@@ -32,7 +32,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("fms-acceleration's quantized LoRA", "bnb_qlora", "quantized_lora_config"),
     Unsupported("fms-acceleration's fused ops and kernels", "fused_lora", "fusedops_kernels_config"),
     Unsupported("fms-acceleration's fused ops and kernels", "fast_kernels", "fusedops_kernels_config"),
-    Unsupported("padding-free attention", "padding_free", "attention_and_distributed_packing_config"),
     Unsupported("multipack sampling", "multipack", "attention_and_distributed_packing_config"),
     Unsupported("fms-acceleration's fast MoE", "fast_moe", "fast_moe_config"),
     Unsupported("MXFP4 quantized models", "quantization_method", PLAIN_FLAGS, "mxfp4"),
@@ -49,7 +48,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("offline data processing", "do_dataprocessing_only", "data_args"),
     Unsupported("offline data processing", "num_train_dataset_shards", "data_args"),
     Unsupported("offline data processing", "num_eval_dataset_shards", "data_args"),
-    Unsupported("sum loss reduction", "enable_reduce_loss_sum", "train_args"),
 )
 # ``train()`` keywords that ask for a feature by being given at all (not None, not empty).
 UNSUPPORTED_KEYWORDS = {

@@ -19,13 +19,13 @@ if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail
 
 logger = logging.getLogger(__name__)
 
-RUN_HASH_FILENAME = "aimstack_tracker.json"
+RUN_HASH_FILENAME = "aim_tracker.json"
 DEGRADED_WARNING = "Aim tracking stopped, training continues without it"
 
 
 class SafeAimCallback(IsolatedCallback, TrainerCallback):
     """Tracks a training job into one Aim run, in ``repo`` (a local directory, created if missing, or
-    ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aimstack_tracker.json`` in
+    ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aim_tracker.json`` in
     ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
     backend, label, export_filename = AIM_BACKEND, "Aim", RUN_HASH_FILENAME

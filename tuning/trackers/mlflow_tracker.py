@@ -2,6 +2,7 @@
 ``tuning.trackers.mlflow_writer.MlflowBackend``."""
 
 import importlib.util
+import logging
 import numbers
 import os
 import sys
@@ -18,6 +19,8 @@ from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
     raise ImportError("No module named 'mlflow'")
+
+logger = logging.getLogger(__name__)
 
 RUN_URI_FILENAME = "mlflow_tracker.json"
 STORE_FILENAME = "mlflow.db"  # the sqlite store in a --mlflow_tracking_uri directory
@@ -55,7 +58,8 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
 
 def resolve_tracking_uri(config: MLflowConfig) -> str | None:
     """Validate ``config`` (cheaply, no network) and return the tracking URI. A local directory holds a sqlite store,
-    ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to; a ``file:`` URI asks for one);
+    ``DIR/mlflow.db`` (MLflow 3 refuses to create file stores unless told to); a ``file:`` URI keeps the file store
+    it names, as in v3.1.0 (the helper opts in to it), with one warning that MLflow deprecates file stores;
     ``http(s)://host:port`` must name a host and a valid port; other URIs go to MLflow as given. Without a URI (the
     flag or ``MLFLOW_TRACKING_URI``) it is fms-hf-tuning's ValueError."""
     if (timeout := config.mlflow_close_timeout) is None or timeout <= 0:
@@ -72,7 +76,16 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
         if server_address(uri, *HTTP_SCHEMES) is None:
             raise UserInputError(f"--mlflow_tracking_uri must look like http://host:port (port 1-65535), got {uri!r}")
         return uri.rstrip("/")
-    if "://" in uri or uri.startswith("file:"):
+    if uri.startswith("file:"):
+        logger.warning(
+            "--mlflow_tracking_uri %s is an MLflow file store, which MLflow deprecates (in maintenance mode; MLflow 3 "
+            "opens it only with MLFLOW_ALLOW_FILE_STORE=true, which the tracker sets for itself): move to a database "
+            "store with `mlflow migrate-filestore`, or give a directory (its mlflow.db is a sqlite store) or a "
+            "sqlite:/// URI",
+            uri,
+        )
+        return uri
+    if "://" in uri:
         return uri
     return f"sqlite:///{Path(os.path.expanduser(uri)).absolute() / STORE_FILENAME}"
 

@@ -92,6 +92,8 @@ class MlflowBackend:
 
     def open(self, options: dict[str, Any]) -> dict[str, Any]:
         tracking_uri = options["tracking_uri"] or mlflow.get_tracking_uri()
+        if tracking_uri.startswith("file:"):  # v3.1.0 users' file stores: MLflow 3 opens them only when opted in
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
         database = tracking_uri.removeprefix("sqlite:///") if tracking_uri.startswith("sqlite:///") else ""
         if database:
             os.makedirs(os.path.dirname(os.path.abspath(database)), exist_ok=True)

@@ -74,6 +74,11 @@ def update_config(config: Any, **kwargs: Any) -> None:
                 logger.warning("%s has no parameter %s", class_name, name)
 
 
+class UnknownPeftMethodError(UserInputError, AssertionError):
+    """A ``peft_method`` that names no PEFT method: a user error here, and the ``AssertionError`` that v3.1.0's
+    ``create_tuning_config`` raises, so that ``except AssertionError`` written against v3.1.0 still catches it."""
+
+
 def create_tuning_config(peft_method: str | None, **kwargs: Any) -> "LoraConfig | PromptTuningConfig | None":
     """The PEFT argument dataclass of ``peft_method`` (lora, pt; None or "none" for full fine-tuning) with
     ``kwargs`` applied by ``update_config``."""
@@ -82,7 +87,7 @@ def create_tuning_config(peft_method: str | None, **kwargs: Any) -> "LoraConfig 
     if method in ("none", ""):
         return None
     if method not in ("lora", "pt"):
-        raise UserInputError(f"peft config {peft_method} not defined: choose lora, pt or none")
+        raise UnknownPeftMethodError(f"peft config {peft_method} not defined in peft.py: choose lora, pt or none")
     tune_config = LoraConfig() if method == "lora" else PromptTuningConfig()
     update_config(tune_config, **kwargs)
     return tune_config

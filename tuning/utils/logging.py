@@ -7,12 +7,13 @@ import transformers
 
 from tuning.utils.error_logging import UserInputError
 
-DEFAULT_LOG_LEVEL = "warning"
+DEFAULT_LOG_LEVEL = "info"  # v3.1.0's level when neither the flag nor LOG_LEVEL sets one
 
 
 def set_log_level(logger_name: str = "fms-hf-tuning", level: str | None = None) -> tuple[logging.Logger, str]:
     """Apply ``level`` (transformers' ``--log_level``; "passive" or None: ``LOG_LEVEL`` from the environment, else
-    warning) to the root logger and to transformers; returns the logger named ``logger_name`` and the level used."""
+    info, as in v3.1.0) to the root logger and to transformers; returns the logger named ``logger_name`` and the level
+    used."""
     if level in (None, "passive"):
         level = os.environ.get("TRANSFORMERS_VERBOSITY") or os.environ.get("LOG_LEVEL") or DEFAULT_LOG_LEVEL
     level = level.lower()

@@ -16,8 +16,9 @@ BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
 
 def build_tokenizer(output_dir: str, vocab_size: int = 512, model_max_length: int = 512):
-    """A byte-level BPE tokenizer with BOS/EOS/UNK and deliberately no pad token (train() must add one)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE tokenizer with BOS/EOS/UNK and deliberately no pad token (train() must add one); it encodes
+    as a Llama tokenizer does, BOS first (``<s> A``, a pair ``<s> A <s> B``), so that tests behave as on real models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     with open(SAMPLE_TRAIN_PATH, encoding="utf-8") as handle:
@@ -32,6 +33,9 @@ def build_tokenizer(output_dir: str, vocab_size: int = 512, model_max_length: in
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+    )
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, model_max_length=model_max_length
     )
