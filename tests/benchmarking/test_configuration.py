@@ -62,3 +62,15 @@ def test_world_size_and_the_peft_method_s_own_arguments():
     prompt = config_of("--peft_method", "pt", "--num_virtual_tokens", "4")
     assert prompt["num_virtual_tokens"] == 4 and "r" not in prompt
     assert "num_virtual_tokens" not in config_of() and "r" not in config_of()
+
+
+def test_one_spelling_per_setting():
+    """The default dtype (a torch.dtype once parsed, as in v3.1.0) equals the same dtype typed as a flag, and a
+    parsed ``--padding_free`` reads as the flag's value, so that equal work is one configuration."""
+    default = config_of()
+    typed = config_of("--torch_dtype", "bfloat16", "--padding_free", "huggingface")
+    assert default["torch_dtype"] == typed["torch_dtype"] == "bfloat16"
+    assert default["padding_free"] is None and typed["padding_free"] == "huggingface"
+    assert {k: v for k, v in typed.items() if k != "padding_free"} == {
+        k: v for k, v in default.items() if k != "padding_free"
+    }

@@ -6,6 +6,7 @@ only names or places a run (output_dir, run names, trackers, logging, seed: a se
 work). ``CONFIG_ARGUMENTS`` lists them; the PEFT method's own arguments appear only for that method. Torch-free.
 """
 
+import dataclasses
 import json
 from typing import Any
 
@@ -110,7 +111,14 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
 
 
 def _json_value(value: Any) -> Any:
-    """``value`` as JSON holds it: enums by their value, anything else JSON lacks (a torch.dtype) as its text."""
-    if hasattr(value, "value") and isinstance(value.value, str | int):  # an Enum: "steps", not "IntervalStrategy.STEPS"
+    """``value`` as JSON holds it, one spelling per setting, so that equal settings compare equal: enums by their
+    value ("steps", not "IntervalStrategy.STEPS"), a torch.dtype by its name ("bfloat16", as the flag is written), a
+    parsed v3.1.0 dataclass (``PaddingFree``) by its fields' values, anything else JSON lacks as its text."""
+    if hasattr(value, "value") and isinstance(value.value, str | int):
         value = value.value
+    if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+        value = str(value).removeprefix("torch.")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [_json_value(getattr(value, spec.name)) for spec in dataclasses.fields(value)]
+        value = fields[0] if len(fields) == 1 else fields
     return json.loads(json.dumps(value, default=lambda item: getattr(item, "value", None) or str(item)))
