@@ -14,20 +14,13 @@ from types import UnionType
 from typing import Any, NamedTuple
 
 if __package__ in (None, ""):
-    # `python tuning/sft_trainer.py`: import from the repository; the script's folder would shadow `config`, `data`...
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != _here]
-    sys.path.insert(0, os.path.dirname(_here))
+    # `python tuning/sft_trainer.py`: import from the repository (the prologue takes the script's folder off the path).
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":
-    # Before the heavy imports: a SIGTERM or Ctrl-C while they load still ends the job as `interrupted`.
-    from tuning.utils.error_logging import install_early_signal_handlers
+    from tuning.utils.prologue import prologue
 
-    install_early_signal_handlers()
-    # Aim's and MLflow's helper processes import their libraries while this process imports torch.
-    from tuning.trackers import start_helpers
-
-    start_helpers(sys.argv[1:])
+    prologue(sys.argv[1:], script=__file__ if __package__ in (None, "") else None)
 
 import torch
 import transformers
@@ -157,11 +150,12 @@ _PARSER_DATACLASSES = (
 )
 
 
-def get_parser() -> HfArgumentParser:
+def get_parser(*wrapper_dataclasses: type) -> HfArgumentParser:
     """The CLI parser: fms-hf-tuning v3.1.0's argument dataclasses and plain flags, this package's aliases, and the
-    config of every tracker registered from outside the package."""
+    config of every tracker registered from outside the package. ``wrapper_dataclasses``: a wrapper's own flags
+    (bench_train's), parsed by the same parser; ``parse_arguments_by_type`` hands them back."""
     parser = _ArgumentParser(
-        (*_PARSER_DATACLASSES, *external_tracker_config_classes().values()),
+        (*_PARSER_DATACLASSES, *external_tracker_config_classes().values(), *wrapper_dataclasses),
         description=f"Fine-tune a causal LM. Trackers (--trackers): {', '.join(AVAILABLE_TRACKERS)}.",
     )
     parser.add_argument(
@@ -208,17 +202,25 @@ def parse_arguments(
     the command line's), so that a wrapper hands over its share of the flags without touching ``sys.argv``. What is
     no flag (a leftover command-line string, an unknown job-config key) is ignored with one warning naming it, as
     fms-hf-tuning ignores it (silently there)."""
+    return parse_arguments_by_type(parser, json_config, args=args)[0]
+
+
+def parse_arguments_by_type(
+    parser: HfArgumentParser, json_config: dict | None = None, *, args: list[str] | None = None
+) -> tuple[ParsedArguments, dict[type, Any]]:
+    """``parse_arguments``, and every dataclass the parser filled keyed by its class (a wrapper's own flags too)."""
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
         *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
         if remaining:
             logger.warning("ignoring command-line arguments that are no sft_trainer flag: %s", " ".join(remaining))
-    own = dataclass_args[: len(_PARSER_DATACLASSES)]
-    (model_args, data_args, training_args, controller_args, lora_config, prompt_config, mxfp4_config) = own[:7]
-    tracker_configs = own[-1]
-    for name, config in zip(external_tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True):
-        setattr(tracker_configs, f"{name}_config", config)
+    parsed = dict(zip(parser.dataclass_types, dataclass_args, strict=True))
+    model_args, data_args, training_args = parsed[ModelArguments], parsed[DataArguments], parsed[TrainingArguments]
+    lora_config, prompt_config, mxfp4_config = parsed[LoraConfig], parsed[PromptTuningConfig], parsed[Mxfp4Config]
+    tracker_configs = parsed[TrackerConfigs]
+    for name, config_class in external_tracker_config_classes().items():
+        setattr(tracker_configs, f"{name}_config", parsed[config_class])
 
     peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
@@ -237,17 +239,21 @@ def parse_arguments(
     for name in ("response_template", "data_formatter_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
             setattr(data_args, name, value.replace("\\n", "\n"))
-    return ParsedArguments(
-        model_args,
-        data_args,
-        training_args,
-        controller_args,
-        tune_config,
-        None,
-        *own[7:11],
-        tracker_configs,
-        _exp_metadata_json(flags.exp_metadata),
+    arguments = ParsedArguments(
+        model_args=model_args,
+        data_args=data_args,
+        training_args=training_args,
+        trainer_controller_args=parsed[TrainerControllerArguments],
+        tune_config=tune_config,
+        quantization_config=None,
+        quantized_lora_config=parsed[QuantizedLoraConfig],
+        fusedops_kernels_config=parsed[FusedOpsAndKernelsConfig],
+        attention_and_distributed_packing_config=parsed[AttentionAndDistributedPackingConfig],
+        fast_moe_config=parsed[FastMoeConfig],
+        tracker_configs=tracker_configs,
+        exp_metadata=_exp_metadata_json(flags.exp_metadata),
     )
+    return arguments, parsed
 
 
 def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
@@ -421,6 +427,7 @@ def train(
     *,
     callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
+    validated: bool = False,
 ) -> tuple[Any, dict[str, Any], None]:
     """Fine-tune (resuming as ``--resume_from_checkpoint`` says); checkpoints go to ``output_dir`` by
     ``save_strategy``, the final model nowhere (``save()`` writes it). Returns fms-hf-tuning v3.1.0's ``(trainer,
@@ -429,6 +436,8 @@ def train(
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
     Trackers built here are closed with the failure as their outcome when this raises; the caller closes its own.
+    ``validated``: the caller ran ``validate_arguments`` on these arguments already (the CLI and bench_train do, before
+    they open trackers), so that a job checks them once.
     """
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
@@ -454,7 +463,8 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    validate_arguments(model_args, data_args, train_args)
+    if not validated:
+        validate_arguments(model_args, data_args, train_args)
     if trackers is not None:  # the caller's: it closes them
         return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
     trackers = build_trackers(train_args.trackers, tracker_configs)
@@ -566,6 +576,7 @@ def main() -> int:
                 args.attention_and_distributed_packing_config,
                 args.fast_moe_config,
                 trackers=trackers,
+                validated=True,
             )
             if graceful_stop.received_signal is not None:
                 raise TrainingInterrupted(graceful_stop.received_signal)
