@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_report  # beside this script, whose directory Python puts first on sys.path
 import fire
 import psutil
 import yaml
 from tqdm import tqdm
 
+from tuning.benchmarking import report
+from tuning.benchmarking.paths import RunPaths
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
 
@@ -54,8 +55,6 @@ ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point'
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
 SCRATCH_PREFIX = "bench-sweep-"  # a Ray point's directory in its node's temp dir
-# A plain string here: the Ray task's body, pickled by value, then needs no import of bench_report on the node.
-TERMINATION_LOG_SUFFIX = bench_report.TERMINATION_LOG_SUFFIX
 
 
 def is_count(value: Any, low: int) -> bool:
@@ -163,12 +162,12 @@ def spec_problems(spec: Any) -> Iterator[str]:
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
     """The points that differ from ``point`` by a smaller batch size only: they run first, and an OOM in one skips
     it. Every point has the same axes, so a numeric batch size axis gives every point one."""
-    if not bench_report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
+    if not report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
         return []
     return [
         other
         for other in points
-        if bench_report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
+        if report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
         and smaller < size
         and other.axes == {**point.axes, BATCH_SIZE_AXIS: smaller}
     ]
@@ -221,13 +220,11 @@ class PointProcess:
         launcher = [sys.executable]
         if nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
-        flags = {**flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        paths = RunPaths.from_stem(stem)
+        flags = {**flags, "output_dir": stem, "metrics_path": paths.dump}
         # The termination log names the root cause as the launcher saw it: a rank SIGKILLed leaves no report.
-        env = {
-            **(popen.pop("env", None) or os.environ),
-            TERMINATION_LOG_ENV: f"{stem}{TERMINATION_LOG_SUFFIX}",
-        }
-        with open(f"{stem}.log", "ab") as log:
+        env = {**(popen.pop("env", None) or os.environ), TERMINATION_LOG_ENV: paths.termination_log}
+        with open(paths.log, "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, bench_train, *flag_tokens(flags)],
                 stdin=subprocess.DEVNULL,
@@ -308,10 +305,10 @@ def run_point_on_node(
             process.stop()
             process.wait()
             raise
-        reports = glob.glob(glob.escape(stem) + ".json.rank*.error.json")
-        names = [f"{stem}.json", *reports, f"{stem}{TERMINATION_LOG_SUFFIX}", f"{stem}.log"]
-        if not os.path.exists(f"{stem}.json"):
-            names.append(f"{stem}.journal.jsonl")
+        paths = RunPaths.from_stem(stem)
+        names = [paths.dump, *paths.rank_reports(), paths.termination_log, paths.log]
+        if not os.path.exists(paths.dump):
+            names.append(paths.journal())
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -464,7 +461,7 @@ class RayExecutor:
 class Sweep:
     def __init__(self, points: list[Point], output_dir: Path, retries: int, point_timeout: float | None):
         self.points, self.dir, self.retries, self.point_timeout = points, output_dir, retries, point_timeout
-        self.state_path = output_dir / bench_report.SWEEP_STATE
+        self.state_path = output_dir / report.SWEEP_STATE
         self.lock_fd = -1
         self.interrupted_by: int | None = None
 
@@ -474,13 +471,13 @@ class Sweep:
 
     def finished(self, rerun_failed: bool) -> dict[str, dict[str, Any]]:
         """The state lines that count for the current grid: same config; with ``rerun_failed`` only successes."""
-        state = bench_report.read_sweep_state(self.state_path) if self.state_path.exists() else {}
+        state = report.read_sweep_state(self.state_path) if self.state_path.exists() else {}
         return {
             point.id: line
             for point in self.points
             if (line := state.get(point.id)) is not None
             and line.get("config") == point.config
-            and (not rerun_failed or line["status"] in bench_report.DONE_STATUSES)
+            and (not rerun_failed or line["status"] in report.DONE_STATUSES)
         }
 
     def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
@@ -516,7 +513,7 @@ class Sweep:
         """Status and category from the point's files (the root cause across ranks: they name the category and
         rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
         reason), else from its exit code (and the log's last line as the reason)."""
-        runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
+        runs, exit_code = report.load(report.run_files(self.path(point))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
@@ -530,7 +527,7 @@ class Sweep:
                 reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
         if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
-        elif status in bench_report.DONE_STATUSES and exit_code != 0:
+        elif status in report.DONE_STATUSES and exit_code != 0:
             status, reason = "error", f"exited {exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
@@ -546,7 +543,7 @@ class Sweep:
         def finish(line: dict[str, Any]) -> None:
             finished[line["point"]] = line
             status = line["status"]
-            done = status in bench_report.DONE_STATUSES
+            done = status in report.DONE_STATUSES
             counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
@@ -613,11 +610,12 @@ class Sweep:
 def write_report(output_dir: Path, points: list[Point]) -> None:
     """bench_report over the sweep directory into DIR/report, the axes as columns; plots against the batch size
     (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
-    numeric = [axis for axis in points[0].axes if all(bench_report.is_number(p.axes[axis]) for p in points)]
+    numeric = [axis for axis in points[0].axes if all(report.is_number(p.axes[axis]) for p in points)]
     x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
     x = x if importlib.util.find_spec("matplotlib") else None
     group = next((axis for axis in points[0].axes if axis != x), None) if x else None
-    bench_report.main(str(output_dir), x=x, group=group, output_dir=str(output_dir / "report"))
+    for path in report.write_report([str(output_dir)], x=x, group=group, output_dir=str(output_dir / "report")):
+        print(path)
 
 
 def main(
@@ -657,7 +655,7 @@ def main(
     for name, value, low in (("concurrency", concurrency, 1), ("retries", retries, 0)):
         if value is not None and not is_count(value, low):
             raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
-    if point_timeout is not None and (not bench_report.is_number(point_timeout) or point_timeout <= 0):
+    if point_timeout is not None and (not report.is_number(point_timeout) or point_timeout <= 0):
         raise SystemExit(f"--point_timeout must be a positive number of seconds, got {point_timeout!r}")
     points = grid(load_spec(str(spec)))
     sweep_dir = Path(str(output_dir)).absolute()
