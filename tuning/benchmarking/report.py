@@ -394,5 +394,3 @@ def write_report(
         if plot(rows, BATCH_SIZE_AXIS, group, "mfu", "MFU", mfu_plot):
             outputs.append(mfu_plot)
     return outputs
-
-
