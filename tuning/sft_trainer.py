@@ -20,7 +20,7 @@ if __package__ in (None, ""):
 if __name__ == "__main__":
     from tuning.utils.prologue import prologue
 
-    prologue(sys.argv[1:], script=__file__ if __package__ in (None, "") else None)
+    early_helpers = prologue(sys.argv[1:], script=__file__ if __package__ in (None, "") else None)
 
 import torch
 import transformers
@@ -551,14 +551,16 @@ def save(path: str, trainer, tc_callback: Any = None, log_level: str = "WARNING"
     trainer.save_model(path)
 
 
-def main() -> int:
-    """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
+def main(early_helpers: Any = None) -> int:
+    """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker.
+    ``early_helpers``: the tracker helpers the script's prologue started, for its trackers to adopt."""
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
         training_args = args.training_args
         validate_arguments(args.model_args, args.data_args, training_args)
-        trackers = build_trackers(training_args.trackers, args.tracker_configs)  # the CLI's, handed to train()
+        # The CLI's trackers, handed to train().
+        trackers = build_trackers(training_args.trackers, args.tracker_configs, early_helpers)
         graceful_stop = GracefulStopCallback()
         with closed_on_failure(trackers):
             trainer, train_info, _ = train(
@@ -591,4 +593,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(early_helpers))

@@ -10,6 +10,7 @@ of ``BenchmarkFlags``; add measurements with ``--callbacks`` or in step 4.
 """
 
 import dataclasses
+import functools
 import sys
 
 if __name__ == "__main__":
@@ -17,7 +18,7 @@ if __name__ == "__main__":
     # helper processes of the trackers asked for (Aim and MLflow load while this process imports torch).
     from tuning.utils.prologue import prologue
 
-    prologue(sys.argv[1:])
+    early_helpers = prologue(sys.argv[1:])
 
 import fire
 
@@ -47,8 +48,9 @@ class BenchmarkFlags:
     peak_tflops: float | None = flag(None, "The device's dense peak TFLOP/s for MFU; default: the datasheet table's.")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The recipe: one benchmark run, from the command line to its dump and exit status."""
+def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelpers | None" = None) -> int:
+    """The recipe: one benchmark run, from the command line to its dump and exit status. ``early_helpers``: the
+    tracker helpers the prologue started, for the trackers to adopt."""
     job = benchmarking.BenchmarkJob()  # the run's lifecycle: lock, journal, stall exit, dump, failure reports
 
     def run() -> None:
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             benchmarking.load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         )
         # 3. Trackers: --trackers' (Aim and MLflow failure-isolated, also receiving the benchmark's series).
-        trackers = job.build_trackers(args.training_args.trackers, args.tracker_configs)
+        trackers = job.build_trackers(args.training_args.trackers, args.tracker_configs, early_helpers)
         # 4. The benchmark's callbacks: step times, tokens, system metrics, stop rules, stall watchdog; yours beside.
         callbacks = job.callbacks(extra_callbacks)
         # 5. Train: tuning.train() with every parsed config, so that it refuses what it does not support.
@@ -96,4 +98,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # fire is the entry point; the command line goes whole to main's one parser (which keeps every value as typed).
-    sys.exit(fire.Fire(lambda: main(sys.argv[1:]), command=[], name="bench_train.py", serialize=lambda _: None))
+    run = functools.partial(main, sys.argv[1:], early_helpers)
+    sys.exit(fire.Fire(run, command=[], name="bench_train.py", serialize=lambda _: None))

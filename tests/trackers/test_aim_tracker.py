@@ -143,18 +143,19 @@ def test_helper_whose_run_was_never_opened_exits_with_its_process():
 
 
 def test_a_helper_started_early_is_adopted_by_the_tracker_and_writes_its_run(tmp_path):
-    """``start_helpers`` before the heavy imports: the Aim callback built later uses that helper, not a new one."""
+    """``start_helpers`` before the heavy imports: the Aim callback built later and handed its helpers uses that
+    helper, not a new one."""
     code = textwrap.dedent(
         """
         import sys
         from pathlib import Path
         import psutil
         from tuning.trackers import start_helpers
-        start_helpers(["--trackers", "aim"])
+        early_helpers = start_helpers(["--trackers", "aim"])
         (early,) = psutil.Process().children()
         from tests.helpers.trackers import drive
         from tuning.trackers.aimstack_tracker import SafeAimCallback
-        callback = SafeAimCallback(sys.argv[1], experiment="early")
+        callback = SafeAimCallback(sys.argv[1], experiment="early", early_helpers=early_helpers)
         drive(callback, Path(sys.argv[2]), steps=3)
         print(callback.transport.process.pid == early.pid, len(psutil.Process().children()), callback.run_hash)
         print(callback.degraded_reason)

@@ -98,20 +98,19 @@ def test_messages_after_the_end_are_never_handled(backend):
     assert served.ended() and answer["ack"] == 2 and ("track", []) not in served.backend.calls
 
 
+ECHO = "tests.helpers.echo_backend:EchoBackend"
+
+
 class EchoCallback(IsolatedCallback):
-    backend, label, export_filename = "tests.helpers.echo_backend:EchoBackend", "Echo", "echo.json"
-
-
-class FailingCallback(EchoCallback):
-    backend = "tests.helpers.echo_backend:FailingTrack"
+    tracker, label, export_filename = "echo", "Echo", "echo.json"
 
 
 @pytest.mark.slow  # a real helper process, though a light one
 def test_a_callback_adopts_the_helper_started_early_and_exports_its_run(tmp_path):
     early = EarlyHelpers()
-    early.start(EchoCallback.backend)
-    callback = EchoCallback({"repo": "r"}, export_dir=str(tmp_path), early_helpers=early)
-    assert early.adopt(EchoCallback.backend) is None  # the callback took it
+    early.start(ECHO)
+    callback = EchoCallback({"repo": "r"}, export_dir=str(tmp_path), backend=ECHO, early_helpers=early)
+    assert early.adopt(ECHO) is None  # the callback took it
     callback.track(1.0, "loss", 1)
     callback.set_params({"lr": 0.1}, "hparams")
     callback.close("FINISHED")
@@ -122,7 +121,7 @@ def test_a_callback_adopts_the_helper_started_early_and_exports_its_run(tmp_path
 
 @pytest.mark.slow
 def test_a_failing_backend_degrades_tracking_and_names_the_call():
-    callback = FailingCallback({})
+    callback = EchoCallback({}, backend="tests.helpers.echo_backend:FailingTrack")
     callback.track(1.0, "loss", 1)
     callback._flush_points()
     callback.transport.wait_exited()

@@ -40,6 +40,7 @@ from tuning.trackers import (
     validate_tracker_names,
 )
 from tuning.trackers.aimstack_tracker import AimStackTracker
+from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.utils.cli_flags import unknown_flag_message
 from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
@@ -62,6 +63,7 @@ from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement
 __all__ = [
     # The recipe's surface (wrappers/bench_train.py).
     "BenchmarkJob",
+    "EarlyHelpers",
     "RunPaths",
     "flag",
     "load_callbacks",

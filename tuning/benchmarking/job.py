@@ -50,6 +50,7 @@ from tuning.trackers import (
     run_status,
     validate_tracker_names,
 )
+from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.utils.cli_flags import unknown_flag_message
 from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
@@ -280,17 +281,19 @@ class BenchmarkJob:
             self.record.note(metadata=metadata)
         return metadata
 
-    def build_trackers(self, names: list[str], configs: Any) -> list[Tracker]:
+    def build_trackers(
+        self, names: list[str], configs: Any, early_helpers: EarlyHelpers | None = None
+    ) -> list[Tracker]:
         """``train(trackers=...)``: one per name, Aim's and MLflow's last (they also receive the benchmark's series and
         this wrapper's flags as "benchmark" params; each run is journaled as soon as it exists, so that a killed run's
         dump still links it), and on rank 0 the record, which receives ``model_load_time``. Each tracker isolates its
         library (a dead server costs a warning, never the job) and is imported only when asked for; a bad config ends
-        the runs opened before it as failed."""
+        the runs opened before it as failed. ``early_helpers``: the helpers the prologue started, to adopt."""
         trackers: list[Tracker] = []
         params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
         with closed_on_failure(trackers):
             for name in validate_tracker_names(names):
-                trackers.append(tracker := get_tracker(name, configs))
+                trackers.append(tracker := get_tracker(name, configs, early_helpers))
                 if tracker.name in MIRRORED_TRACKERS:
                     tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
         self.mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]

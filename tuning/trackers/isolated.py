@@ -4,7 +4,8 @@ that never returns, aim#3067). Three parts: the child (``tuning.trackers.helper_
 transport (``tuning.trackers.helper_transport``: spawn or adopt, send, acknowledge, degrade; it documents the
 protocol) and, here, the trainer-callback hooks that turn a job's events into messages (``IsolatedCallback``) and the
 ``Tracker`` over them. The failure rules are docs/trackers.md's "Failure isolation". A script may start a backend's
-child before its own heavy imports (``start_helper``); the next callback of that backend adopts it.
+child before its own heavy imports (``tuning.trackers.start_helpers``) and hand the ``EarlyHelpers`` it returns to the
+tracker built later, which adopts it.
 """
 
 import atexit
@@ -28,8 +29,6 @@ from tuning.utils.error_logging import stop_signal
 logger = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# The helpers scripts start before their heavy imports (``start_helper``), for the next callback of each backend.
-EARLY_HELPERS = EarlyHelpers()
 
 
 def server_address(url: str, *schemes: str) -> tuple[str, int] | None:
@@ -64,11 +63,12 @@ class IsolatedCallback:
 
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to
     ``export_dir/export_filename``); ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once
-    the helper has imported its library. Only global rank 0 does anything: one run per job. ``early_helpers``: where
-    a helper started ahead of this callback waits to be adopted (default: the one ``start_helper`` fills).
+    the helper has imported its library. Only global rank 0 does anything: one run per job. ``backend``: the
+    "module:Class" the helper runs, as the registry names it for the tracker (``get_tracker`` hands it over; looked
+    up by ``tracker`` when not given). ``early_helpers``: where a helper started ahead of this callback may wait.
     """
 
-    backend: str  # "module:Class" of the backend the child runs
+    tracker: str  # the tracker's registered name
     label: str  # the library's name, in messages
     export_filename: str  # the file in export_dir receiving run_info
     log_series = staticmethod(log_series)  # a trainer log's numbers as (name, context, value); a backend may rename
@@ -79,8 +79,14 @@ class IsolatedCallback:
         server: tuple[str, int] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
         export_dir: str | None = None,
+        backend: str | None = None,
         early_helpers: EarlyHelpers | None = None,
     ):
+        if backend is None:
+            from tuning.trackers.tracker_factory import helper_backend  # built directly, not by the registry
+
+            backend = helper_backend(self.tracker)
+        self.backend = backend
         self.timeout = timeout
         self.export_dir = export_dir
         self.run_info: dict[str, Any] | None = None
@@ -91,7 +97,7 @@ class IsolatedCallback:
         self._points: list[list] = []  # tracked, not yet queued for the child
         self._state_lock = threading.RLock()
         if is_main_process():  # the child imports its library while the job loads; the run is created on first use
-            self.transport.start(EARLY_HELPERS if early_helpers is None else early_helpers)
+            self.transport.start(early_helpers)
             if self.transport.process is not None:
                 # A job that fails before on_train_end, and whose owner did not close the run, still flushes and
                 # closes it, bounded, at exit.
@@ -223,13 +229,6 @@ class IsolatedCallback:
         # Training stopped early on a signal ends as the job does: interrupted.
         if state.is_world_process_zero:
             self.close(FINISHED if stop_signal() is None else KILLED)
-
-
-def start_helper(backend: str) -> None:
-    """Start the helper process of ``backend`` ("module:Class") now, on global rank 0, for the next tracker of that
-    backend built in this process to adopt: started before the script's own heavy imports, the helper imports its
-    library on a core those leave idle, instead of beside the first training steps."""
-    EARLY_HELPERS.start(backend)
 
 
 class IsolatedTracker(Tracker):

@@ -3,16 +3,21 @@ before it imports torch. Imports nothing heavy itself."""
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuning.trackers.helper_transport import EarlyHelpers
 
 
-def prologue(argv: list[str], script: str | None = None) -> None:
+def prologue(argv: list[str], script: str | None = None) -> "EarlyHelpers":
     """Everything a training script does before its heavy imports, in this order:
 
     1. ``script``'s own folder off ``sys.path`` (given by a script inside the package, run by its path: its folder
        would shadow top-level packages such as ``datasets``' own imports with ``tuning/data``, ``tuning/config``...);
     2. SIGTERM and Ctrl-C handlers, so that a signal while torch loads still ends the job as ``interrupted``;
     3. the helper processes of the trackers ``argv`` asks for (Aim, MLflow), which import their libraries while this
-       process imports torch, not beside the first training steps.
+       process imports torch, not beside the first training steps. Returned, for the script to hand to the
+       trackers it builds (``build_trackers(..., early_helpers)``), which adopt them.
     """
     if script is not None:
         here = os.path.dirname(os.path.abspath(script))
@@ -22,4 +27,4 @@ def prologue(argv: list[str], script: str | None = None) -> None:
     install_early_signal_handlers()
     from tuning.trackers import start_helpers
 
-    start_helpers(argv)
+    return start_helpers(argv)
