@@ -36,7 +36,7 @@ import yaml
 from tqdm import tqdm
 
 from tuning.benchmarking import report
-from tuning.benchmarking.paths import RunPaths
+from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
 
@@ -436,7 +436,8 @@ class RayExecutor:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the task's worker or node died
                 failure = f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode()
-                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files={f"{point.id}.log": failure})
+                files = {RunPaths.from_stem(point.id).log: failure}
+                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files=files)
             self.sweep.store_files(result["files"])
             ended.append((point, result))
         return ended
@@ -464,6 +465,10 @@ class Sweep:
         self.state_path = output_dir / report.SWEEP_STATE
         self.lock_fd = -1
         self.interrupted_by: int | None = None
+
+    def run_paths(self, point: Point) -> RunPaths:
+        """The files of the point's run (its dump, log, journal, reports...)."""
+        return RunPaths.from_stem(str(self.path(point, "")))
 
     def path(self, point: Point, suffix: str = ".json") -> Path:
         """A file of the point: its dump, ``.log`` its output, ``""`` its output_dir."""
@@ -499,26 +504,26 @@ class Sweep:
     def clear(self, point: Point) -> None:
         """An earlier attempt's files gone (the log stays, appended to), so that what is read next is this one's."""
         for name in glob.glob(glob.escape(str(self.path(point, ""))) + ".*"):
-            if not name.endswith(".log"):
+            if not name.endswith(LOG_SUFFIX):
                 os.remove(name)
         shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
     def store_files(self, files: dict[str, bytes]) -> None:
         """Files of the points by name, a log appended to; a torn one is cleared before a rerun."""
         for name, data in files.items():
-            with (self.dir / "points" / name).open("ab" if name.endswith(".log") else "wb") as handle:
+            with (self.dir / "points" / name).open("ab" if name.endswith(LOG_SUFFIX) else "wb") as handle:
                 handle.write(data)
 
     def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
         rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
         reason), else from its exit code (and the log's last line as the reason)."""
-        runs, exit_code = report.load(report.run_files(self.path(point))), ended["exit_code"]
+        runs, exit_code = report.load(report.run_files(Path(self.run_paths(point).dump))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
         if category is None and exit_code != 0:
-            attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
+            attempt_log = Path(self.run_paths(point).log).read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
             if markers := list(ERROR_MARKER.finditer(attempt_log)):
                 status, category = "error", markers[-1]["category"]
                 reason = markers[-1]["message"].strip()
@@ -576,7 +581,7 @@ class Sweep:
                         continue
                     attempts[point.id] += 1
                     header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
-                    self.store_files({f"{point.id}.log": header.encode()})
+                    self.store_files({RunPaths.from_stem(point.id).log: header.encode()})
                     executor.start(point)
                     bar.set_description_str(point.label[:60])
                 for point, ended in executor.wait():
