@@ -3,6 +3,7 @@ Python API (docs/cli-and-api.md). ``main()`` parses, builds the trackers and han
 and saves to ``--save_model_dir`` as v3.1.0 does."""
 
 import argparse
+import copy
 import dataclasses
 import glob
 import json
@@ -320,8 +321,25 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
+# The arguments validate_arguments passed last, and copies of them as they were: checked once per job.
+_validated: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+
+
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
-    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
+    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded. Once per job: the very
+    arguments that passed last, unchanged since, are not checked again (the CLI and bench_train check them before
+    building trackers, then ``train()`` is handed them), so that no file header is read twice."""
+    global _validated
+    arguments = (model_args, data_args, train_args)
+    if _validated is not None:
+        checked, as_checked = _validated
+        if all(a is b for a, b in zip(arguments, checked, strict=True)) and arguments == as_checked:
+            return
+    _check_arguments(model_args, data_args, train_args)
+    _validated = (arguments, tuple(copy.copy(argument) for argument in arguments))
+
+
+def _check_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
     for name, feature in UNSUPPORTED_FLAGS.items():
         args = data_args if hasattr(data_args, name) else train_args
         spec = next(spec for spec in dataclasses.fields(args) if spec.name == name)
@@ -427,7 +445,6 @@ def train(
     *,
     callbacks: list[TrainerCallback] | None = None,
     trackers: list[Tracker] | None = None,
-    validated: bool = False,
 ) -> tuple[Any, dict[str, Any], None]:
     """Fine-tune (resuming as ``--resume_from_checkpoint`` says); checkpoints go to ``output_dir`` by
     ``save_strategy``, the final model nowhere (``save()`` writes it). Returns fms-hf-tuning v3.1.0's ``(trainer,
@@ -436,8 +453,6 @@ def train(
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
     Trackers built here are closed with the failure as their outcome when this raises; the caller closes its own.
-    ``validated``: the caller ran ``validate_arguments`` on these arguments already (the CLI and bench_train do, before
-    they open trackers), so that a job checks them once.
     """
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
@@ -463,8 +478,7 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    if not validated:
-        validate_arguments(model_args, data_args, train_args)
+    validate_arguments(model_args, data_args, train_args)  # once: not again after the CLI's or bench_train's
     if trackers is not None:  # the caller's: it closes them
         return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
     trackers = build_trackers(train_args.trackers, tracker_configs)
@@ -578,7 +592,6 @@ def main(early_helpers: Any = None) -> int:
                 args.attention_and_distributed_packing_config,
                 args.fast_moe_config,
                 trackers=trackers,
-                validated=True,
             )
             if graceful_stop.received_signal is not None:
                 raise TrainingInterrupted(graceful_stop.received_signal)

@@ -84,7 +84,6 @@ def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelper
                 attention_and_distributed_packing_config=args.attention_and_distributed_packing_config,
                 fast_moe_config=args.fast_moe_config,
                 trackers=trackers,
-                validated=True,  # job.start checked the arguments
             )
         if args.training_args.save_model_dir:
             benchmarking.save(args.training_args.save_model_dir, trainer)

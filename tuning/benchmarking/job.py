@@ -44,11 +44,9 @@ from tuning.trackers import (
     KILLED,
     MLFLOW_TRACKER,
     Tracker,
-    closed_on_failure,
-    get_tracker,
+    build_trackers,
     hf_callbacks,
     run_status,
-    validate_tracker_names,
 )
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.utils.cli_flags import unknown_flag_message
@@ -247,7 +245,7 @@ class BenchmarkJob:
     def start(self, flags: Any, args: ParsedArguments) -> None:
         """Check what is cheap to check, claim the metrics path and open the journal (rank 0, and each node's sampling
         rank): from here on every failure ends in the dump too. Then the trainer's own checks (``validate_arguments``,
-        once: ``train(validated=True)`` skips them)."""
+        once: ``train()`` finds these arguments checked)."""
         self.flags = flags
         train_args = args.training_args
         if train_args.resume_from_checkpoint is None:  # a benchmark measures whole runs: resume only when told to
@@ -289,14 +287,11 @@ class BenchmarkJob:
         dump still links it), and on rank 0 the record, which receives ``model_load_time``. Each tracker isolates its
         library (a dead server costs a warning, never the job) and is imported only when asked for; a bad config ends
         the runs opened before it as failed. ``early_helpers``: the helpers the prologue started, to adopt."""
-        trackers: list[Tracker] = []
-        params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
-        with closed_on_failure(trackers):
-            for name in validate_tracker_names(names):
-                trackers.append(tracker := get_tracker(name, configs, early_helpers))
-                if tracker.name in MIRRORED_TRACKERS:
-                    tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
+        trackers = build_trackers(names, configs, early_helpers)
         self.mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
+        params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
+        for tracker in self.mirrored:
+            tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
         if self.record is not None:
             for tracker in self.mirrored:
                 tracker.get_hf_callback().when_run_info_known(lambda *_, tracker=tracker: self.note_mirrored(tracker))

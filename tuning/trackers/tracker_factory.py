@@ -156,15 +156,17 @@ def tracker_sections(tracker_configs: TrackerConfigs | TrackerConfigFactory | No
     return tracker_configs.as_factory() if isinstance(tracker_configs, TrackerConfigs) else tracker_configs
 
 
-def get_tracker(
-    name: str,
-    tracker_configs: TrackerConfigs | TrackerConfigFactory | None,
-    early_helpers: "EarlyHelpers | None" = None,
-) -> Tracker:
+def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> Tracker:
     """One tracker, configured from ``tracker_configs`` (its ``<name>_config`` section; its defaults when that is
-    unset); a tracker with a helper process gets its backend from here and adopts its helper from ``early_helpers``
-    (``start_helpers``'s) when one waits there. Raises a ``ValueError`` (a user error) for an unknown name, a missing
-    package or a bad config."""
+    unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
+    return _build_tracker(name, tracker_configs, None)
+
+
+def _build_tracker(
+    name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None, early_helpers: "EarlyHelpers | None"
+) -> Tracker:
+    """``get_tracker``; a tracker with a helper process gets its backend from here and adopts its helper from
+    ``early_helpers`` (``start_helpers``'s) when one waits there."""
     spec, name = _spec(name), name.strip().lower()
     try:
         implementation = pkgutil.resolve_name(spec.implementation)
@@ -194,12 +196,13 @@ def build_trackers(
     early_helpers: "EarlyHelpers | None" = None,
 ) -> list[Tracker]:
     """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early); when
-    one cannot be built, those built before it are closed."""
+    one cannot be built, those built before it are closed. ``early_helpers``: the helpers ``start_helpers`` started,
+    for the trackers to adopt."""
     sections = tracker_sections(tracker_configs)
     trackers: list[Tracker] = []
     with closed_on_failure(trackers):
         for name in validate_tracker_names(names):
-            trackers.append(get_tracker(name, sections, early_helpers))
+            trackers.append(_build_tracker(name, sections, early_helpers))
     return trackers
 
 
