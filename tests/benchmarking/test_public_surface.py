@@ -102,3 +102,30 @@ def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_m
     assert dump["warmup_steps"] == 2  # the copy's own default
     step_time = next(a for a in dump["aggregates"] if a["name"] == STEP_TIME)
     assert step_time["count"] == 2
+
+
+OLD_COPY = BENCH_TRAIN.parents[1] / "tests" / "helpers" / "third_party" / "bench_train_before_the_recipe.py"
+
+
+def test_a_copy_of_the_bench_train_before_the_recipe_finds_every_name_it_uses():
+    """The building blocks an earlier bench_train assembled itself stay in ``api.__all__`` (deprecated)."""
+    tree = ast.parse(OLD_COPY.read_text(encoding="utf-8"))
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "benchmarking"
+    }
+    assert len(used) > 40 and used <= set(tuning.benchmarking.api.__all__), used - set(tuning.benchmarking.api.__all__)
+
+
+@pytest.mark.slow
+def test_a_copy_of_the_bench_train_before_the_recipe_still_runs(tiny_model, tmp_path):
+    mine = tmp_path / "old-bench"
+    mine.mkdir()
+    (mine / "old_bench.py").write_text(OLD_COPY.read_text(encoding="utf-8"), encoding="utf-8")
+    metrics = tmp_path / "out" / "bench.json"
+    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=3, tracker="none", metrics_path=metrics)
+    result = run_python(str(mine / "old_bench.py"), *args, "--system_metrics_interval", "0", cwd=mine)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dump = json.loads(metrics.read_text())
+    assert validate_dump(dump) == [] and dump["status"] == "ok" and dump["training_steps"] == 3
