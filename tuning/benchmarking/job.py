@@ -252,7 +252,8 @@ class BenchmarkJob:
             train_args.resume_from_checkpoint = "false"
         check_flags(flags)
         check_output_dir(train_args.output_dir)
-        metrics_path = os.path.abspath(flags.metrics_path or os.path.join(train_args.output_dir, "benchmark.json"))
+        default = RunPaths.in_output_dir(train_args.output_dir).dump
+        metrics_path = os.path.abspath(flags.metrics_path or default)
         check_writable(metrics_path)
         paths = RunPaths(metrics_path)
         self.sampling = flags.system_metrics_interval > 0 and self.local_rank == 0

@@ -17,6 +17,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
+DEFAULT_STEM = "benchmark"  # the dump's name in the output directory when no --metrics_path is given
 DUMP_SUFFIX = ".json"
 JOURNAL_SUFFIX = ".journal.jsonl"
 TERMINATION_LOG_SUFFIX = ".termination-log"
@@ -34,6 +35,11 @@ class RunPaths:
     """The files of the run whose dump is ``metrics_path``; each method takes the writing rank where it matters."""
 
     metrics_path: str
+
+    @classmethod
+    def in_output_dir(cls, output_dir: str) -> "RunPaths":
+        """The run whose dump takes the default place: ``<output_dir>/benchmark.json``."""
+        return cls(os.path.join(output_dir, f"{DEFAULT_STEM}{DUMP_SUFFIX}"))
 
     @classmethod
     def from_stem(cls, stem: str) -> "RunPaths":
@@ -77,6 +83,11 @@ class RunPaths:
         system's temporary directory (named by the writing process)."""
         name = os.path.basename(self.metrics_path)
         return [os.path.join(output_dir, name), os.path.join(tempfile.gettempdir(), f"{pid}-{name}")]
+
+
+def run_of_dump(dump: str) -> str:
+    """The run a dump's path names (``run.json`` → ``run``), a rebuilt one's too (``run.rebuilt.json`` → ``run``)."""
+    return dump.removesuffix(REBUILT_SUFFIX) if dump.endswith(REBUILT_SUFFIX) else os.path.splitext(dump)[0]
 
 
 def rebuilt_dump_path(journal: str) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.paths import DIRECTORY_PATTERNS as RUN_FILE_PATTERNS
-from tuning.benchmarking.paths import JOURNAL, RANK_REPORT, TERMINATION_LOG_SUFFIX, RunPaths
+from tuning.benchmarking.paths import JOURNAL, RANK_REPORT, TERMINATION_LOG_SUFFIX, RunPaths, run_of_dump
 from tuning.benchmarking.schema import validate_dump
 from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
@@ -169,10 +169,9 @@ def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> N
             raise Skipped(f"dump schema_version {data['schema_version']!r}; this report reads {SCHEMA_VERSION}")
         if problems := validate_dump(data):
             raise Skipped(f"incomplete dump: {problems[0]}")
-        name = path.with_suffix("")
-        if data["rebuilt_from_journal"] and name.suffix == ".rebuilt":  # the rebuild command's NAME.rebuilt.json
-            name = name.with_suffix("")
-        run = run_for(str(name))
+        # The rebuild command's NAME.rebuilt.json stands for NAME.
+        name = run_of_dump(str(path)) if data["rebuilt_from_journal"] else os.path.splitext(str(path))[0]
+        run = run_for(name)
         if run.dump is None or run.dump["rebuilt_from_journal"]:  # the run's own dump beats a rebuilt one
             run.dump = data
     # What older benchmarking formats look like, so users learn why their file is not read.
