@@ -44,9 +44,11 @@ from tuning.trackers import (
     KILLED,
     MLFLOW_TRACKER,
     Tracker,
-    build_trackers,
+    build_tracker,
+    closed_on_failure,
     hf_callbacks,
     run_status,
+    validate_tracker_names,
 )
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.utils.cli_flags import unknown_flag_message
@@ -288,11 +290,14 @@ class BenchmarkJob:
         dump still links it), and on rank 0 the record, which receives ``model_load_time``. Each tracker isolates its
         library (a dead server costs a warning, never the job) and is imported only when asked for; a bad config ends
         the runs opened before it as failed. ``early_helpers``: the helpers the prologue started, to adopt."""
-        trackers = build_trackers(names, configs, early_helpers)
-        self.mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
+        trackers: list[Tracker] = []
         params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
-        for tracker in self.mirrored:
-            tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
+        with closed_on_failure(trackers):
+            for name in validate_tracker_names(names):
+                trackers.append(tracker := build_tracker(name, configs, early_helpers))
+                if tracker.name in MIRRORED_TRACKERS:
+                    tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
+        self.mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
         if self.record is not None:
             for tracker in self.mirrored:
                 tracker.get_hf_callback().when_run_info_known(lambda *_, tracker=tracker: self.note_mirrored(tracker))

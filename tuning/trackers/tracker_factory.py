@@ -125,7 +125,7 @@ def start_helpers(argv: list[str]) -> "EarlyHelpers":
     """Start now the helper processes of the trackers that the command line ``argv`` asks for (``--trackers aim
     mlflow``, ``--tracker=aim``), for those trackers to adopt when built: a script calls it first thing, so that Aim
     or MLflow loads in its helper while the script imports torch, instead of beside the first training steps.
-    Returns them, for ``build_trackers``/``get_tracker`` (``early_helpers=``) to hand to the trackers they build.
+    Returns them, for ``build_trackers``/``build_tracker`` (``early_helpers=``) to hand to the trackers they build.
     Names it does not know, and trackers asked for elsewhere (a job config), start their helper when built."""
     from tuning.trackers.helper_transport import EarlyHelpers  # light, but it imports this package: not at its top
 
@@ -159,11 +159,13 @@ def tracker_sections(tracker_configs: TrackerConfigs | TrackerConfigFactory | No
 def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> Tracker:
     """One tracker, configured from ``tracker_configs`` (its ``<name>_config`` section; its defaults when that is
     unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
-    return _build_tracker(name, tracker_configs, None)
+    return build_tracker(name, tracker_configs)
 
 
-def _build_tracker(
-    name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None, early_helpers: "EarlyHelpers | None"
+def build_tracker(
+    name: str,
+    tracker_configs: TrackerConfigs | TrackerConfigFactory | None,
+    early_helpers: "EarlyHelpers | None" = None,
 ) -> Tracker:
     """``get_tracker``; a tracker with a helper process gets its backend from here and adopts its helper from
     ``early_helpers`` (``start_helpers``'s) when one waits there."""
@@ -202,7 +204,7 @@ def build_trackers(
     trackers: list[Tracker] = []
     with closed_on_failure(trackers):
         for name in validate_tracker_names(names):
-            trackers.append(_build_tracker(name, sections, early_helpers))
+            trackers.append(build_tracker(name, sections, early_helpers))
     return trackers
 
 
