@@ -287,3 +287,25 @@ def test_module_aliases_of_v3(monkeypatch):
     set_log_level("mine", "warning")
     assert DataArguments(add_special_tokens=["<x>"]).add_special_tokens == ["<x>"]
     assert legacy_resize is tokenizer_and_embedding_resize
+
+
+def test_a_job_validates_its_arguments_once(tmp_path):
+    """The CLI and bench_train validate before building trackers, then hand the same arguments to ``train()``: it
+    finds them checked and reads no file again; other (or changed) arguments are checked afresh."""
+    import numpy
+    from safetensors.numpy import save_file
+
+    from tuning.sft_trainer import validate_arguments
+    from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    save_file({"w": numpy.zeros(4, dtype=numpy.float32)}, str(model / "model.safetensors"))
+    argv = [*BASE, "--training_data_path", SAMPLE_TRAIN_PATH, "--response_template", "x"]
+    args = parse_arguments(get_parser(), args=argv[:1] + [str(model)] + argv[2:])
+    validate_arguments(args.model_args, args.data_args, args.training_args)
+    (model / "model.safetensors").write_bytes(b"cut short")
+    validate_arguments(args.model_args, args.data_args, args.training_args)  # checked: not read again
+    with pytest.raises(UserInputError, match="model.safetensors is not a complete safetensors file"):
+        validate_arguments(dataclasses.replace(args.model_args), args.data_args, args.training_args)

@@ -15,20 +15,13 @@ from types import UnionType
 from typing import Any, NamedTuple
 
 if __package__ in (None, ""):
-    # `python tuning/sft_trainer.py`: import from the repository; the script's folder would shadow `config`, `data`...
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != _here]
-    sys.path.insert(0, os.path.dirname(_here))
+    # `python tuning/sft_trainer.py`: import from the repository (the prologue takes the script's folder off the path).
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":
-    # Before the heavy imports: a SIGTERM or Ctrl-C while they load still ends the job as `interrupted`.
-    from tuning.utils.error_logging import install_early_signal_handlers
+    from tuning.utils.prologue import prologue
 
-    install_early_signal_handlers()
-    # Aim's and MLflow's helper processes import their libraries while this process imports torch.
-    from tuning.trackers import start_helpers
-
-    start_helpers(sys.argv[1:])
+    early_helpers = prologue(sys.argv[1:], script=__file__ if __package__ in (None, "") else None)
 
 import torch
 import transformers
@@ -149,20 +142,14 @@ _PARSER_DATACLASSES = (
     FastMoeConfig,
     TrackerConfigs,
 )
-# train()'s keywords of the fms-acceleration dataclasses, in the parser's order.
-_ACCELERATION_KEYWORDS = (
-    "quantized_lora_config",
-    "fusedops_kernels_config",
-    "attention_and_distributed_packing_config",
-    "fast_moe_config",
-)
 
 
-def get_parser() -> HfArgumentParser:
+def get_parser(*wrapper_dataclasses: type) -> HfArgumentParser:
     """The CLI parser: fms-hf-tuning v3.1.0's argument dataclasses and plain flags, this package's aliases, and the
-    config of every tracker registered from outside the package."""
+    config of every tracker registered from outside the package. ``wrapper_dataclasses``: a wrapper's own flags
+    (bench_train's), parsed by the same parser; ``parse_arguments_by_type`` hands them back."""
     parser = _ArgumentParser(
-        (*_PARSER_DATACLASSES, *external_tracker_config_classes().values()),
+        (*_PARSER_DATACLASSES, *external_tracker_config_classes().values(), *wrapper_dataclasses),
         description=f"Fine-tune a causal LM. Trackers (--trackers): {', '.join(AVAILABLE_TRACKERS)}.",
     )
     parser.add_argument(
@@ -209,17 +196,25 @@ def parse_arguments(
     the command line's), so that a wrapper hands over its share of the flags without touching ``sys.argv``. What is
     no flag (a leftover command-line string, an unknown job-config key) is ignored with one warning naming it, as
     fms-hf-tuning ignores it (silently there)."""
+    return parse_arguments_by_type(parser, json_config, args=args)[0]
+
+
+def parse_arguments_by_type(
+    parser: HfArgumentParser, json_config: dict | None = None, *, args: list[str] | None = None
+) -> tuple[ParsedArguments, dict[type, Any]]:
+    """``parse_arguments``, and every dataclass the parser filled keyed by its class (a wrapper's own flags too)."""
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
         *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
         if remaining:
             logger.warning("ignoring command-line arguments that are no sft_trainer flag: %s", " ".join(remaining))
-    own = dataclass_args[: len(_PARSER_DATACLASSES)]
-    (model_args, data_args, training_args, controller_args, lora_config, prompt_config, mxfp4_config) = own[:7]
-    tracker_configs = own[-1]
-    for name, config in zip(external_tracker_config_classes(), dataclass_args[len(_PARSER_DATACLASSES) :], strict=True):
-        setattr(tracker_configs, f"{name}_config", config)
+    parsed = dict(zip(parser.dataclass_types, dataclass_args, strict=True))
+    model_args, data_args, training_args = parsed[ModelArguments], parsed[DataArguments], parsed[TrainingArguments]
+    lora_config, prompt_config, mxfp4_config = parsed[LoraConfig], parsed[PromptTuningConfig], parsed[Mxfp4Config]
+    tracker_configs = parsed[TrackerConfigs]
+    for name, config_class in external_tracker_config_classes().items():
+        setattr(tracker_configs, f"{name}_config", parsed[config_class])
 
     peft_method = flags.peft_method or ("lora" if flags.use_peft else "none")
     if peft_method not in PEFT_METHODS:
@@ -228,9 +223,12 @@ def parse_arguments(
         model_args=model_args,
         data_args=data_args,
         train_args=training_args,
-        trainer_controller_args=controller_args,
+        trainer_controller_args=parsed[TrainerControllerArguments],
         quantization_config=mxfp4_config if changed_fields(mxfp4_config) else None,
-        **dict(zip(_ACCELERATION_KEYWORDS, own[7:11], strict=True)),
+        quantized_lora_config=parsed[QuantizedLoraConfig],
+        fusedops_kernels_config=parsed[FusedOpsAndKernelsConfig],
+        attention_and_distributed_packing_config=parsed[AttentionAndDistributedPackingConfig],
+        fast_moe_config=parsed[FastMoeConfig],
         **{PLAIN_FLAGS: argparse.Namespace(**{**vars(flags), "peft_method": peft_method})},
     )
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
@@ -239,17 +237,21 @@ def parse_arguments(
     for name in ("response_template", "data_formatter_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
             setattr(data_args, name, value.replace("\\n", "\n"))
-    return ParsedArguments(
-        model_args,
-        data_args,
-        training_args,
-        controller_args,
-        tune_config,
-        None,
-        *own[7:11],
-        tracker_configs,
-        _exp_metadata_json(flags.exp_metadata),
+    arguments = ParsedArguments(
+        model_args=model_args,
+        data_args=data_args,
+        training_args=training_args,
+        trainer_controller_args=parsed[TrainerControllerArguments],
+        tune_config=tune_config,
+        quantization_config=None,
+        quantized_lora_config=parsed[QuantizedLoraConfig],
+        fusedops_kernels_config=parsed[FusedOpsAndKernelsConfig],
+        attention_and_distributed_packing_config=parsed[AttentionAndDistributedPackingConfig],
+        fast_moe_config=parsed[FastMoeConfig],
+        tracker_configs=tracker_configs,
+        exp_metadata=_exp_metadata_json(flags.exp_metadata),
     )
+    return arguments, parsed
 
 
 def _warn_unused_peft_flags(peft_method: str, lora_config: LoraConfig, prompt_config: PromptTuningConfig) -> None:
@@ -303,8 +305,25 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
+# The arguments validate_arguments passed last, and copies of them as they were: checked once per job.
+_validated: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+
+
 def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
-    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
+    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded. Once per job: the very
+    arguments that passed last, unchanged since, are not checked again (the CLI and bench_train check them before
+    building trackers, then ``train()`` is handed them), so that no file header is read twice."""
+    global _validated
+    arguments = (model_args, data_args, train_args)
+    if _validated is not None:
+        checked, as_checked = _validated
+        if all(a is b for a, b in zip(arguments, checked, strict=True)) and arguments == as_checked:
+            return
+    _check_arguments(model_args, data_args, train_args)
+    _validated = (arguments, tuple(copy.copy(argument) for argument in arguments))
+
+
+def _check_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
     refuse_unsupported(model_args=model_args, data_args=data_args, train_args=train_args)
     if not model_args.model_name_or_path:
         raise UserInputError("--model_name_or_path is required")
@@ -460,7 +479,7 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    validate_arguments(model_args, data_args, train_args)
+    validate_arguments(model_args, data_args, train_args)  # once: not again after the CLI's or bench_train's
     padding_free = attention_and_distributed_packing_config is not None and (
         attention_and_distributed_packing_config.is_padding_free
     )
@@ -626,14 +645,16 @@ def save(path: str, trainer, tc_callback: Any = None, log_level: str = "WARNING"
     trainer.save_model(path)
 
 
-def main() -> int:
-    """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker."""
+def main(early_helpers: Any = None) -> int:
+    """The CLI: every failure ends in a classified exit status, a termination log line and a stderr marker.
+    ``early_helpers``: the tracker helpers the script's prologue started, for its trackers to adopt."""
 
     def run() -> None:
         args = parse_arguments(get_parser(), get_json_config())
         training_args = args.training_args
         validate_arguments(args.model_args, args.data_args, training_args)
-        trackers = build_trackers(training_args.trackers, args.tracker_configs)  # the CLI's, handed to train()
+        # The CLI's trackers, handed to train().
+        trackers = build_trackers(training_args.trackers, args.tracker_configs, early_helpers)
         graceful_stop = GracefulStopCallback()
         with closed_on_failure(trackers):
             trainer, train_info, _ = train(
@@ -665,4 +686,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(early_helpers))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_report  # beside this script, whose directory Python puts first on sys.path
 import fire
 
+from tuning.benchmarking import report as bench_report  # the report library bench_report.py prints
 from tuning.benchmarking import statistics as stats
 from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND
 from tuning.utils.cli_flags import reject_unknown_flags

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_report  # beside this script, whose directory Python puts first on sys.path
 import fire
 import psutil
 import yaml
 from tqdm import tqdm
 
+from tuning.benchmarking import report
+from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
 
@@ -54,8 +55,6 @@ ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point'
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 PR_SET_PDEATHSIG = 1
 SCRATCH_PREFIX = "bench-sweep-"  # a Ray point's directory in its node's temp dir
-# A plain string here: the Ray task's body, pickled by value, then needs no import of bench_report on the node.
-TERMINATION_LOG_SUFFIX = bench_report.TERMINATION_LOG_SUFFIX
 
 
 def is_count(value: Any, low: int) -> bool:
@@ -164,12 +163,12 @@ def spec_problems(spec: Any) -> Iterator[str]:
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
     """The points of the same repeat that differ from ``point`` by a smaller batch size only: they run first, and an
     OOM in one skips it. Every point has the same axes, so a numeric batch size axis gives every point one."""
-    if not bench_report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
+    if not report.is_number(size := point.axes.get(BATCH_SIZE_AXIS)):
         return []
     return [
         other
         for other in points
-        if bench_report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
+        if report.is_number(smaller := other.axes[BATCH_SIZE_AXIS])
         and smaller < size
         and other.axes == {**point.axes, BATCH_SIZE_AXIS: smaller}
         and other.repeat == point.repeat  # an interleaved sweep's first round runs before its second
@@ -225,14 +224,12 @@ class PointProcess:
         launcher = [sys.executable]
         if nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
+        paths = RunPaths.from_stem(stem)
         # A stopped point starts again from scratch (docs/sweeps.md): a checkpoint at its stop would only cost time.
-        flags = {"save_on_preemption": False, **flags, "output_dir": stem, "metrics_path": f"{stem}.json"}
+        flags = {"save_on_preemption": False, **flags, "output_dir": stem, "metrics_path": paths.dump}
         # The termination log names the root cause as the launcher saw it: a rank SIGKILLed leaves no report.
-        env = {
-            **(popen.pop("env", None) or os.environ),
-            TERMINATION_LOG_ENV: f"{stem}{TERMINATION_LOG_SUFFIX}",
-        }
-        with open(f"{stem}.log", "ab") as log:
+        env = {**(popen.pop("env", None) or os.environ), TERMINATION_LOG_ENV: paths.termination_log}
+        with open(paths.log, "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, bench_train, *flag_tokens(flags)],
                 stdin=subprocess.DEVNULL,
@@ -313,10 +310,10 @@ def run_point_on_node(
             process.stop()
             process.wait()
             raise
-        reports = glob.glob(glob.escape(stem) + ".json.rank*.error.json")
-        names = [f"{stem}.json", *reports, f"{stem}{TERMINATION_LOG_SUFFIX}", f"{stem}.log"]
-        if not os.path.exists(f"{stem}.json"):
-            names.append(f"{stem}.journal.jsonl")
+        paths = RunPaths.from_stem(stem)
+        names = [paths.dump, *paths.rank_reports(), paths.termination_log, paths.log]
+        if not os.path.exists(paths.dump):
+            names.append(paths.journal())
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -444,7 +441,8 @@ class RayExecutor:
                 result = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the task's worker or node died
                 failure = f"Ray task failed: {' '.join(str(exc).split())[:2000]}\n".encode()
-                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files={f"{point.id}.log": failure})
+                files = {RunPaths.from_stem(point.id).log: failure}
+                result = dict(exit_code=-signal.SIGKILL, timed_out=False, host="?", files=files)
             self.sweep.store_files(result["files"])
             ended.append((point, result))
         return ended
@@ -469,9 +467,13 @@ class RayExecutor:
 class Sweep:
     def __init__(self, points: list[Point], output_dir: Path, retries: int, point_timeout: float | None):
         self.points, self.dir, self.retries, self.point_timeout = points, output_dir, retries, point_timeout
-        self.state_path = output_dir / bench_report.SWEEP_STATE
+        self.state_path = output_dir / report.SWEEP_STATE
         self.lock_fd = -1
         self.interrupted_by: int | None = None
+
+    def run_paths(self, point: Point) -> RunPaths:
+        """The files of the point's run (its dump, log, journal, reports...)."""
+        return RunPaths.from_stem(str(self.path(point, "")))
 
     def path(self, point: Point, suffix: str = ".json") -> Path:
         """A file of the point: its dump, ``.log`` its output, ``""`` its output_dir."""
@@ -479,13 +481,13 @@ class Sweep:
 
     def finished(self, rerun_failed: bool) -> dict[str, dict[str, Any]]:
         """The state lines that count for the current grid: same config; with ``rerun_failed`` only successes."""
-        state = bench_report.read_sweep_state(self.state_path) if self.state_path.exists() else {}
+        state = report.read_sweep_state(self.state_path) if self.state_path.exists() else {}
         return {
             point.id: line
             for point in self.points
             if (line := state.get(point.id)) is not None
             and line.get("config") == point.config
-            and (not rerun_failed or line["status"] in bench_report.DONE_STATUSES)
+            and (not rerun_failed or line["status"] in report.DONE_STATUSES)
         }
 
     def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
@@ -507,26 +509,26 @@ class Sweep:
     def clear(self, point: Point) -> None:
         """An earlier attempt's files gone (the log stays, appended to), so that what is read next is this one's."""
         for name in glob.glob(glob.escape(str(self.path(point, ""))) + ".*"):
-            if not name.endswith(".log"):
+            if not name.endswith(LOG_SUFFIX):
                 os.remove(name)
         shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
     def store_files(self, files: dict[str, bytes]) -> None:
         """Files of the points by name, a log appended to; a torn one is cleared before a rerun."""
         for name, data in files.items():
-            with (self.dir / "points" / name).open("ab" if name.endswith(".log") else "wb") as handle:
+            with (self.dir / "points" / name).open("ab" if name.endswith(LOG_SUFFIX) else "wb") as handle:
                 handle.write(data)
 
     def outcome(self, point: Point, ended: dict[str, Any]) -> dict[str, Any]:
         """Status and category from the point's files (the root cause across ranks: they name the category and
         rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
         reason), else from its exit code (and the log's last line as the reason)."""
-        runs, exit_code = bench_report.load(bench_report.run_files(self.path(point))), ended["exit_code"]
+        runs, exit_code = report.load(report.run_files(Path(self.run_paths(point).dump))), ended["exit_code"]
         status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
         cause = runs[0].root_cause if runs else None
         category, reason = (cause.category, cause.message) if cause else (None, None)
         if category is None and exit_code != 0:
-            attempt_log = self.path(point, ".log").read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
+            attempt_log = Path(self.run_paths(point).log).read_text(errors="replace").rpartition(ATTEMPT_HEADER)[2]
             if markers := list(ERROR_MARKER.finditer(attempt_log)):
                 status, category = "error", markers[-1]["category"]
                 reason = markers[-1]["message"].strip()
@@ -535,7 +537,7 @@ class Sweep:
                 reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
         if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
-        elif status in bench_report.DONE_STATUSES and exit_code != 0:
+        elif status in report.DONE_STATUSES and exit_code != 0:
             status, reason = "error", f"exited {exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
@@ -551,7 +553,7 @@ class Sweep:
         def finish(line: dict[str, Any]) -> None:
             finished[line["point"]] = line
             status = line["status"]
-            done = status in bench_report.DONE_STATUSES
+            done = status in report.DONE_STATUSES
             counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
@@ -584,7 +586,7 @@ class Sweep:
                         continue
                     attempts[point.id] += 1
                     header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
-                    self.store_files({f"{point.id}.log": header.encode()})
+                    self.store_files({RunPaths.from_stem(point.id).log: header.encode()})
                     executor.start(point)
                     bar.set_description_str(point.label[:60])
                 for point, ended in executor.wait():
@@ -618,11 +620,12 @@ class Sweep:
 def write_report(output_dir: Path, points: list[Point]) -> None:
     """bench_report over the sweep directory into DIR/report, the axes as columns; plots against the batch size
     (else the first numeric axis) when matplotlib is installed, a line per value of the next axis."""
-    numeric = [axis for axis in points[0].axes if all(bench_report.is_number(p.axes[axis]) for p in points)]
+    numeric = [axis for axis in points[0].axes if all(report.is_number(p.axes[axis]) for p in points)]
     x = BATCH_SIZE_AXIS if BATCH_SIZE_AXIS in numeric else next(iter(numeric), None)
     x = x if importlib.util.find_spec("matplotlib") else None
     group = next((axis for axis in points[0].axes if axis != x), None) if x else None
-    bench_report.main(str(output_dir), x=x, group=group, output_dir=str(output_dir / "report"))
+    for path in report.write_report([str(output_dir)], x=x, group=group, output_dir=str(output_dir / "report")):
+        print(path)
 
 
 def main(
@@ -665,7 +668,7 @@ def main(
     for name, value, low in (("concurrency", concurrency, 1), ("retries", retries, 0)):
         if value is not None and not is_count(value, low):
             raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
-    if point_timeout is not None and (not bench_report.is_number(point_timeout) or point_timeout <= 0):
+    if point_timeout is not None and (not report.is_number(point_timeout) or point_timeout <= 0):
         raise SystemExit(f"--point_timeout must be a positive number of seconds, got {point_timeout!r}")
     points = grid(load_spec(str(spec)), bool(interleave))
     sweep_dir = Path(str(output_dir)).absolute()

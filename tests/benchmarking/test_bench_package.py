@@ -20,7 +20,7 @@ from tuning.benchmarking.dump import (
     rank_report_path,
 )
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
-from tuning.benchmarking.rebuild import default_output
+from tuning.benchmarking.paths import rebuilt_dump_path
 from tuning.benchmarking.rebuild import main as rebuild_main
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import json_schema, markdown_with_schema, validate_dump
@@ -185,7 +185,7 @@ def test_rebuild_command(tmp_path, capsys):
         time.sleep(0.05)
     assert rebuild_main([str(path)]) == 0
     output = tmp_path / "run.rebuilt.json"
-    assert default_output(str(path)) == str(output)
+    assert rebuilt_dump_path(str(path)) == str(output)
     dump = json.loads(output.read_text())
     assert dump["rebuilt_from_journal"] and dump["status"] == "error" and validate_dump(dump) == []
     assert "status error, 6 steps" in capsys.readouterr().out

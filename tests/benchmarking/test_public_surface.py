@@ -3,6 +3,7 @@ runs outside the repo; bench_train takes nothing else from the project; light en
 
 import ast
 import json
+import sys
 
 import pytest
 
@@ -30,9 +31,14 @@ def test_bench_train_uses_only_the_exported_names():
     }
     assert project_imports == {
         ("tuning.benchmarking", "api"),
-        ("tuning.utils.error_logging", "install_early_signal_handlers"),
-        ("tuning.trackers", "start_helpers"),
+        ("tuning.benchmarking.api", "flag"),
+        ("tuning.utils.prologue", "prologue"),  # before torch loads
     }
+    modules = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    modules |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert modules - sys.stdlib_module_names == {"tuning", "fire"}
 
 
 @pytest.mark.slow
@@ -84,7 +90,7 @@ def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_m
     mine = tmp_path / "my-bench"
     mine.mkdir()
     source = BENCH_TRAIN.read_text(encoding="utf-8")
-    edited = source.replace("skip_warmup_steps: int = 5,", "skip_warmup_steps: int = 2,")
+    edited = source.replace("skip_warmup_steps: int = flag(5,", "skip_warmup_steps: int = flag(2,")
     assert edited != source
     (mine / "my_bench.py").write_text(edited, encoding="utf-8")
     metrics = tmp_path / "out" / "bench.json"
@@ -96,3 +102,30 @@ def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_m
     assert dump["warmup_steps"] == 2  # the copy's own default
     step_time = next(a for a in dump["aggregates"] if a["name"] == STEP_TIME)
     assert step_time["count"] == 2
+
+
+OLD_COPY = BENCH_TRAIN.parents[1] / "tests" / "helpers" / "third_party" / "bench_train_before_the_recipe.py"
+
+
+def test_a_copy_of_the_bench_train_before_the_recipe_finds_every_name_it_uses():
+    """The building blocks an earlier bench_train assembled itself stay in ``api.__all__`` (deprecated)."""
+    tree = ast.parse(OLD_COPY.read_text(encoding="utf-8"))
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "benchmarking"
+    }
+    assert len(used) > 40 and used <= set(tuning.benchmarking.api.__all__), used - set(tuning.benchmarking.api.__all__)
+
+
+@pytest.mark.slow
+def test_a_copy_of_the_bench_train_before_the_recipe_still_runs(tiny_model, tmp_path):
+    mine = tmp_path / "old-bench"
+    mine.mkdir()
+    (mine / "old_bench.py").write_text(OLD_COPY.read_text(encoding="utf-8"), encoding="utf-8")
+    metrics = tmp_path / "out" / "bench.json"
+    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=3, tracker="none", metrics_path=metrics)
+    result = run_python(str(mine / "old_bench.py"), *args, "--system_metrics_interval", "0", cwd=mine)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dump = json.loads(metrics.read_text())
+    assert validate_dump(dump) == [] and dump["status"] == "ok" and dump["training_steps"] == 3

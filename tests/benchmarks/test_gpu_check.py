@@ -300,7 +300,7 @@ def test_both_arms_parse_the_check_s_settings_over_the_overhead_benchmark_s(tmp_
         "bench_train", workload, tmp_path / "model", data, tmp_path / "bench", attention
     )
     bench_train = load_script(BENCH_TRAIN)
-    flags, args = bench_train.parse_command_line(bench_command[2:])
+    flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, bench_command[2:])
     assert (flags.system_metrics_interval, flags.skip_warmup_steps) == (1.0, 10)
     assert (args.data_args.training_data_path, args.model_args.torch_dtype) == (str(data), "bfloat16")
     assert args.model_args.use_flash_attn == (attention == gpu_check.FLASH_ATTENTION)

@@ -22,7 +22,7 @@ from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
 from tests.helpers.training import REPO_ROOT, free_port, run_python, subprocess_env, wait_for_exit, wait_until
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
-from tuning.trackers import isolated
+from tuning.trackers import helper_child, isolated
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING, RUN_HASH_FILENAME, AimStackTracker, SafeAimCallback
 from tuning.utils.error_logging import UserInputError
 
@@ -131,7 +131,10 @@ def test_messages_reach_the_helper_as_plain_python():
 
 
 def test_helper_whose_run_was_never_opened_exits_with_its_process():
-    probe = "from tuning.trackers.aimstack_tracker import SafeAimCallback; print(SafeAimCallback('r')._process.pid)"
+    probe = (
+        "from tuning.trackers.aimstack_tracker import SafeAimCallback\n"
+        "print(SafeAimCallback('r').transport.process.pid)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", probe], env=subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
@@ -140,20 +143,21 @@ def test_helper_whose_run_was_never_opened_exits_with_its_process():
 
 
 def test_a_helper_started_early_is_adopted_by_the_tracker_and_writes_its_run(tmp_path):
-    """``start_helpers`` before the heavy imports: the Aim callback built later uses that helper, not a new one."""
+    """``start_helpers`` before the heavy imports: the Aim callback built later and handed its helpers uses that
+    helper, not a new one."""
     code = textwrap.dedent(
         """
         import sys
         from pathlib import Path
         import psutil
         from tuning.trackers import start_helpers
-        start_helpers(["--trackers", "aim"])
+        early_helpers = start_helpers(["--trackers", "aim"])
         (early,) = psutil.Process().children()
         from tests.helpers.trackers import drive
         from tuning.trackers.aimstack_tracker import SafeAimCallback
-        callback = SafeAimCallback(sys.argv[1], experiment="early")
+        callback = SafeAimCallback(sys.argv[1], experiment="early", early_helpers=early_helpers)
         drive(callback, Path(sys.argv[2]), steps=3)
-        print(callback._process.pid == early.pid, len(psutil.Process().children()), callback.run_hash)
+        print(callback.transport.process.pid == early.pid, len(psutil.Process().children()), callback.run_hash)
         print(callback.degraded_reason)
         """
     )
@@ -230,7 +234,7 @@ def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     tracker.set_params(METADATA)
     tracker.track(1.0, "model_load_time")
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_hash is None and tracker.callback._process is None
+    assert tracker.run_hash is None and tracker.callback.transport.process is None
     assert not (tmp_path / "repo").exists()
 
 
@@ -346,11 +350,11 @@ DRIVER = textwrap.dedent(
         callback.on_log(args, state, control, logs={"loss": 1.0 / step})
         slowest = max(slowest, time.monotonic() - start)
         if step == pause_at:  # let the test break Aim now, once the run exists
-            unsent = lambda: callback._pending or callback._points  # noqa: E731
+            unsent = lambda: callback.transport.pending or callback._points  # noqa: E731
             while (tracker.run_hash is None or unsent()) and not tracker.degraded:
                 time.sleep(0.05)
             with open(marker + ".paused", "w") as paused:  # says which process writes the run
-                paused.write(str(callback._process.pid if callback._process else ""))
+                paused.write(str(callback.transport.process.pid if callback.transport.process else ""))
             while not os.path.exists(marker + ".go"):
                 time.sleep(0.05)
         time.sleep(0.1)
@@ -358,7 +362,7 @@ DRIVER = textwrap.dedent(
     if not crash:  # a crashed training never reaches on_train_end: the tracker closes at exit
         callback.on_train_end(args, state, control)
     close_s = time.monotonic() - start
-    writer = callback._process
+    writer = callback.transport.process
     writer_alive = lambda: writer is not None and writer.poll() is None  # noqa: E731
     deadline = time.monotonic() + 2
     while writer_alive() and time.monotonic() < deadline:  # the Aim writer process must end too
@@ -480,10 +484,10 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable(tmp_path, cap
         listener.close()
         closed_at = time.monotonic()
         while not callback.degraded:
-            assert time.monotonic() - closed_at < isolated.PROBE_INTERVAL_S + isolated.PROBE_TIMEOUT_S + 5
+            assert time.monotonic() - closed_at < helper_child.PROBE_INTERVAL_S + helper_child.PROBE_TIMEOUT_S + 5
             time.sleep(0.05)
         assert "unreachable" in callback.degraded_reason
-        wait_for_exit(callback._process.pid, 5, "the helper outlived its server")
+        wait_for_exit(callback.transport.process.pid, 5, "the helper outlived its server")
         assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     finally:
         callback.close()

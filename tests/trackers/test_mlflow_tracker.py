@@ -167,7 +167,7 @@ def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(tmp_path / "mlruns")))
     tracker.set_params(METADATA)
     drive(tracker.get_hf_callback(), tmp_path / "out")
-    assert tracker.run_id is None and tracker.callback._process is None
+    assert tracker.run_id is None and tracker.callback.transport.process is None
     assert not (tmp_path / "mlruns").exists()
 
 
@@ -182,9 +182,9 @@ def test_killed_training_process_leaves_a_closed_run(tmp_path):
         tracker.set_params({"dataset_id": "killed"})
         tracker.track(0.5, "model_load_time")
         callback = tracker.callback
-        while (tracker.run_id is None or callback._points or callback._pending) and not tracker.degraded:
+        while (tracker.run_id is None or callback._points or callback.transport.pending) and not tracker.degraded:
             time.sleep(0.05)  # until the run exists and holds everything tracked
-        print(tracker.callback._process.pid, tracker.degraded_reason, flush=True)
+        print(tracker.callback.transport.process.pid, tracker.degraded_reason, flush=True)
         time.sleep(600)
         """
     )
@@ -246,7 +246,7 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
     assert "blocked for more than 2s" in tracker.degraded_reason and tracker.run_id is None
     assert len(degraded_warnings(caplog, DEGRADED_WARNING)) == 1
     assert took < 10  # the 2 s bound plus scheduling slack (MLflow's client would wait 120 s per try)
-    assert tracker.callback._process.wait(timeout=10) == -signal.SIGKILL
+    assert tracker.callback.transport.process.wait(timeout=10) == -signal.SIGKILL
 
 
 # ---- real jobs ----
@@ -392,7 +392,7 @@ def tracker_helpers() -> set[int]:
     helpers = set()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):  # one that ends meanwhile is not left
-            if child.status() != psutil.STATUS_ZOMBIE and "tuning.trackers.isolated" in child.cmdline():
+            if child.status() != psutil.STATUS_ZOMBIE and "tuning.trackers.helper_child" in child.cmdline():
                 helpers.add(child.pid)
     return helpers
 

@@ -141,7 +141,7 @@ def test_root_cause_names_the_rank_that_failed_first(runs_dir, bench_report):
     files = sorted(path for path in runs_dir.glob("ranks-b2.json*") if path.suffix != ".lock")  # the run's lock
     assert {path.name for path in files} == {"ranks-b2.json", "ranks-b2.json.rank1.error.json"}
     for ordered in (files, files[::-1]):
-        (run,) = bench_report.load([(path, True) for path in ordered])
+        (run,) = bench_report.report.load([(path, True) for path in ordered])
         cause = run.root_cause
         assert (cause.category, cause.rank, cause.step) == ("gpu_oom", 1, 2)
         others = [failure.category for failure in run.failures if failure.rank == 0]
@@ -237,8 +237,8 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
     rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4)]
     metric, ylabel = "peak_gpu_memory_bytes", "peak GPU memory reserved (GB)"
-    figure = bench_report.draw(rows, x, None, metric, ylabel)
-    figure.set_dpi(bench_report.PLOT_DPI)
+    figure = bench_report.report.draw(rows, x, None, metric, ylabel)
+    figure.set_dpi(bench_report.report.PLOT_DPI)
     figure.canvas.draw()  # lays the text out, as savefig does
     (axes,) = figure.axes
     title, frame = axes.title.get_window_extent(), figure.bbox

@@ -2,6 +2,8 @@
 Aim (local repo and a real server), real signals. Faults come in through the wrapper's public ``--callbacks`` flag
 (tests/helpers/bench_callbacks.py); nothing is mocked."""
 
+import base64
+import dataclasses
 import json
 import re
 import signal
@@ -559,7 +561,10 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
         (lambda d: {"metadata": "[1, 2]"}, "--metadata must hold an object"),
         (lambda d: {"metadata": "{nope"}, "--metadata is not valid JSON"),
         (lambda d: {"metrics_path": write(d / "file", "") / "bench.json"}, "cannot write --metrics_path"),
-        (lambda d: {"stop_after_seconds": "soon"}, "--stop_after_seconds 'soon' is not a valid float"),
+        (
+            lambda d: {"stop_after_seconds": "soon"},
+            "--stop_after_seconds/--stop-after-seconds: invalid float value: 'soon'",
+        ),
         (lambda d: {"callbacks": "tests.helpers.nowhere:Nothing"}, "--callbacks tests.helpers.nowhere:Nothing"),
         (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
         (lambda d: {"max_stesp": "3"}, "unknown flag --max_stesp; did you mean --max_steps?"),
@@ -598,20 +603,32 @@ def test_help_lists_wrapper_and_trainer_flags(bench_train, capsys):
         assert flag in shown
 
 
-def test_trainer_flags_reach_the_trainer_parser_as_typed(bench_train):
+def test_one_parser_reads_both_flag_sets_as_typed(bench_train):
+    """The wrapper's flags (a dataclass) and the trainer's, in any order, each value with its field's type."""
     trainer_tokens = ["--experiment", "123", "--exp_metadata", '{"a": 1}', "--max_steps", "3", "--use_peft"]
     wrapper_tokens = ["--metadata", '{"b": true}', "--auto_stop", "--metrics-path=m.json", "--stall_timeout", "9"]
-    wrapper, trainer = bench_train.split_argv(trainer_tokens[:4] + wrapper_tokens + trainer_tokens[4:])
-    assert wrapper == wrapper_tokens and trainer == trainer_tokens
-    assert bench_train.split_argv(["--auto_stop", "False", "--r", "4"]) == (["--auto_stop", "False"], ["--r", "4"])
     trainer_flags = set(re.findall(r"--\w+", get_parser().format_help()))
-    assert not {f"--{name}" for name in bench_train._FLAG_NAMES} & trainer_flags
+    assert not {f"--{spec.name}" for spec in dataclasses.fields(bench_train.BenchmarkFlags)} & trainer_flags
 
-    flags, args = bench_train.parse_command_line(["--output_dir", "out", *trainer_tokens, *wrapper_tokens])
+    argv = ["--output_dir", "out", *trainer_tokens[:4], *wrapper_tokens, *trainer_tokens[4:]]
+    flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, argv)
     assert args.aim_config.experiment == "123" and args.experiment_metadata == {"a": 1}
     assert args.training_args.max_steps == 3 and args.tune_config.r == 8
     assert flags.metadata == '{"b": true}' and flags.auto_stop is True and flags.stall_timeout == 9.0
     assert flags.metrics_path == "m.json" and flags.system_metrics_interval == 5.0
+    flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, ["--auto_stop", "False"])
+    assert flags.auto_stop is False and args.tune_config is None
+
+
+def test_a_job_config_holds_the_trainer_s_arguments_and_may_hold_the_wrapper_s(bench_train, monkeypatch):
+    """With SFT_TRAINER_CONFIG_JSON_*, the trainer's arguments come from the job config; the wrapper's flags from its
+    keys and, over those, the command line."""
+    config = {"model_name_or_path": "m", "max_steps": 7, "auto_stop_min_steps": 3, "stall_timeout": 4}
+    monkeypatch.setenv("SFT_TRAINER_CONFIG_JSON_ENV_VAR", base64.b64encode(json.dumps(config).encode()).decode())
+    argv = ["--stall_timeout", "9", "--max_steps", "99"]
+    flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, argv)
+    assert args.model_args.model_name_or_path == "m" and args.training_args.max_steps == 7
+    assert (flags.auto_stop_min_steps, flags.stall_timeout, flags.skip_warmup_steps) == (3, 9.0, 5)
 
 
 @pytest.mark.slow

@@ -2,12 +2,18 @@
 module of ordinary imports: ``from tuning.benchmarking import api as benchmarking``. It imports the trainer (torch,
 transformers) but not pydantic: ``validate_dump``, the one name that needs the schema's models, stays in
 ``tuning.benchmarking.schema``, so a training run never pays for them.
+
+The recipe's steps use the first names of ``__all__`` (``BenchmarkJob`` and its helpers, ``train``, ``save``); the
+others are the building blocks earlier copies of bench_train assembled themselves. They stay, deprecated: a new
+wrapper takes the job's methods instead (docs/benchmarking.md, "Adapt the wrapper").
 """
 
 from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.dump import SCHEMA_VERSION, rank_report_path, write_dump
+from tuning.benchmarking.job import BenchmarkJob, flag, load_callbacks, load_metadata, parse_command_line
 from tuning.benchmarking.journal import Journal, journal_path
+from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
@@ -35,6 +41,7 @@ from tuning.trackers import (
     validate_tracker_names,
 )
 from tuning.trackers.aimstack_tracker import AimStackTracker
+from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.utils.cli_flags import unknown_flag_message
 from tuning.utils.config_utils import get_json_config
 from tuning.utils.error_logging import (
@@ -55,6 +62,17 @@ from tuning.utils.file_utils import write_json_atomic
 from tuning.utils.graceful_stop import GracefulStopCallback, StopAgreement
 
 __all__ = [
+    # The recipe's surface (wrappers/bench_train.py).
+    "BenchmarkJob",
+    "EarlyHelpers",
+    "RunPaths",
+    "flag",
+    "load_callbacks",
+    "load_metadata",
+    "parse_command_line",
+    "save",
+    "train",
+    # The building blocks of earlier copies of bench_train (deprecated: the job's methods do these steps).
     "AIMSTACK_TRACKER",
     "MLFLOW_TRACKER",
     "SCHEMA_VERSION",
@@ -95,10 +113,8 @@ __all__ = [
     "run_configuration",
     "run_status",
     "run_with_error_reporting",
-    "save",
     "termination_line",
     "thread_stacks",
-    "train",
     "unknown_flag_message",
     "validate_arguments",
     "validate_tracker_names",

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from tuning.benchmarking.flops import flops_per_token
 from tuning.benchmarking.journal import Point
+from tuning.benchmarking.paths import RunPaths
 from tuning.utils.file_utils import write_json_atomic
 
 SCHEMA_VERSION = 1  # the dump's; its models: tuning.benchmarking.schema
@@ -38,8 +39,8 @@ INCOMPLETE_RUN_MESSAGE = (
 
 
 def rank_report_path(metrics_path: str, rank: int) -> str:
-    """Where a rank other than 0 writes its error report: ``<metrics_path>.rank<N>.error.json``, one file per rank."""
-    return f"{metrics_path}.rank{rank}.error.json"
+    """``RunPaths(metrics_path).rank_report(rank)`` (kept for older copies of bench_train)."""
+    return RunPaths(metrics_path).rank_report(rank)
 
 
 def utc_iso(timestamp: float) -> str:

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from tuning.benchmarking.paths import RunPaths
 from tuning.utils.error_logging import print_own_line
 from tuning.utils.file_utils import read_json_lines
 
@@ -29,9 +30,8 @@ def encode(record: dict[str, Any] | Point) -> str:
 
 
 def journal_path(metrics_path: str, rank: int = 0) -> str:
-    """``run.json`` → ``run.journal.jsonl``; ``run.rank3.journal.jsonl`` for another node's local rank 0."""
-    stem = os.path.splitext(metrics_path)[0]
-    return f"{stem}.journal.jsonl" if rank == 0 else f"{stem}.rank{rank}.journal.jsonl"
+    """``RunPaths(metrics_path).journal(rank)`` (kept for older copies of bench_train)."""
+    return RunPaths(metrics_path).journal(rank)
 
 
 class Journal:

@@ -11,11 +11,8 @@ import sys
 
 from tuning.benchmarking.dump import build_dump, write_dump
 from tuning.benchmarking.journal import read_journal
+from tuning.benchmarking.paths import rebuilt_dump_path
 from tuning.benchmarking.schema import validate_dump
-
-
-def default_output(journal: str) -> str:
-    return f"{journal.removesuffix('.journal.jsonl')}.rebuilt.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("journal", help="the *.journal.jsonl file written beside the dump")
     parser.add_argument("-o", "--output", help="dump to write (default: <journal stem>.rebuilt.json)")
     args = parser.parse_args(argv)
-    output = args.output or default_output(args.journal)
+    output = args.output or rebuilt_dump_path(args.journal)
     try:
         dump = build_dump(read_journal(args.journal), rebuilt_from_journal=True)
         write_dump(output, dump)

@@ -11,7 +11,7 @@ import transformers
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from tuning.config.tracker_configs import FILE_LOGGING_TRACKER, NO_TRACKING
-from tuning.utils.error_logging import UserInputError
+from tuning.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Aim backend of the aim tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's Aim
+"""The Aim backend of the aim tracker, run in its helper process (``tuning.trackers.helper_child``): owns the job's Aim
 run through Aim's public API only (``Repo``, ``Run``, ``Run.track``, run params)."""
 
 import os

@@ -10,8 +10,8 @@ import sys
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
+from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
-from tuning.trackers.tracker_factory import AIM_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -28,7 +28,7 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     ``aim://host:port``); ``run_hash`` is set once the run exists (and written to ``aim_tracker.json`` in
     ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
-    backend, label, export_filename = AIM_BACKEND, "Aim", RUN_HASH_FILENAME
+    tracker, label, export_filename = "aim", "Aim", RUN_HASH_FILENAME
 
     def __init__(
         self,
@@ -37,11 +37,13 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
         system_tracking_interval: float | None = None,
         timeout: float = 30.0,
         run_hash_export_dir: str | None = None,
+        backend: str | None = None,
+        early_helpers: EarlyHelpers | None = None,
     ):
         self.repo = repo
         options = {"repo": repo, "experiment": experiment, "system_tracking_interval": system_tracking_interval}
         options.update(executable=sys.executable, arguments=sys.argv)
-        super().__init__(options, server_address(repo, "aim"), timeout, run_hash_export_dir)
+        super().__init__(options, server_address(repo, "aim"), timeout, run_hash_export_dir, backend, early_helpers)
 
     @property
     def run_hash(self) -> str | None:
@@ -83,15 +85,18 @@ def resolve_repo(config: AimConfig) -> str:
 
 
 class AimStackTracker(IsolatedTracker):
-    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback``."""
+    """The ``aim`` tracker: validates ``AimConfig`` and exposes a ``SafeAimCallback`` running ``helper`` (the
+    registry's backend) or adopting its helper from ``early_helpers``."""
 
-    def __init__(self, tracker_config: AimConfig):
+    def __init__(self, tracker_config: AimConfig, helper: str | None = None, early_helpers: EarlyHelpers | None = None):
         callback = SafeAimCallback(
             resolve_repo(tracker_config),
             experiment=tracker_config.experiment,
             system_tracking_interval=tracker_config.aim_system_tracking_interval,
             timeout=tracker_config.aim_close_timeout,
             run_hash_export_dir=tracker_config.aim_run_id_export_path,
+            backend=helper,
+            early_helpers=early_helpers,
         )
         super().__init__("aim", tracker_config, callback)
 

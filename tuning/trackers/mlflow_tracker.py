@@ -13,8 +13,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
+from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
-from tuning.trackers.tracker_factory import MLFLOW_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -32,7 +32,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     """Tracks a training job into one MLflow run; ``run_id`` is set once the run exists (and ``mlflow_tracker.json``
     written to ``run_uri_export_dir``, by default the trainer's ``output_dir``)."""
 
-    backend, label, export_filename = MLFLOW_BACKEND, "MLflow", RUN_URI_FILENAME
+    tracker, label, export_filename = "mlflow", "MLflow", RUN_URI_FILENAME
 
     def __init__(
         self,
@@ -40,10 +40,13 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
         experiment: str | None = None,
         timeout: float = 30.0,
         run_uri_export_dir: str | None = None,
+        backend: str | None = None,
+        early_helpers: EarlyHelpers | None = None,
     ):
         self.tracking_uri = tracking_uri
         options = {"tracking_uri": tracking_uri, "experiment": experiment, "source": sys.argv[0] if sys.argv else ""}
-        super().__init__(options, server_address(tracking_uri or "", *HTTP_SCHEMES), timeout, run_uri_export_dir)
+        server = server_address(tracking_uri or "", *HTTP_SCHEMES)
+        super().__init__(options, server, timeout, run_uri_export_dir, backend, early_helpers)
 
     @property
     def run_id(self) -> str | None:
@@ -91,14 +94,19 @@ def resolve_tracking_uri(config: MLflowConfig) -> str | None:
 
 
 class MLflowTracker(IsolatedTracker):
-    """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback``."""
+    """The ``mlflow`` tracker: validates ``MLflowConfig`` and exposes a ``SafeMlflowCallback`` running ``helper`` (the
+    registry's backend) or adopting its helper from ``early_helpers``."""
 
-    def __init__(self, tracker_config: MLflowConfig):
+    def __init__(
+        self, tracker_config: MLflowConfig, helper: str | None = None, early_helpers: EarlyHelpers | None = None
+    ):
         callback = SafeMlflowCallback(
             resolve_tracking_uri(tracker_config),
             experiment=tracker_config.mlflow_experiment,
             timeout=tracker_config.mlflow_close_timeout,
             run_uri_export_dir=tracker_config.mlflow_run_uri_export_path,
+            backend=helper,
+            early_helpers=early_helpers,
         )
         super().__init__("mlflow", tracker_config, callback)
 

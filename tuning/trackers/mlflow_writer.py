@@ -1,5 +1,6 @@
-"""The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.isolated``): owns the job's
-MLflow run through ``mlflow.MlflowClient``, with the metric and param names docs/trackers.md's MLflow section lists.
+"""The MLflow backend of the mlflow tracker, run in its helper process (``tuning.trackers.helper_child``): owns the
+job's MLflow run through ``mlflow.MlflowClient``, with the metric and param names of docs/trackers.md's MLflow
+section.
 """
 
 import contextlib

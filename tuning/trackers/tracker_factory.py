@@ -5,7 +5,7 @@ import contextlib
 import pkgutil
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuning.config.tracker_configs import (
     FILE_LOGGING_TRACKER,
@@ -22,10 +22,12 @@ from tuning.utils.error_logging import UserInputError
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
     from transformers import TrainerCallback
 
+    from tuning.trackers.helper_transport import EarlyHelpers
+
 TRACKER_FLAGS = ("--trackers", "--tracker")
 AIMSTACK_TRACKER = "aim"
 MLFLOW_TRACKER = "mlflow"
-# What the helper process of each runs (tuning.trackers.isolated); its callback names the same backend.
+# What the helper process of each runs (tuning.trackers.helper_child), named here only: get_tracker hands it over.
 AIM_BACKEND = "tuning.trackers.aim_writer:AimBackend"
 MLFLOW_BACKEND = "tuning.trackers.mlflow_writer:MlflowBackend"
 
@@ -113,17 +115,25 @@ def _spec(name: str) -> TrackerSpec:
     return spec
 
 
-def start_helpers(argv: list[str]) -> None:
+def helper_backend(name: str) -> str | None:
+    """The backend ("module:Class") the helper process of tracker ``name`` runs; None when it has no helper."""
+    spec = _REGISTRY.get(name)
+    return spec.helper if spec is not None else None
+
+
+def start_helpers(argv: list[str]) -> "EarlyHelpers":
     """Start now the helper processes of the trackers that the command line ``argv`` asks for (``--trackers aim
     mlflow``, ``--tracker=aim``), for those trackers to adopt when built: a script calls it first thing, so that Aim
-    or MLflow loads in its helper while the script imports torch, instead of beside the first training steps
-    (``tuning.trackers.isolated.start_helper``). Names it does not know, and trackers asked for elsewhere (a job
-    config), start their helper when built."""
-    from tuning.trackers.isolated import start_helper  # light, but it imports this package: not at its top
+    or MLflow loads in its helper while the script imports torch, instead of beside the first training steps.
+    Returns them, for ``build_trackers``/``build_tracker`` (``early_helpers=``) to hand to the trackers they build.
+    Names it does not know, and trackers asked for elsewhere (a job config), start their helper when built."""
+    from tuning.trackers.helper_transport import EarlyHelpers  # light, but it imports this package: not at its top
 
+    early_helpers = EarlyHelpers()
     for name in dict.fromkeys(_named_trackers(argv)):
         if (spec := _REGISTRY.get(name.strip().lower())) is not None and spec.helper:
-            start_helper(spec.helper)
+            early_helpers.start(spec.helper)
+    return early_helpers
 
 
 def _named_trackers(argv: list[str]) -> Iterator[str]:
@@ -149,6 +159,16 @@ def tracker_sections(tracker_configs: TrackerConfigs | TrackerConfigFactory | No
 def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactory | None) -> Tracker:
     """One tracker, configured from ``tracker_configs`` (its ``<name>_config`` section; its defaults when that is
     unset). Raises a ``ValueError`` (a user error) for an unknown name, a missing package or a bad config."""
+    return build_tracker(name, tracker_configs)
+
+
+def build_tracker(
+    name: str,
+    tracker_configs: TrackerConfigs | TrackerConfigFactory | None,
+    early_helpers: "EarlyHelpers | None" = None,
+) -> Tracker:
+    """``get_tracker``; a tracker with a helper process gets its backend from here and adopts its helper from
+    ``early_helpers`` (``start_helpers``'s) when one waits there."""
     spec, name = _spec(name), name.strip().lower()
     try:
         implementation = pkgutil.resolve_name(spec.implementation)
@@ -156,7 +176,8 @@ def get_tracker(name: str, tracker_configs: TrackerConfigs | TrackerConfigFactor
         hint = f"pip install 'tuning-bench[{spec.extra}]'" if spec.extra else "reinstall tuning-bench"
         raise UserInputError(f"tracker '{name}' needs a package that is not installed ({exc}); run: {hint}") from exc
     section = getattr(tracker_sections(tracker_configs), f"{name}_config", None)
-    return implementation(section or spec.config_class())
+    helper: dict[str, Any] = {"helper": spec.helper, "early_helpers": early_helpers} if spec.helper else {}
+    return implementation(section or spec.config_class(), **helper)
 
 
 @contextlib.contextmanager
@@ -172,15 +193,18 @@ def closed_on_failure(trackers: list[Tracker]) -> Iterator[None]:
 
 
 def build_trackers(
-    names: list[str] | None, tracker_configs: TrackerConfigs | TrackerConfigFactory | None
+    names: list[str] | None,
+    tracker_configs: TrackerConfigs | TrackerConfigFactory | None,
+    early_helpers: "EarlyHelpers | None" = None,
 ) -> list[Tracker]:
     """The trackers of ``validate_tracker_names(names)``, built before any model work (bad input fails early); when
-    one cannot be built, those built before it are closed."""
+    one cannot be built, those built before it are closed. ``early_helpers``: the helpers ``start_helpers`` started,
+    for the trackers to adopt."""
     sections = tracker_sections(tracker_configs)
     trackers: list[Tracker] = []
     with closed_on_failure(trackers):
         for name in validate_tracker_names(names):
-            trackers.append(get_tracker(name, sections))
+            trackers.append(build_tracker(name, sections, early_helpers))
     return trackers
 
 

@@ -5,7 +5,6 @@ line and, for wrappers, a JSON report (docs/errors.md). Imports neither torch no
 transformers, so a supervisor can use it cheaply: torch exceptions are recognised by class name.
 """
 
-import enum
 import errno
 import logging
 import os
@@ -18,61 +17,24 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+# The ground floor's names, all re-exported here: their public home (fms-hf-tuning's exit codes, exception types).
+from tuning.errors import (  # noqa: F401
+    DEFAULT_EXIT_CODES,
+    EXIT_CODE_ENV_PREFIX,
+    INTERNAL_ERROR_EXIT_CODE,
+    USER_ERROR_EXIT_CODE,
+    ErrorCategory,
+    InputFileNotFoundError,
+    InputKeyError,
+    SignalInterrupt,
+    StorageError,
+    TrainingInterrupted,
+    TrainingStalled,
+    UserInputError,
+    exit_code_for,
+)
+
 logger = logging.getLogger(__name__)
-
-
-class UserInputError(ValueError):
-    """A problem with what the user supplied (arguments, files, data): exits with a user-fault code."""
-
-
-class InputFileNotFoundError(UserInputError, FileNotFoundError):
-    """A file the user named is missing or is not a file; ``except FileNotFoundError`` catches it, as upstream's."""
-
-
-class InputKeyError(UserInputError, KeyError):
-    """A key the user named (a text field, a template placeholder) is missing from the data; a ``KeyError``."""
-
-    __str__ = Exception.__str__  # KeyError's quotes its argument, meant to be a bare key; ours is a sentence
-
-
-class TrainingInterrupted(Exception):
-    """Raised after training stopped early on a signal, so the run ends as ``interrupted`` with 128+signal."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"training stopped by {signal.Signals(signum).name}")
-
-
-class SignalInterrupt(BaseException):
-    """A stop signal raised in the main thread by ``install_early_signal_handlers``; a ``BaseException``, as
-    ``KeyboardInterrupt`` is, so that a library's ``except Exception`` cannot swallow the stop."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-
-
-class TrainingStalled(RuntimeError):
-    """Raised or reported by a stall watchdog when training makes no progress: category ``hang``."""
-
-
-class StorageError(OSError):
-    """A result (a dump, a checkpoint) could not be written where asked for lack of room: category ``storage``."""
-
-
-class ErrorCategory(enum.StrEnum):
-    """Why a run failed, as reports and termination logs carry it. In order of priority: when several exceptions of
-    a chain match, the most specific root cause wins (an OOM wrapped in a ValueError is still an OOM)."""
-
-    GPU_OOM = "gpu_oom"
-    HOST_OOM = "host_oom"
-    DEVICE_ERROR = "device_error"
-    COMMUNICATION = "communication"
-    HANG = "hang"
-    STORAGE = "storage"
-    INTERRUPTED = "interrupted"
-    USER_ERROR = "user_error"
-    INTERNAL = "internal"
 
 
 _C = ErrorCategory
@@ -151,23 +113,6 @@ _DEVICE_ASSERT = re.compile(r"device-side assert", re.I)
 # An OSError of these is the storage's fault whatever its message says.
 _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
-# fms-hf-tuning's two exit codes, kept as the defaults of its two categories.
-USER_ERROR_EXIT_CODE = 1
-INTERNAL_ERROR_EXIT_CODE = 203
-
-DEFAULT_EXIT_CODES = {
-    _C.USER_ERROR: USER_ERROR_EXIT_CODE,
-    _C.INTERNAL: INTERNAL_ERROR_EXIT_CODE,
-    _C.GPU_OOM: 204,
-    _C.HOST_OOM: 205,
-    _C.COMMUNICATION: 206,
-    _C.DEVICE_ERROR: 207,
-    _C.HANG: 208,
-    _C.STORAGE: 209,
-    _C.INTERRUPTED: 128 + signal.SIGTERM,
-}
-EXIT_CODE_ENV_PREFIX = "TUNING_EXIT_CODE_"
-
 TERMINATION_LOG_ENV = "TERMINATION_LOG_FILE"
 K8S_TERMINATION_LOG = "/dev/termination-log"
 # Kubernetes keeps at most 4 KiB of the termination log and every rank of a pod may append a line.
@@ -235,21 +180,6 @@ def _signal_number(exc: BaseException) -> int | None:
         return signal.SIGINT
     signum = getattr(exc, "signum", getattr(exc, "sigval", None))  # ours, or torch elastic's SignalException
     return None if signum is None else int(signum)
-
-
-def exit_code_for(category: ErrorCategory | str, signum: int | None = None) -> int:
-    """``TUNING_EXIT_CODE_<CATEGORY>`` if valid, else the default (128+``signum`` for ``interrupted``)."""
-    category = ErrorCategory(category)
-    low, high = (1, 127) if category is _C.USER_ERROR else (128, 254)
-    name = EXIT_CODE_ENV_PREFIX + category.name
-    raw = os.environ.get(name, "").strip()
-    if raw:
-        if raw.isdecimal() and low <= int(raw) <= high:
-            return int(raw)
-        logger.warning("Ignoring %s=%r: it must be an integer from %d to %d", name, raw, low, high)
-    if category is _C.INTERRUPTED and signum is not None:
-        return 128 + int(signum)
-    return DEFAULT_EXIT_CODES[category]
 
 
 def _one_line(text: str, max_bytes: int) -> str:
