@@ -59,9 +59,8 @@ from tuning.config.peft_config import (
 )
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
 from tuning.data.cache import removes_data_caches
-from tuning.data.formatting import format_file
-from tuning.data.loading import check_data_file
-from tuning.data.masking import tokenize_and_mask
+from tuning.data.data_handlers import DataHandler
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_training_datasets
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
@@ -92,7 +91,6 @@ UNSUPPORTED_FEATURES = {
     "fusedops_kernels_config": "fms-acceleration's fused ops and kernels",
     "attention_and_distributed_packing_config": "fms-acceleration's padding-free attention and multipack",
     "fast_moe_config": "fms-acceleration's fast MoE",
-    "additional_data_handlers": "data handlers of --data_config_path pipelines",
 }
 # The plain flags beside the dataclasses: name → value when not given.
 _PLAIN_FLAGS = {
@@ -234,7 +232,7 @@ def parse_arguments(
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
-    for name in ("response_template", "data_formatter_template"):
+    for name in ("response_template", "data_formatter_template", "chat_template", "instruction_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
             setattr(data_args, name, value.replace("\\n", "\n"))
     return ParsedArguments(
@@ -314,8 +312,14 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
-def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
-    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded."""
+def validate_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_args: TrainingArguments,
+    additional_data_handlers: dict | None = None,
+) -> None:
+    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded (the data config among them:
+    its file, datasets, paths and handlers, ``additional_data_handlers`` counted)."""
     for name, feature in UNSUPPORTED_FLAGS.items():
         args = data_args if hasattr(data_args, name) else train_args
         spec = next(spec for spec in dataclasses.fields(args) if spec.name == name)
@@ -339,15 +343,7 @@ def validate_arguments(model_args: ModelArguments, data_args: DataArguments, tra
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
         raise UserInputError(f"--torch_dtype: {exc}") from exc
-    if not data_args.training_data_path:
-        raise UserInputError("--training_data_path (or --data_path) is required")
-    for path in (data_args.training_data_path, data_args.validation_data_path):
-        if path:
-            check_data_file(path)
-    if (data_args.dataset_text_field is None) == (data_args.data_formatter_template is None):
-        raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template")
-    if not train_args.packing and not data_args.response_template:
-        raise UserInputError("--response_template is required unless --packing is on")
+    check_data_arguments(data_args, additional_data_handlers)
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
     if train_args.max_steps <= 0 and (not _is_number(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
@@ -371,11 +367,6 @@ def resume_checkpoint(train_args: TrainingArguments) -> str | None:
         output_dir = train_args.output_dir
         return get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
     return None if str(value).lower() == "false" else value
-
-
-def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
-    texts = format_file(path, tokenizer.eos_token, data_args.dataset_text_field, data_args.data_formatter_template)
-    return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
 def _attention_implementation(model_args: ModelArguments) -> str:
@@ -424,7 +415,9 @@ def train(
 ) -> tuple[Any, dict[str, Any], None]:
     """Fine-tune (resuming as ``--resume_from_checkpoint`` says); checkpoints go to ``output_dir`` by
     ``save_strategy``, the final model nowhere (``save()`` writes it). Returns fms-hf-tuning v3.1.0's ``(trainer,
-    {"added_tokens_info": ..., "model_load_time": ...}, None)``, the last being the trainer controller it lacks.
+    {"added_tokens_info": ..., "model_load_time": ...}, None)``, the last being the trainer controller it lacks;
+    ``(None, None, None)`` with ``--do_dataprocessing_only``, after writing the processed data to ``output_dir``.
+    ``additional_data_handlers`` (name → ``DataHandler``) are registered for the data config's handler lists.
 
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
@@ -442,9 +435,18 @@ def train(
             "fusedops_kernels_config": fusedops_kernels_config,
             "attention_and_distributed_packing_config": attention_and_distributed_packing_config,
             "fast_moe_config": fast_moe_config,
-            "additional_data_handlers": additional_data_handlers,
         }
     )
+    wrong_handlers = [
+        name
+        for name, handler in (additional_data_handlers or {}).items()
+        if not isinstance(name, str) or not isinstance(handler, DataHandler)
+    ]
+    if not isinstance(additional_data_handlers, dict | None) or wrong_handlers:
+        raise UserInputError(
+            "additional_data_handlers should be a dict of name to tuning.data.data_handlers.DataHandler"
+            + (f", got {wrong_handlers}" if wrong_handlers else "")
+        )
     if not isinstance(tracker_configs, TrackerConfigs | TrackerConfigFactory):
         raise UserInputError(
             f"tracker configs should adhere to the TrackerConfigs type, got {type(tracker_configs).__name__}"
@@ -454,12 +456,13 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    validate_arguments(model_args, data_args, train_args)
+    validate_arguments(model_args, data_args, train_args, additional_data_handlers)
+    run = (model_args, data_args, train_args, peft_config, exp_metadata)
     if trackers is not None:  # the caller's: it closes them
-        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+        return _train(*run, trackers, additional_callbacks, additional_data_handlers)
     trackers = build_trackers(train_args.trackers, tracker_configs)
     with closed_on_failure(trackers):
-        return _train(model_args, data_args, train_args, peft_config, exp_metadata, trackers, additional_callbacks)
+        return _train(*run, trackers, additional_callbacks, additional_data_handlers)
 
 
 def _train(
@@ -470,6 +473,7 @@ def _train(
     exp_metadata: dict | None,
     trackers: list[Tracker],
     additional_callbacks: list[TrainerCallback],
+    additional_data_handlers: dict | None = None,
 ) -> tuple[Any, dict[str, Any], None]:
     """``train()`` once its arguments are checked and its trackers built."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -495,9 +499,11 @@ def _train(
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
-    train_dataset = _build_dataset(data_args.training_data_path, data_args, tokenizer, max_length)
-    eval_path = data_args.validation_data_path
-    eval_dataset = _build_dataset(eval_path, data_args, tokenizer, max_length) if eval_path else None
+    prepared = prepare_training_datasets(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+    if prepared is None:  # --do_dataprocessing_only: the processed data is in output_dir
+        logger.info("only data processing was asked for: the datasets are in %s", train_args.output_dir)
+        return None, None, None
+    train_dataset, eval_dataset = prepared
 
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
@@ -569,6 +575,8 @@ def main() -> int:
             )
             if graceful_stop.received_signal is not None:
                 raise TrainingInterrupted(graceful_stop.received_signal)
+        if args.data_args.do_dataprocessing_only:
+            return
         if training_args.save_model_dir:
             save(training_args.save_model_dir, trainer, None, training_args.log_level, training_args)
         if isinstance(args.tune_config, LoraConfig):  # as fms-hf-tuning: beside the adapter and in output_dir
