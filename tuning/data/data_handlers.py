@@ -111,6 +111,29 @@ def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, 
     }
 
 
+def _render_whole_record(tokenizer, element: dict) -> str:
+    """The chat template rendered with the whole record as ``messages`` (``messages['messages']`` in the template),
+    which fms-hf-tuning v3.1.0 did through transformers 4 and transformers 5's ``apply_chat_template`` refuses."""
+    import json
+    from datetime import datetime
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str):
+        raise UserInputError(f"the chat template refused a record: {message}")
+
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    environment.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    names = ("bos_token", "eos_token", "unk_token", "pad_token")
+    special_tokens = {name: getattr(tokenizer, name) for name in names if getattr(tokenizer, name, None)}
+    template = environment.from_string(tokenizer.chat_template)
+    extras = _conversation_extras(element)
+    return template.render(messages=element, add_generation_prompt=False, **special_tokens, **extras)
+
+
 def _conversation_extras(element: dict) -> dict:
     return {key: element[key] for key in ("tools", "documents") if element.get(key) is not None}
 
@@ -132,7 +155,7 @@ def apply_tokenizer_chat_template(
             )
         conversation = element[conversation_column_name]
     else:
-        conversation = element
+        return {formatted_text_column_name: _render(lambda: _render_whole_record(tokenizer, element))}
     text = _render(lambda: tokenizer.apply_chat_template(conversation, tokenize=False, **_conversation_extras(element)))
     return {formatted_text_column_name: text}
 

@@ -13,6 +13,7 @@ import os
 import uuid
 
 import datasets
+import pyarrow
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
@@ -26,6 +27,13 @@ from tuning.utils.error_logging import UserInputError
 logger = logging.getLogger(__name__)
 TRAIN_SPLIT, EVAL_SPLIT = "train", "test"  # datasets' names; a data config's "validation" is "test" here
 JSON_BUILDER = "json"
+
+
+class UnreadableDataError(MalformedDataError, pyarrow.ArrowInvalid):
+    """Files a ``datasets`` builder cannot read (a Parquet file given to the Arrow builder): also pyarrow's
+    ``ArrowInvalid``, which fms-hf-tuning v3.1.0 lets through there."""
+
+
 _GLOB_CHARACTERS = "*?["
 
 
@@ -38,10 +46,9 @@ def _json_rows(paths: list[str]):
 def load_json_files(paths: list[str], streaming: bool = False) -> Dataset | IterableDataset:
     """JSON arrays or JSON lines files as one dataset, read record by record (errors name the file and line)."""
     generator = functools.partial(_json_rows, list(paths))
-    if streaming:
-        for path in paths:  # what is missing fails now, not on the first step
-            next(iter_records(path))
-        return IterableDataset.from_generator(generator)
+    if streaming:  # the columns from the first record, so that handlers can name them; what is bad fails now
+        first = [next(iter_records(path))[1] for path in paths][0]
+        return IterableDataset.from_generator(generator, features=Dataset.from_list([first]).features)
     try:
         return Dataset.from_generator(
             generator, cache_dir=new_cache_dir(datasets.config.HF_DATASETS_CACHE), fingerprint=uuid.uuid4().hex
@@ -93,10 +100,9 @@ def load_data_path(path: str, builder: str | None = None, streaming: bool = Fals
             loaded = datasets.load_dataset(name, **kwargs)
         except (DatasetNotFoundError, FileNotFoundError) as exc:
             raise InputFileNotFoundError(f"data path {path} with builder {name}: {exc}") from exc
-        except DatasetGenerationError as exc:
-            raise MalformedDataError(
-                f"data path {path} is not readable by builder {name}: {exc.__cause__ or exc}"
-            ) from exc
+        except (DatasetGenerationError, pyarrow.ArrowInvalid) as exc:
+            cause = exc.__cause__ if isinstance(exc, DatasetGenerationError) and exc.__cause__ else exc
+            raise UnreadableDataError(f"data path {path} is not readable by builder {name}: {cause}") from exc
         except ValueError as exc:
             raise UserInputError(f"data path {path} with builder {name}: {exc}") from exc
     if split and split != TRAIN_SPLIT:
