@@ -343,7 +343,7 @@ def validate_arguments(
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
         raise UserInputError(f"--torch_dtype: {exc}") from exc
-    check_data_arguments(data_args, additional_data_handlers)
+    check_data_arguments(data_args, additional_data_handlers, train_args.packing)
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
     if train_args.max_steps <= 0 and (not _is_number(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")

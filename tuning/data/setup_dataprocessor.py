@@ -387,9 +387,9 @@ def prepare_training_datasets(
     )
 
 
-def check_data_arguments(data_args, additional_data_handlers: dict | None = None) -> None:
+def check_data_arguments(data_args, additional_data_handlers: dict | None = None, packing: bool = False) -> None:
     """The data checks that need no tokenizer or model: the data config parses and names existing data and known
-    handlers; or the plain flags name existing data."""
+    handlers; or the plain flags name existing data and make sense together."""
     if data_args.data_config_path:
         if data_args.training_data_path or data_args.validation_data_path:
             raise UserInputError(
@@ -407,6 +407,12 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
         if path:
             _expand(path)
     if data_args.dataset_text_field and data_args.data_formatter_template:
-        raise UserInputError("give only one of --dataset_text_field and --data_formatter_template")
-    if bool(data_args.instruction_template) != bool(data_args.response_template) and data_args.instruction_template:
+        raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template, not both")
+    if data_args.instruction_template and not data_args.response_template:
         raise UserInputError("--instruction_template needs --response_template (chat data)")
+    text = data_args.dataset_text_field or data_args.data_formatter_template
+    if text and not data_args.response_template and not packing:
+        raise UserInputError(
+            "--response_template is required with --dataset_text_field or --data_formatter_template unless "
+            "--packing is on (training on every token)"
+        )
