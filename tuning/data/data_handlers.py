@@ -2,6 +2,7 @@
 dataset (``datasets``' ``map``, ``filter``, or its column operations). The processor hands every ``map`` handler the
 tokenizer as ``fn_kwargs["tokenizer"]``; users register their own with ``train(..., additional_data_handlers=)``."""
 
+import functools
 import logging
 from collections.abc import Callable
 from enum import Enum
@@ -88,12 +89,18 @@ def tokenize_and_apply_input_masking(
     return {"input_ids": input_ids, "labels": labels, "attention_mask": list(whole.attention_mask)}
 
 
-def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, template: str, **kwargs) -> dict:
-    """Render ``template`` (sandboxed Jinja2; ``element``, the row's keys and the tokenizer's special tokens by name)
-    into the column ``formatted_text_column_name``."""
+@functools.lru_cache(maxsize=32)
+def _compiled(template: str):
+    """A template compiled once per process, not once per row."""
     from jinja2 import StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
+    return SandboxedEnvironment(undefined=StrictUndefined).from_string(template)
+
+
+def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, template: str, **kwargs) -> dict:
+    """Render ``template`` (sandboxed Jinja2; ``element``, the row's keys and the tokenizer's special tokens by name)
+    into the column ``formatted_text_column_name``."""
     tokenizer = _tokenizer(kwargs)
     special_tokens = {
         name: value
@@ -105,7 +112,7 @@ def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, 
         }.items()
         if value is not None
     }
-    compiled = _render(lambda: SandboxedEnvironment(undefined=StrictUndefined).from_string(template))
+    compiled = _render(lambda: _compiled(template))
     return {
         formatted_text_column_name: _render(lambda: compiled.render({**special_tokens, **element, "element": element}))
     }
