@@ -302,3 +302,12 @@ def test_cli_bad_data_config_exits_1_and_data_config_trains(tiny_model, tmp_path
     flags.update(dataset_text_field="output", response_template=RESPONSE_TEMPLATE, max_steps=1)
     result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "out"), data_config_path=good, **flags))
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cli_do_dataprocessing_only_exits_0_with_the_shards(tiny_model, tmp_path):
+    flags = {"do_dataprocessing_only": True, "num_train_dataset_shards": 3}
+    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "out"), **flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shards = sorted(path.name for path in (tmp_path / "out" / "train_dataset").glob("*.parquet"))
+    assert shards == ["ds_00000.parquet", "ds_00001.parquet", "ds_00002.parquet"]
