@@ -380,7 +380,10 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
             r"\(--padding_free\): fms-acceleration's padding-free attention and multipack is not supported",
         ),
         ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, r"\(--fast_moe\): fms-acceleration's fast MoE"),
-        ({"additional_data_handlers": {"mine": object()}}, r"additional_data_handlers should be a dict of name to"),
+        (
+            {"additional_data_handlers": {"mine": object()}},
+            r"Handler should be of type tuning.data_handler.DataHandler, and name of str",
+        ),
     ],
 )
 def test_train_rejects_bad_arguments(arguments, message, tiny_model, sample_train, tmp_path):

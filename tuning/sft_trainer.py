@@ -437,15 +437,14 @@ def train(
             "fast_moe_config": fast_moe_config,
         }
     )
-    wrong_handlers = [
-        name
-        for name, handler in (additional_data_handlers or {}).items()
-        if not isinstance(name, str) or not isinstance(handler, DataHandler)
-    ]
-    if not isinstance(additional_data_handlers, dict | None) or wrong_handlers:
-        raise UserInputError(
-            "additional_data_handlers should be a dict of name to tuning.data.data_handlers.DataHandler"
-            + (f", got {wrong_handlers}" if wrong_handlers else "")
+    handlers = additional_data_handlers
+    if handlers is not None and (
+        not isinstance(handlers, dict)
+        or not all(isinstance(name, str) and isinstance(handler, DataHandler) for name, handler in handlers.items())
+    ):
+        raise UserInputError(  # v3.1.0's words, which callers match
+            "Handler should be of type tuning.data_handler.DataHandler, and name of str: additional_data_handlers "
+            f"should be a dict of name to tuning.data.data_handlers.DataHandler, got {handlers!r}"
         )
     if not isinstance(tracker_configs, TrackerConfigs | TrackerConfigFactory):
         raise UserInputError(

@@ -131,7 +131,7 @@ class DataPreProcessor:
     def register_data_handler(self, name: str, handler: DataHandler) -> None:
         if not isinstance(name, str) or not isinstance(handler, DataHandler):
             raise UserInputError(
-                f"a data handler is registered as a name (str) and a tuning.data.data_handlers.DataHandler, got "
+                "Handler should be of type tuning.data_handler.DataHandler, and name of str: got "
                 f"{type(name).__name__} and {type(handler).__name__}"
             )
         if name in self.registered_handlers:
@@ -142,7 +142,9 @@ class DataPreProcessor:
         if handlers is None:
             return
         if not isinstance(handlers, dict):
-            raise UserInputError(f"additional data handlers are a dict of name to DataHandler, got {type(handlers)}")
+            raise UserInputError(
+                f"Handler should be of type tuning.data_handler.DataHandler, and name of str: got {type(handlers)}"
+            )
         for name, handler in handlers.items():
             self.register_data_handler(name, handler)
 
