@@ -513,7 +513,7 @@ def _train(
     )
     embedding_size = model.get_input_embeddings().weight.shape[0]
     added_tokens_info = {"num_new_tokens": added_tokens, "new_embedding_size": embedding_size}
-    if added_tokens:
+    if added_tokens or len(tokenizer) > embedding_size:  # a tokenizer (chat data's) with tokens the model lacks
         resized = tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
         # As v3.1.0 reports them: the tokens added, and the rows added to reach the multiple.
         added_tokens_info = {**resized, "num_new_tokens": added_tokens + resized["num_new_tokens"]}
