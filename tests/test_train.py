@@ -194,7 +194,7 @@ def test_trackers_receive_additional_metrics_and_metadata(tiny_model, sample_tra
             lambda m, d, t: (setattr(d, "dataset_text_field", None), setattr(d, "data_formatter_template", "{{nope}}")),
             "nope",
         ),
-        (lambda m, d, t: setattr(d, "data_formatter_template", "{{input}}"), "exactly one"),
+        (lambda m, d, t: setattr(d, "data_formatter_template", "{{input}}"), "exactly one of .* not both"),
         (lambda m, d, t: setattr(d, "response_template", None), "response_template"),
         (lambda m, d, t: (setattr(t, "num_train_epochs", 0), setattr(t, "max_steps", -1)), "num_train_epochs"),
     ],

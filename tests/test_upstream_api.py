@@ -380,7 +380,10 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
             "--multipack 16: multipack sampling is not supported",
         ),
         ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, "--fast_moe 1: fms-acceleration's fast MoE"),
-        ({"additional_data_handlers": {"mine": object()}}, "additional_data_handlers: data handlers"),
+        (
+            {"additional_data_handlers": {"mine": object()}},
+            r"Handler should be of type tuning.data_handler.DataHandler, and name of str",
+        ),
     ],
 )
 def test_train_rejects_bad_arguments(arguments, message, tiny_model, sample_train, tmp_path):

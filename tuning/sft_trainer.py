@@ -53,9 +53,8 @@ from tuning.config.peft_config import (
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
 from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
-from tuning.data.formatting import format_file
-from tuning.data.loading import check_data_file
-from tuning.data.masking import tokenize_and_mask
+from tuning.data.data_handlers import DataHandler
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_training_datasets
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
@@ -234,7 +233,7 @@ def parse_arguments_by_type(
     tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
     _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
 
-    for name in ("response_template", "data_formatter_template"):
+    for name in ("response_template", "data_formatter_template", "chat_template", "instruction_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
             setattr(data_args, name, value.replace("\\n", "\n"))
     arguments = ParsedArguments(
@@ -309,21 +308,32 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
 _validated: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
 
 
-def validate_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
-    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded. Once per job: the very
-    arguments that passed last, unchanged since, are not checked again (the CLI and bench_train check them before
-    building trackers, then ``train()`` is handed them), so that no file header is read twice."""
+def validate_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_args: TrainingArguments,
+    additional_data_handlers: dict | None = None,
+) -> None:
+    """Cheap checks that fail in seconds, before the tokenizer or the model is loaded (the data config among them:
+    its file, datasets, paths and handlers, ``additional_data_handlers`` counted). Once per job: the very arguments
+    that passed last, unchanged since, are not checked again (the CLI and bench_train check them before building
+    trackers, then ``train()`` is handed them), so that no file header is read twice."""
     global _validated
-    arguments = (model_args, data_args, train_args)
+    arguments = (model_args, data_args, train_args, additional_data_handlers)
     if _validated is not None:
         checked, as_checked = _validated
         if all(a is b for a, b in zip(arguments, checked, strict=True)) and arguments == as_checked:
             return
-    _check_arguments(model_args, data_args, train_args)
+    _check_arguments(model_args, data_args, train_args, additional_data_handlers)
     _validated = (arguments, tuple(copy.copy(argument) for argument in arguments))
 
 
-def _check_arguments(model_args: ModelArguments, data_args: DataArguments, train_args: TrainingArguments) -> None:
+def _check_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_args: TrainingArguments,
+    additional_data_handlers: dict | None,
+) -> None:
     refuse_unsupported(model_args=model_args, data_args=data_args, train_args=train_args)
     if not model_args.model_name_or_path:
         raise UserInputError("--model_name_or_path is required")
@@ -343,15 +353,7 @@ def _check_arguments(model_args: ModelArguments, data_args: DataArguments, train
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
         raise UserInputError(f"--torch_dtype: {exc}") from exc
-    if not data_args.training_data_path:
-        raise UserInputError("--training_data_path (or --data_path) is required")
-    for path in (data_args.training_data_path, data_args.validation_data_path):
-        if path:
-            check_data_file(path)
-    if (data_args.dataset_text_field is None) == (data_args.data_formatter_template is None):
-        raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template")
-    if not train_args.packing and not data_args.response_template:
-        raise UserInputError("--response_template is required unless --packing is on")
+    check_data_arguments(data_args, additional_data_handlers, train_args.packing)
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
     if train_args.max_steps <= 0 and (not _is_number(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
@@ -384,11 +386,6 @@ def resume_checkpoint(train_args: TrainingArguments) -> str | None:
     only (``tuning.utils.checkpoints``): unset or "true", the newest complete ``checkpoint-N`` in ``output_dir`` (None
     when there is none: a fresh start); "false", None; else the path, a user error unless a complete checkpoint."""
     return _resume_choice(train_args)[0]
-
-
-def _build_dataset(path: str, data_args: DataArguments, tokenizer, max_length: int):
-    texts = format_file(path, tokenizer.eos_token, data_args.dataset_text_field, data_args.data_formatter_template)
-    return tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path)
 
 
 def _attention_implementation(model_args: ModelArguments, quiet: bool = False) -> str:
@@ -450,7 +447,9 @@ def train(
     ``save_strategy`` (and at a SIGTERM, ``--save_on_preemption``), the final model nowhere (``save()`` writes it).
     Returns fms-hf-tuning v3.1.0's ``(trainer, {"added_tokens_info": ..., "model_load_time": ...,
     "resumed_from_checkpoint": path or None, "resumed_from_step": global step or None}, None)``, the last being the
-    trainer controller it lacks.
+    trainer controller it lacks; ``(None, None, None)`` with ``--do_dataprocessing_only``, after writing the processed
+    data to ``output_dir``. ``additional_data_handlers`` (name → ``DataHandler``) are registered for the data config's
+    handler lists.
 
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
@@ -468,8 +467,16 @@ def train(
         fusedops_kernels_config=fusedops_kernels_config,
         attention_and_distributed_packing_config=attention_and_distributed_packing_config,
         fast_moe_config=fast_moe_config,
-        additional_data_handlers=additional_data_handlers,
     )
+    handlers = additional_data_handlers
+    if handlers is not None and (
+        not isinstance(handlers, dict)
+        or not all(isinstance(name, str) and isinstance(handler, DataHandler) for name, handler in handlers.items())
+    ):
+        raise UserInputError(  # v3.1.0's words, which callers match
+            "Handler should be of type tuning.data_handler.DataHandler, and name of str: additional_data_handlers "
+            f"should be a dict of name to tuning.data.data_handlers.DataHandler, got {handlers!r}"
+        )
     if not isinstance(tracker_configs, TrackerConfigs | TrackerConfigFactory):
         raise UserInputError(
             f"tracker configs should adhere to the TrackerConfigs type, got {type(tracker_configs).__name__}"
@@ -479,7 +486,9 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    validate_arguments(model_args, data_args, train_args)  # once: not again after the CLI's or bench_train's
+    validate_arguments(
+        model_args, data_args, train_args, additional_data_handlers
+    )  # once: not again after the CLI's or bench_train's
     padding_free = attention_and_distributed_packing_config is not None and (
         attention_and_distributed_packing_config.is_padding_free
     )
@@ -487,10 +496,10 @@ def train(
         check_padding_free(model_args, train_args, peft_config)
     run = (model_args, data_args, train_args, peft_config, exp_metadata)
     if trackers is not None:  # the caller's: it closes them
-        return _train(*run, trackers, additional_callbacks, padding_free)
+        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers)
     trackers = build_trackers(train_args.trackers, tracker_configs)
     with closed_on_failure(trackers):
-        return _train(*run, trackers, additional_callbacks, padding_free)
+        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers)
 
 
 def check_padding_free(model_args: ModelArguments, train_args: TrainingArguments, peft_config: Any) -> None:
@@ -527,6 +536,7 @@ def _train(
     trackers: list[Tracker],
     additional_callbacks: list[TrainerCallback],
     padding_free: bool,
+    additional_data_handlers: dict | None = None,
 ) -> tuple[Any, dict[str, Any], None]:
     """``train()`` once its arguments are checked and its trackers built."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -552,9 +562,11 @@ def _train(
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
-    train_dataset = _build_dataset(data_args.training_data_path, data_args, tokenizer, max_length)
-    eval_path = data_args.validation_data_path
-    eval_dataset = _build_dataset(eval_path, data_args, tokenizer, max_length) if eval_path else None
+    prepared = prepare_training_datasets(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+    if prepared is None:  # --do_dataprocessing_only: the processed data is in output_dir
+        logger.info("only data processing was asked for: the datasets are in %s", train_args.output_dir)
+        return None, None, None
+    train_dataset, eval_dataset = prepared
 
     checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
     for folder, problem in skipped:
@@ -573,7 +585,7 @@ def _train(
     )
     embedding_size = model.get_input_embeddings().weight.shape[0]
     added_tokens_info = {"num_new_tokens": added_tokens, "new_embedding_size": embedding_size}
-    if added_tokens:
+    if added_tokens or len(tokenizer) > embedding_size:  # a tokenizer (chat data's) with tokens the model lacks
         resized = tokenizer_and_embedding_resize({}, tokenizer, model, model_args.embedding_size_multiple_of)
         # As v3.1.0 reports them: the tokens added, and the rows added to reach the multiple.
         added_tokens_info = {**resized, "num_new_tokens": added_tokens + resized["num_new_tokens"]}
@@ -675,6 +687,8 @@ def main(early_helpers: Any = None) -> int:
             )
             if graceful_stop.received_signal is not None:
                 raise TrainingInterrupted(graceful_stop.received_signal)
+        if args.data_args.do_dataprocessing_only:
+            return
         if training_args.save_model_dir:
             save(training_args.save_model_dir, trainer, None, training_args.log_level, training_args)
         if isinstance(args.tune_config, LoraConfig):  # as fms-hf-tuning: beside the adapter and in output_dir

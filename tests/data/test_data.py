@@ -127,7 +127,7 @@ def _write(path: Path, content: str | bytes) -> str:
     [
         (lambda d: str(d / "missing.jsonl"), {}, FileNotFoundError, "data file not found: .*missing.jsonl"),
         (lambda d: str(d / "missing.jsonl"), {}, DatasetNotFoundError, "data file not found: .*missing.jsonl"),
-        (lambda d: str(d), {}, FileNotFoundError, "is a directory, not a file: "),
+        (lambda d: str(d), {}, FileNotFoundError, "data folder has no files: "),  # folders of data files train
         (lambda d: _write(d / "bad.json", "This is not JSON.\n"), {}, DatasetGenerationError, "line 1, column 1"),
         (lambda d: _write(d / "empty.json", ""), {}, DatasetGenerationError, "empty"),
         (lambda d: SAMPLE_TRAIN_PATH, {"dataset_text_field": "not found"}, KeyError, "'not found' not in record 0"),
@@ -460,7 +460,7 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
 @pytest.mark.parametrize(
     ("make_data", "extra", "line"),
     [
-        (lambda d: str(d), {}, r"user_error: InputFileNotFoundError: data path is a directory, not a file: .+"),
+        (lambda d: str(d), {}, r"user_error: InputFileNotFoundError: data folder has no files: .+"),
         (
             lambda d: _write(d / "latin1.jsonl", b'{"output": "ok"}\n{"output": "### Response: caf\xe9"}\n'),
             {},

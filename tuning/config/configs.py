@@ -46,7 +46,10 @@ class ModelArguments:
 class DataArguments:
     training_data_path: str | None = field(
         default=None,
-        metadata={"help": "Training data: a JSON array or JSON lines file.", "aliases": ["--data_path"]},
+        metadata={
+            "help": "Training data: a JSON, JSON lines, Parquet, Arrow or CSV file, a folder of them or a glob.",
+            "aliases": ["--data_path"],
+        },
     )
     validation_data_path: str | None = field(default=None, metadata={"help": "Validation data (same formats)."})
     dataset_text_field: str | None = field(default=None, metadata={"help": "Record field holding the training text."})
@@ -61,15 +64,31 @@ class DataArguments:
     add_special_tokens: list[str] | None = field(
         default=None, metadata={"help": "Special tokens to add to the tokenizer (the embeddings grow to match)."}
     )
+    data_config_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Data config (YAML/JSON): datasets, their handlers, sampling ratios, splits (docs/cli-and-api.md)."
+        },
+    )
+    chat_template: str | None = field(
+        default=None, metadata={"help": "Chat template (Jinja2) replacing the tokenizer's, for chat data."}
+    )
+    dataset_conversation_field: str | None = field(
+        default=None, metadata={"help": "Column holding the chat turns (default: the whole record)."}
+    )
+    instruction_template: str | None = field(
+        default=None,
+        metadata={"help": "Chat data: marks where a user turn starts; with --response_template, only replies train."},
+    )
+    do_dataprocessing_only: bool = field(
+        default=False, metadata={"help": "Write the processed datasets to --output_dir as Parquet and exit."}
+    )
+    num_train_dataset_shards: int = field(
+        default=1, metadata={"help": "Parquet shards of --do_dataprocessing_only's train data."}
+    )
+    num_eval_dataset_shards: int = field(default=1, metadata={"help": "Parquet shards of its validation data."})
     # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).
-    data_config_path: str | None = field(default=None, metadata={"help": "Not supported: data config pipelines."})
-    chat_template: str | None = field(default=None, metadata={"help": "Not supported: chat templates."})
-    dataset_conversation_field: str | None = field(default=None, metadata={"help": "Not supported: chat data."})
-    instruction_template: str | None = field(default=None, metadata={"help": "Not supported: chat data."})
     dataset_image_field: str | None = field(default=None, metadata={"help": "Not supported: vision models."})
-    do_dataprocessing_only: bool = field(default=False, metadata={"help": "Not supported: offline data processing."})
-    num_train_dataset_shards: int = field(default=1, metadata={"help": "Not supported: offline data processing."})
-    num_eval_dataset_shards: int = field(default=1, metadata={"help": "Not supported: offline data processing."})
 
 
 @dataclass
@@ -150,6 +169,13 @@ class TrainerControllerArguments:
     trainer_controller_config_file: str | None = field(
         default=None, metadata={"help": "Not supported: the trainer controller's rules file."}
     )
+
+
+# Flags of fms-hf-tuning features not implemented here: refused when set to anything but their default.
+UNSUPPORTED_FLAGS = {
+    "dataset_image_field": "vision models",
+    "enable_reduce_loss_sum": "sum loss reduction",
+}
 
 
 def _has_accelerator() -> bool:

@@ -40,19 +40,11 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("aLoRA", "alora_invocation_string", PLAIN_FLAGS),
     Unsupported("aLoRA", "alora_invocation_tokens", "peft_config"),
     Unsupported("the trainer controller", "trainer_controller_config_file", "trainer_controller_args"),
-    Unsupported("data config pipelines", "data_config_path", "data_args"),
-    Unsupported("chat templates", "chat_template", "data_args"),
-    Unsupported("chat data", "dataset_conversation_field", "data_args"),
-    Unsupported("chat data", "instruction_template", "data_args"),
     Unsupported("vision models", "dataset_image_field", "data_args"),
-    Unsupported("offline data processing", "do_dataprocessing_only", "data_args"),
-    Unsupported("offline data processing", "num_train_dataset_shards", "data_args"),
-    Unsupported("offline data processing", "num_eval_dataset_shards", "data_args"),
 )
 # ``train()`` keywords that ask for a feature by being given at all (not None, not empty).
 UNSUPPORTED_KEYWORDS = {
     "quantization_config": "MXFP4 quantized models",
-    "additional_data_handlers": "data handlers of --data_config_path pipelines",
 }
 # Arguments that are always there and hold supported flags too: never refused as a whole.
 _GENERAL = {"model_args", "data_args", "train_args", "peft_config", PLAIN_FLAGS}

@@ -32,14 +32,35 @@ _FEATURES = datasets.Features(
 logger = logging.getLogger(__name__)
 
 
-def _mask(text: str, input_ids: list[int], offsets: list[tuple[int, int]], response_template: str) -> list[int] | None:
-    """Labels that keep only the response's tokens; None when the text has no (untruncated) response."""
-    position = text.find(response_template)
-    if position < 0:
+def _response_spans(text: str, response_template: str, instruction_template: str | None) -> list[tuple[int, int]]:
+    """Character spans trained on: after the response template to the end, or, with an instruction template (chat
+    turns), after each response template up to the next instruction template."""
+    if instruction_template is None:
+        position = text.find(response_template)
+        return [] if position < 0 else [(position + len(response_template), len(text))]
+    spans, position = [], 0
+    while (found := text.find(response_template, position)) >= 0:
+        start = found + len(response_template)
+        end = text.find(instruction_template, start)
+        end = len(text) if end < 0 else end
+        spans.append((start, end))
+        position = end
+    return spans
+
+
+def _mask(
+    text: str,
+    input_ids: list[int],
+    offsets: list[tuple[int, int]],
+    response_template: str,
+    instruction_template: str | None = None,
+) -> list[int] | None:
+    """Labels that keep only the responses' tokens; None when the text has no (untruncated) response."""
+    spans = _response_spans(text, response_template, instruction_template)
+    if not spans:
         return None
-    response_start = position + len(response_template)
     labels = [
-        token if start >= response_start and end > start else IGNORE_INDEX
+        token if end > start and any(low <= start < high for low, high in spans) else IGNORE_INDEX
         for token, (start, end) in zip(input_ids, offsets, strict=True)
     ]
     return None if all(label == IGNORE_INDEX for label in labels) else labels
@@ -58,7 +79,12 @@ def _batches(texts: Iterable[str]) -> Iterator[list[str]]:
 
 
 def _rows(
-    texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str
+    texts: Iterable[str],
+    tokenizer,
+    max_length: int,
+    response_template: str | None,
+    source: str,
+    instruction_template: str | None = None,
 ) -> Iterator[dict[str, list[int]]]:
     total = without_template = 0
     for batch in _batches(texts):
@@ -69,7 +95,9 @@ def _rows(
             input_ids = encoded["input_ids"][index]
             labels = input_ids
             if response_template is not None:
-                labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template)
+                labels = _mask(
+                    text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template
+                )
                 if labels is None:
                     without_template += 1
                     continue
@@ -92,15 +120,22 @@ def _rows(
 
 
 def tokenize_and_mask(
-    texts: Iterable[str], tokenizer, max_length: int, response_template: str | None, source: str = "data"
+    texts: Iterable[str],
+    tokenizer,
+    max_length: int,
+    response_template: str | None,
+    source: str = "data",
+    instruction_template: str | None = None,
 ) -> Dataset:
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
-    drop texts lacking it. Our errors raised while reading ``texts`` come out unwrapped by ``datasets``."""
+    drop texts lacking it. With an instruction template too (chat turns), only the spans from each response template
+    to the next instruction template are trained. Our errors raised while reading ``texts`` come out unwrapped by
+    ``datasets``."""
     cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
     try:
         return Dataset.from_generator(
             # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
-            functools.partial(_rows, texts, tokenizer, max_length, response_template, source),
+            functools.partial(_rows, texts, tokenizer, max_length, response_template, source, instruction_template),
             features=_FEATURES,
             cache_dir=cache_dir,
             writer_batch_size=WRITER_BATCH_ROWS,

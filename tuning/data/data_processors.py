@@ -1,0 +1,374 @@
+"""The data processor of fms-hf-tuning v3.1.0's framework: loads each dataset of a data config, splits it, runs its
+handlers, and mixes the datasets into one training (and one validation) dataset, all with ``datasets``.
+
+JSON and JSON lines files go through the line-numbered reader (``tuning.data.loading``: a bad line is named by file
+and line; memory is bounded by a record), written to an Arrow cache of this run (``tuning.data.cache``: removed
+however the run ends); Parquet, Arrow, CSV and text files, folders and globs through ``datasets``' own builders,
+cached in such a directory too."""
+
+import functools
+import glob
+import logging
+import os
+import uuid
+
+import datasets
+import pyarrow
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
+
+from tuning.data.cache import new_cache_dir
+from tuning.data.data_config import DataConfig, DataPreProcessorConfig, DataSetConfig
+from tuning.data.data_handlers import AVAILABLE_DATA_HANDLERS, DataHandler, DataHandlerType
+from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
+from tuning.data.utils import get_loader_for_filepath, maybe_align_datasets, try_concatenate_datasets
+from tuning.utils.error_logging import UserInputError
+
+logger = logging.getLogger(__name__)
+TRAIN_SPLIT, EVAL_SPLIT = "train", "test"  # datasets' names; a data config's "validation" is "test" here
+JSON_BUILDER = "json"
+
+
+class UnreadableDataError(MalformedDataError, pyarrow.ArrowInvalid):
+    """Files a ``datasets`` builder cannot read (a Parquet file given to the Arrow builder): also pyarrow's
+    ``ArrowInvalid``, which fms-hf-tuning v3.1.0 lets through there."""
+
+
+_GLOB_CHARACTERS = "*?["
+
+
+def _json_rows(paths: list[str]):
+    for path in paths:
+        for _, record in iter_records(path):
+            yield record
+
+
+def load_json_files(paths: list[str], streaming: bool = False) -> Dataset | IterableDataset:
+    """JSON arrays or JSON lines files as one dataset, read record by record (errors name the file and line)."""
+    generator = functools.partial(_json_rows, list(paths))
+    if streaming:  # the columns from the first record, so that handlers can name them; what is bad fails now
+        first = [next(iter_records(path))[1] for path in paths][0]
+        return IterableDataset.from_generator(generator, features=Dataset.from_list([first]).features)
+    try:
+        return Dataset.from_generator(
+            generator, cache_dir=new_cache_dir(datasets.config.HF_DATASETS_CACHE), fingerprint=uuid.uuid4().hex
+        )
+    except DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, UserInputError):
+            raise exc.__cause__ from None
+        raise
+
+
+def _expand(path: str) -> list[str]:
+    """The files a data path names: itself, a folder's files (not hidden, recursively), or a glob's matches."""
+    if os.path.isdir(path):
+        found = []
+        for root, folders, names in os.walk(path):
+            folders[:] = [folder for folder in folders if not folder.startswith(".")]
+            found.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+        found.sort()
+        if not found:
+            raise InputFileNotFoundError(f"data folder has no files: {path}")
+        return found
+    if any(char in path for char in _GLOB_CHARACTERS) and not os.path.exists(path):
+        found = sorted(match for match in glob.glob(path, recursive=True) if os.path.isfile(match))
+        if not found:
+            raise InputFileNotFoundError(f"no data file matches {path}")
+        return found
+    if not os.path.exists(path):
+        raise InputFileNotFoundError(f"data file not found: {path}")
+    return [path]
+
+
+def load_data_path(path: str, builder: str | None = None, streaming: bool = False, split: str | None = None):
+    """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions."""
+    files = _expand(path)
+    builders = {builder} if builder else {get_loader_for_filepath(file) for file in files}
+    if builders == {JSON_BUILDER}:
+        loaded = load_json_files(files, streaming)
+    else:
+        if len(builders) != 1 or "" in builders or any(name.startswith(".") for name in builders):
+            raise UserInputError(
+                f"data path {path}: cannot tell how to read {sorted(builders)} files; give one 'builder' "
+                "(json, parquet, arrow, csv, text) or files of one kind"
+            )
+        (name,) = builders
+        kwargs = {"data_files": files, "split": TRAIN_SPLIT, "streaming": streaming}
+        if not streaming:
+            kwargs["cache_dir"] = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
+        try:
+            loaded = datasets.load_dataset(name, **kwargs)
+        except (DatasetNotFoundError, FileNotFoundError) as exc:
+            raise InputFileNotFoundError(f"data path {path} with builder {name}: {exc}") from exc
+        except (DatasetGenerationError, pyarrow.ArrowInvalid) as exc:
+            cause = exc.__cause__ if isinstance(exc, DatasetGenerationError) and exc.__cause__ else exc
+            raise UnreadableDataError(f"data path {path} is not readable by builder {name}: {cause}") from exc
+        except ValueError as exc:
+            raise UserInputError(f"data path {path} with builder {name}: {exc}") from exc
+    if split and split != TRAIN_SPLIT:
+        if streaming:
+            raise UserInputError(f"split {split!r} of a streaming dataset is not supported")
+        loaded = _slice(loaded, split)
+    return loaded
+
+
+def _slice(dataset: Dataset, split: str) -> Dataset:
+    """``train[:N]``-style slices (``datasets``' split syntax) of a loaded dataset."""
+    absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
+    start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
+    return dataset.select(range(start, stop))
+
+
+class DataPreProcessor:
+    """Runs the data config's datasets through their handlers (registered by name) and mixes them."""
+
+    def __init__(self, processor_config: DataPreProcessorConfig, tokenizer, processor=None):
+        self.processor_config = processor_config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.registered_handlers: dict[str, DataHandler] = dict(AVAILABLE_DATA_HANDLERS)
+
+    def register_data_handler(self, name: str, handler: DataHandler) -> None:
+        if not isinstance(name, str) or not isinstance(handler, DataHandler):
+            raise UserInputError(
+                "Handler should be of type tuning.data_handler.DataHandler, and name of str: got "
+                f"{type(name).__name__} and {type(handler).__name__}"
+            )
+        if name in self.registered_handlers:
+            logger.warning("data handler %r is replaced by the one given", name)
+        self.registered_handlers[name] = handler
+
+    def register_data_handlers(self, handlers: dict[str, DataHandler] | None) -> None:
+        if handlers is None:
+            return
+        if not isinstance(handlers, dict):
+            raise UserInputError(
+                f"Handler should be of type tuning.data_handler.DataHandler, and name of str: got {type(handlers)}"
+            )
+        for name, handler in handlers.items():
+            self.register_data_handler(name, handler)
+
+    def _get_registered_datahandler(self, name: str) -> DataHandler:
+        if name not in self.registered_handlers:
+            raise UserInputError(
+                f"Data handler requested {name} is not registered. Registered handlers are "
+                + ", ".join(self.registered_handlers)
+            )
+        return self.registered_handlers[name]
+
+    def load_dataset(
+        self,
+        datasetconfig: DataSetConfig | None,
+        streaming: bool,
+        splitName: str | None = None,  # noqa: N803 (v3.1.0's name)
+        datafile: str | None = None,
+        **kwargs,
+    ):
+        """The rows of a dataset config's paths (joined), or of one ``datafile``."""
+        if datafile and datasetconfig:
+            raise ValueError("Both datafile and datasetconfig should not be set")
+        if not datafile and not datasetconfig:
+            raise ValueError("Either datafile or datasetconfig must be set")
+        if datafile:
+            return load_data_path(datafile, streaming=False, split=splitName)
+        loaded = [
+            load_data_path(path, datasetconfig.builder, streaming, splitName) for path in datasetconfig.data_paths
+        ]
+        return try_concatenate_datasets(loaded)
+
+    def split_dataset(self, dataset_config: DataSetConfig, dataset):
+        """The ``split`` of a dataset config: train and validation ("test") parts, shuffled with the seed."""
+        train_size = dataset_config.split.get("train", 0.0)
+        eval_size = dataset_config.split.get("validation", 0.0)
+        total = train_size + eval_size
+        if not 0 < total <= 1.0 + 1e-9:
+            raise UserInputError(
+                f"dataset {dataset_config.name}: split train + validation must be in (0, 1], got {total}"
+            )
+        if isinstance(dataset, DatasetDict | IterableDatasetDict):
+            if list(dataset) != [TRAIN_SPLIT]:
+                logger.warning("dataset %s has splits %s: used as it is, not split", dataset_config.name, list(dataset))
+                return dataset
+            dataset = dataset[TRAIN_SPLIT]
+        container = IterableDatasetDict if isinstance(dataset, IterableDataset) else DatasetDict
+        if train_size == 1.0:
+            return container({TRAIN_SPLIT: dataset})
+        if eval_size == 1.0:
+            return container({EVAL_SPLIT: dataset})
+        if isinstance(dataset, IterableDataset):
+            raise UserInputError(
+                f"dataset {dataset_config.name}: a partial split of a streaming dataset is not supported; give "
+                "train or validation 1.0, or set streaming to false"
+            )
+        parts = dataset.train_test_split(
+            train_size=train_size or None, test_size=eval_size or None, shuffle=True, seed=self.processor_config.seed
+        )
+        if not train_size:
+            del parts[TRAIN_SPLIT]
+        elif not eval_size:
+            del parts[EVAL_SPLIT]
+        return parts
+
+    def _execute_data_handlers(self, raw_datasets, data_handler_config, datasetName: str):  # noqa: N803
+        name = data_handler_config.name
+        kwargs = dict(data_handler_config.arguments or {})
+        handler = self._get_registered_datahandler(name)
+        streaming = isinstance(raw_datasets, IterableDatasetDict)
+        if kwargs.get("batched") and not handler.allows_batching:
+            raise UserInputError(f"dataset {datasetName}: data handler {name} does not take batched=True")
+        kwargs.setdefault("batched", handler.allows_batching)
+        if streaming:
+            kwargs.pop("num_proc", None)
+        kind = handler.handler_type
+        if kind is not DataHandlerType.MAP and "remove_columns" in kwargs:
+            logger.warning("data handler %s takes no remove_columns; ignored", name)
+            kwargs.pop("remove_columns")
+        if kind in (DataHandlerType.REMOVE, DataHandlerType.SELECT, DataHandlerType.RENAME):
+            key = "column_mapping" if kind is DataHandlerType.RENAME else "column_names"
+            value = kwargs.get(key)
+            expected = dict if kind is DataHandlerType.RENAME else list
+            if not isinstance(value, expected):
+                raise UserInputError(
+                    f"dataset {datasetName}: data handler {name} needs '{key}' ({expected.__name__}), got {value!r}"
+                )
+            method = {
+                DataHandlerType.REMOVE: "remove_columns",
+                DataHandlerType.SELECT: "select_columns",
+                DataHandlerType.RENAME: "rename_columns",
+            }[kind]
+            return getattr(raw_datasets, method)(value)
+        fn_kwargs = dict(kwargs.pop("fn_kwargs", None) or {})
+        if not streaming:
+            kwargs.setdefault("desc", handler.desc)
+        if kind is DataHandlerType.FILTER:
+            return raw_datasets.filter(handler.op, fn_kwargs=fn_kwargs, **kwargs)
+        if kind is not DataHandlerType.MAP:
+            raise UserInputError(f"data handler {name} has an unknown type {kind}")
+        fn_kwargs["tokenizer"] = self.tokenizer
+        if self.processor is not None:
+            fn_kwargs["processor"] = self.processor
+        processed = {}
+        for split, dataset in raw_datasets.items():
+            split_kwargs = dict(kwargs)
+            if split_kwargs.get("remove_columns") == "all":
+                if dataset.column_names is None:
+                    raise UserInputError(
+                        f"dataset {datasetName}: the columns of split {split} are not known, so remove_columns "
+                        "'all' cannot apply; list the columns"
+                    )
+                split_kwargs["remove_columns"] = dataset.column_names
+            processed[split] = dataset.map(handler.op, fn_kwargs=fn_kwargs, **split_kwargs)
+        return IterableDatasetDict(processed) if streaming else DatasetDict(processed)
+
+    def _prepare_processed_datasets(self, dataset_configs: list[DataSetConfig]) -> list[tuple[DataSetConfig, dict]]:
+        if not dataset_configs:
+            raise UserInputError("No dataset configs provided.")
+        processed = []
+        for config in dataset_configs:
+            loaded = self.load_dataset(config, bool(self.processor_config.streaming))
+            if config.split is not None:
+                loaded = self.split_dataset(config, loaded)
+            streaming = isinstance(loaded, IterableDataset | IterableDatasetDict)
+            raw = IterableDatasetDict() if streaming else DatasetDict()
+            if isinstance(loaded, Dataset | IterableDataset):
+                raw[TRAIN_SPLIT] = loaded
+            else:
+                for split, dataset in loaded.items():
+                    if split in (TRAIN_SPLIT, EVAL_SPLIT):
+                        raw[split] = dataset
+            for handler_config in config.data_handlers or []:
+                raw = self._execute_data_handlers(raw, handler_config, config.name)
+            processed.append((config, raw))
+        return processed
+
+    def _validate_sampling_ratios(self, sampling_ratios: list[float], train_datasets: list) -> bool:
+        ratios = list(sampling_ratios)
+        if not ratios:
+            return False
+        if len(ratios) != len(list(train_datasets)):
+            raise UserInputError(
+                "Sampling probability should be specified for all datasets with train split "
+                f"({len(ratios)} ratios for {len(list(train_datasets))} datasets)"
+            )
+        if abs(sum(ratios) - 1.0) > 1e-6:
+            raise UserInputError(f"Sampling probabilities for train datasets don't sum to 1: {ratios}")
+        return True
+
+    def _process_dataset_configs(self, dataset_configs: list[DataSetConfig]):
+        train, evaluation, ratios = [], [], []
+        for config, raw in self._prepare_processed_datasets(dataset_configs):
+            if TRAIN_SPLIT in raw:
+                train.append(raw[TRAIN_SPLIT])
+                if config.sampling:
+                    ratios.append(config.sampling)
+            if EVAL_SPLIT in raw:
+                evaluation.append(raw[EVAL_SPLIT])
+        if not train:
+            raise UserInputError("the datasets have no train split: check the data config's split ratios")
+        mix = self._validate_sampling_ratios(ratios, train)
+        maybe_align_datasets(train)
+        maybe_align_datasets(evaluation)
+        if len(train) == 1:
+            train_dataset = train[0]
+        elif mix:
+            train_dataset = datasets.interleave_datasets(
+                train,
+                probabilities=ratios,
+                seed=self.processor_config.seed,
+                stopping_strategy=self.processor_config.sampling_stopping_strategy,
+            )
+        else:
+            train_dataset = datasets.concatenate_datasets(train)
+        eval_dataset = None
+        if evaluation:
+            eval_dataset = evaluation[0] if len(evaluation) == 1 else datasets.concatenate_datasets(evaluation)
+        return train_dataset, eval_dataset, None
+
+    def process_dataset_configs(self, dataset_configs: list[DataSetConfig]):
+        """``(train_dataset, eval_dataset, sampling_weights)``; the main process goes first under torchrun, so that
+        the other ranks read what it cached."""
+        from accelerate.state import PartialState
+
+        with PartialState().main_process_first():
+            return self._process_dataset_configs(dataset_configs)
+
+
+def get_datapreprocessor(
+    processor_config: DataPreProcessorConfig,
+    tokenizer,
+    processor=None,
+    additional_data_handlers: dict[str, DataHandler] | None = None,
+) -> DataPreProcessor:
+    """The processor for ``processor_config`` with the built-in handlers and ``additional_data_handlers``."""
+    if processor_config.type not in (None, "default"):
+        raise UserInputError(f"dataprocessor type {processor_config.type!r} is not supported by tuning-bench")
+    data_processor = DataPreProcessor(processor_config, tokenizer, processor)
+    data_processor.register_data_handlers(additional_data_handlers)
+    return data_processor
+
+
+def check_data_config(config: DataConfig, source: str, handler_names) -> None:
+    """What can be checked before the model loads: each data path exists (or a glob matches), each handler is
+    registered, and sampling ratios are given for all datasets or none, summing to 1."""
+    for dataset in config.datasets:
+        label = f"data config {source}: dataset '{dataset.name}'"
+        for path in dataset.data_paths:
+            try:
+                _expand(path)
+            except InputFileNotFoundError as exc:
+                raise InputFileNotFoundError(f"{label}: key 'data_paths': {exc}") from None
+        for index, handler in enumerate(dataset.data_handlers or []):
+            if handler.name not in handler_names:
+                raise UserInputError(
+                    f"{label}: key 'data_handlers[{index}]': unknown handler '{handler.name}'; known: "
+                    + ", ".join(sorted(handler_names))
+                )
+    training = [d for d in config.datasets if not d.split or d.split.get("train", 0) > 0]
+    ratios = [d.sampling for d in training if d.sampling]
+    if ratios and len(ratios) != len(training):
+        raise UserInputError(
+            f"data config {source}: key 'sampling': give a ratio for every training dataset or none "
+            f"({len(ratios)} of {len(training)} have one)"
+        )
+    if ratios and abs(sum(ratios) - 1.0) > 1e-6:
+        raise UserInputError(f"data config {source}: key 'sampling': the ratios {ratios} sum to {sum(ratios)}, not 1")

@@ -1,0 +1,418 @@
+"""From data flags to training rows, fms-hf-tuning v3.1.0's entry points: ``process_dataargs`` runs a data config
+(``--data_config_path``) or the data config the plain flags make (``_process_raw_data_args``, as v3.1.0 builds it);
+``prepare_training_datasets`` is what ``train()`` calls: it ends every dataset as ``input_ids``/``labels`` rows,
+tokenising text columns with loss masking (``tuning.data.masking``) and trimming pretokenised rows to the maximum
+length.
+
+A run from the plain flags on JSON or JSON lines files with ``--dataset_text_field`` or
+``--data_formatter_template`` takes the streaming reader straight to the tokeniser (``tuning.data.formatting``): the
+same rows as the ``apply_custom_jinja_template`` handler would make, with errors naming the record's file and line
+and memory bounded by a batch whatever the file's size."""
+
+import logging
+from pathlib import Path
+
+from datasets import Dataset, IterableDataset
+
+from tuning.data.data_config import (
+    DataConfig,
+    DataHandlerConfig,
+    DataPreProcessorConfig,
+    DataSetConfig,
+    load_and_validate_data_config,
+)
+from tuning.data.data_handlers import IGNORE_INDEX, DataHandler
+from tuning.data.data_preprocessing_utils import get_data_collator
+from tuning.data.data_processors import _expand, check_data_config, get_datapreprocessor, load_data_path
+from tuning.data.formatting import format_file, text_value
+from tuning.data.loading import iter_records
+from tuning.data.masking import tokenize_and_mask
+from tuning.data.utils import get_loader_for_filepath
+from tuning.utils.error_logging import UserInputError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INPUT_COLUMN = "input"
+DEFAULT_OUTPUT_COLUMN = "output"
+TRAINING_COLUMNS = ("input_ids", "labels")
+
+
+def _column_names(path: str) -> set[str]:
+    """The columns of a data path, read from its first record (JSON) or its schema."""
+    files = _expand(path)
+    if all(get_loader_for_filepath(file) == "json" for file in files):
+        return set(next(iter_records(files[0]))[1])
+    return set(load_data_path(path, streaming=True).column_names or [])
+
+
+def is_pretokenized_dataset(data: str | Dataset | IterableDataset | None) -> bool:
+    """Whether ``data`` (a data path or a dataset) has ``input_ids`` and ``labels`` columns."""
+    if not data:
+        return False
+    columns = _column_names(data) if isinstance(data, str) else set(data.column_names or [])
+    return {"input_ids", "labels"} <= columns
+
+
+def _pretokenized_handlers(data_args, eval_present: bool, eval_tokenized: bool):
+    formatting = [
+        flag
+        for flag in (
+            "response_template",
+            "data_formatter_template",
+            "dataset_text_field",
+            "instruction_template",
+            "dataset_conversation_field",
+        )
+        if getattr(data_args, flag)
+    ]
+    if formatting:
+        raise UserInputError(
+            f"--{', --'.join(formatting)}: not applicable to pretokenized data (input_ids and labels columns)"
+        )
+    if eval_present and not eval_tokenized:
+        raise UserInputError("validation data should be pretokenized to be used along with pretokenized train data")
+    return [], None
+
+
+def _formatting_handlers(data_args):
+    if data_args.dataset_text_field and data_args.data_formatter_template:
+        raise UserInputError("dataset_text_field and data_formatter_template are mutually exclusive options")
+    if data_args.dataset_text_field:
+        field = data_args.dataset_text_field
+        template = f"{{{{ element['{field}'] }}}}{{{{ eos_token }}}}"
+    else:
+        field = data_args.dataset_text_field = "text"
+        template = data_args.data_formatter_template
+    arguments = {
+        "fn_kwargs": {"formatted_text_column_name": field, "template": template},
+        "batched": False,
+        "remove_columns": "all",
+    }
+    return [DataHandlerConfig("apply_custom_jinja_template", arguments=arguments)], field
+
+
+def _chat_handlers(data_args, tokenizer_kwargs: dict):
+    field = data_args.dataset_text_field = data_args.dataset_text_field or "text"
+    fn_kwargs = {"formatted_text_column_name": field, "tokenizer_kwargs": tokenizer_kwargs}
+    if data_args.dataset_conversation_field:
+        fn_kwargs["conversation_column_name"] = data_args.dataset_conversation_field
+    arguments = {"fn_kwargs": fn_kwargs, "batched": False, "remove_columns": "all"}
+    return [DataHandlerConfig("apply_tokenizer_chat_template", arguments=arguments)], field
+
+
+def _input_output_handlers(tokenizer_kwargs: dict):
+    fn_kwargs = {
+        "input_column_name": DEFAULT_INPUT_COLUMN,
+        "output_column_name": DEFAULT_OUTPUT_COLUMN,
+        "tokenizer_kwargs": tokenizer_kwargs,
+    }
+    arguments = {"fn_kwargs": fn_kwargs, "batched": False, "remove_columns": "all"}
+    return [DataHandlerConfig("tokenize_and_apply_input_masking", arguments=arguments)], None
+
+
+def raw_data_config(data_args, max_seq_length: int) -> tuple[DataConfig, str | None]:
+    """The data config the plain flags stand for (v3.1.0's ``_process_raw_data_args``), and the text column the
+    handlers leave (None when they leave tokenised rows)."""
+    if not isinstance(data_args.training_data_path, str) or not data_args.training_data_path:
+        raise UserInputError("--training_data_path (or --data_path) is required without --data_config_path")
+    eval_present = bool(data_args.validation_data_path)
+    tokenizer_kwargs = {"max_length": max_seq_length, "truncation": True}
+    if is_pretokenized_dataset(data_args.training_data_path):
+        handlers, field = _pretokenized_handlers(
+            data_args, eval_present, is_pretokenized_dataset(data_args.validation_data_path)
+        )
+    elif data_args.instruction_template and data_args.response_template:
+        handlers, field = _chat_handlers(data_args, tokenizer_kwargs)
+    elif data_args.data_formatter_template or data_args.dataset_text_field:
+        handlers, field = _formatting_handlers(data_args)
+    else:
+        handlers, field = _input_output_handlers(tokenizer_kwargs)
+    configs = [
+        DataSetConfig(
+            name="training_data",
+            data_paths=[data_args.training_data_path],
+            data_handlers=handlers or None,
+            split={"train": 1.0, "validation": 0.0},
+        )
+    ]
+    if eval_present:
+        configs.append(
+            DataSetConfig(
+                name="validation_data",
+                data_paths=[data_args.validation_data_path],
+                data_handlers=handlers or None,
+                split={"train": 0.0, "validation": 1.0},
+            )
+        )
+    return DataConfig(dataprocessor=DataPreProcessorConfig(), datasets=configs), field
+
+
+def _apply_chat_template(tokenizer, chat_template: str | None) -> None:
+    if chat_template is not None:
+        if tokenizer.chat_template and tokenizer.chat_template != chat_template:
+            logger.warning("the tokenizer's chat template is replaced by the one given")
+        tokenizer.chat_template = chat_template
+
+
+def process_dataconfig_file(
+    data_args,
+    train_args,
+    tokenizer,
+    additional_data_handlers: dict[str, DataHandler] | None = None,
+    processor=None,
+    is_multipack: bool = False,
+    is_padding_free: bool = False,
+):
+    """``(train_dataset, eval_dataset, dataset_text_field, sampling_weights)`` of ``--data_config_path``."""
+    data_config = load_and_validate_data_config(data_args.data_config_path)
+    if data_args.training_data_path is not None or data_args.validation_data_path is not None:
+        raise UserInputError(
+            "--training_data_path and --validation_data_path must not be given with --data_config_path: "
+            "list the data in the data config"
+        )
+    data_processor = get_datapreprocessor(data_config.dataprocessor, tokenizer, processor, additional_data_handlers)
+    if data_config.dataprocessor.streaming:
+        if is_padding_free:
+            raise UserInputError("padding-free training is not supported with streaming=true in the data config")
+        if train_args.max_steps < 1:
+            raise UserInputError("--max_steps must be set when streaming is set in data preprocessor config")
+        if is_multipack:
+            raise UserInputError("multipack is not compatible with streaming=true")
+    _apply_chat_template(tokenizer, data_config.dataprocessor.chat_template)
+    train_dataset, eval_dataset, weights = data_processor.process_dataset_configs(data_config.datasets)
+    return train_dataset, eval_dataset, data_args.dataset_text_field, weights
+
+
+def _process_raw_data_args(
+    data_args,
+    tokenizer,
+    packing: bool,
+    max_seq_length: int,
+    additional_data_handlers: dict[str, DataHandler] | None = None,
+    is_padding_free: bool = False,
+    processor=None,
+):
+    """``(train_dataset, eval_dataset, dataset_text_field, sampling_weights)`` of the plain flags."""
+    if data_args.data_config_path is not None:
+        raise UserInputError(
+            "--training_data_path and --validation_data_path must not be given with --data_config_path"
+        )
+    if (
+        not packing
+        and not is_padding_free
+        and not data_args.response_template
+        and (data_args.dataset_text_field or data_args.data_formatter_template)
+        and not is_pretokenized_dataset(data_args.training_data_path)
+    ):
+        raise UserInputError(
+            "--response_template is required with --dataset_text_field or --data_formatter_template unless "
+            "--packing is on (training on every token)"
+        )
+    config, field = raw_data_config(data_args, max_seq_length)
+    data_processor = get_datapreprocessor(config.dataprocessor, tokenizer, processor, additional_data_handlers)
+    train_dataset, eval_dataset, weights = data_processor.process_dataset_configs(config.datasets)
+    return train_dataset, eval_dataset, field, weights
+
+
+def dump_dataset(output_dir: Path, nshards: int, d: Dataset | IterableDataset | None, name: str) -> None:
+    """Write ``d`` to ``output_dir/name/ds_00000.parquet``... in ``nshards`` Parquet shards."""
+    if d is None:
+        return
+    if isinstance(d, IterableDataset):
+        d = Dataset.from_generator(lambda: (yield from d), features=d.features)
+    d = d.flatten_indices()
+    folder = Path(output_dir) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(nshards):
+        d.shard(num_shards=nshards, index=index).to_parquet(str(folder / f"ds_{index:05d}.parquet"))
+    logger.info("saved %s in %d Parquet shard(s) to %s", name, nshards, folder)
+
+
+def _dump(data_args, train_args, train_dataset, eval_dataset) -> None:
+    dump_dir = Path(train_args.output_dir).absolute()
+    dump_dataset(dump_dir, data_args.num_train_dataset_shards, train_dataset, "train_dataset")
+    dump_dataset(dump_dir, data_args.num_eval_dataset_shards, eval_dataset, "validataion_dataset")  # v3.1.0's name
+
+
+def process_dataargs(
+    data_args,
+    tokenizer,
+    train_args,
+    additional_data_handlers: dict[str, DataHandler] | None = None,
+    is_padding_free: bool = False,
+    processor=None,
+    is_multipack: bool = False,
+    odm_config=None,
+):
+    """v3.1.0's ``(train_dataset, eval_dataset, dataset_text_field, data_collator, max_seq_length,
+    dataset_kwargs)``; with ``--do_dataprocessing_only`` the datasets are written to ``output_dir`` and the last four
+    are None."""
+    if odm_config is not None:
+        raise UserInputError("online data mixing (odm) needs fms-acceleration and is not supported by tuning-bench")
+    if processor is not None:
+        raise UserInputError("vision models (a processor) are not supported by tuning-bench")
+    max_seq_length = min(train_args.max_seq_length, tokenizer.model_max_length)
+    _apply_chat_template(tokenizer, getattr(data_args, "chat_template", None))
+    if data_args.data_config_path:
+        train_dataset, eval_dataset, field, _ = process_dataconfig_file(
+            data_args, train_args, tokenizer, additional_data_handlers, processor, is_multipack, is_padding_free
+        )
+    else:
+        train_dataset, eval_dataset, field, _ = _process_raw_data_args(
+            data_args,
+            tokenizer,
+            train_args.packing,
+            max_seq_length,
+            additional_data_handlers,
+            is_padding_free,
+            processor,
+        )
+    if train_args.eval_strategy != "no" and eval_dataset is None:
+        raise UserInputError(
+            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
+            "--validation_data_path (or a validation split) or set --eval_strategy no"
+        )
+    if data_args.do_dataprocessing_only:
+        _dump(data_args, train_args, train_dataset, eval_dataset)
+        return train_dataset, eval_dataset, None, None, None, None
+    tokenized = is_pretokenized_dataset(train_dataset or eval_dataset)
+    collator = get_data_collator(
+        train_args.packing,
+        data_args.response_template,
+        tokenizer,
+        tokenized,
+        max_seq_length,
+        data_args.instruction_template,
+        is_padding_free=is_padding_free,
+    )
+    return train_dataset, eval_dataset, field, collator, max_seq_length, {}
+
+
+# --- training rows: what train() hands the trainer --------------------------------------------------------------
+
+
+def _texts(dataset, field: str, source: str):
+    if field not in (dataset.column_names or []):
+        raise UserInputError(f"{source} has no text column '{field}' (columns: {dataset.column_names})")
+    index = 0
+    for batch in dataset.iter(batch_size=1000):
+        for value in batch[field]:
+            yield text_value(value, f"column '{field}'", f"row {index} of {source}")
+            index += 1
+
+
+def _trim(row: dict, max_length: int) -> dict:
+    input_ids = list(row["input_ids"])[:max_length]
+    labels = list(row["labels"] if row.get("labels") is not None else row["input_ids"])[:max_length]
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def _keeps_a_label(row: dict) -> bool:
+    return any(label != IGNORE_INDEX for label in row["labels"])
+
+
+def to_training_rows(dataset, data_args, tokenizer, max_length: int, field: str | None, source: str):
+    """``dataset`` as ``input_ids``/``labels`` rows of at most ``max_length`` tokens with something to learn: text
+    columns tokenised with masking by the response (and instruction) template, tokenised rows trimmed."""
+    if dataset is None:
+        return None
+    columns = set(dataset.column_names or [])
+    if "input_ids" in columns:
+        extra = sorted(columns - set(TRAINING_COLUMNS))
+        rows = dataset.map(_trim, fn_kwargs={"max_length": max_length}, remove_columns=extra or None)
+        return rows.filter(_keeps_a_label)
+    if field is None:
+        field = data_args.dataset_text_field or "text"
+    return tokenize_and_mask(
+        _texts(dataset, field, source),
+        tokenizer,
+        max_length,
+        data_args.response_template,
+        source=source,
+        instruction_template=data_args.instruction_template,
+    )
+
+
+def _is_plain_json_text_run(data_args) -> bool:
+    """Plain flags, a text field or template, and JSON/JSON lines files: the streaming formatter's case."""
+    if data_args.data_config_path or not (data_args.dataset_text_field or data_args.data_formatter_template):
+        return False
+    if data_args.instruction_template or data_args.dataset_conversation_field:
+        return False
+    paths = [data_args.training_data_path, data_args.validation_data_path]
+    try:
+        files = [file for path in paths if path for file in _expand(path)]
+    except UserInputError:
+        return False
+    if not all(get_loader_for_filepath(file) == "json" for file in files):
+        return False
+    return not is_pretokenized_dataset(data_args.training_data_path)
+
+
+def _formatted_texts(paths: list[str], eos_token: str, data_args):
+    for path in paths:
+        yield from format_file(path, eos_token, data_args.dataset_text_field, data_args.data_formatter_template)
+
+
+def prepare_training_datasets(
+    data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None = None
+):
+    """``(train_rows, eval_rows)`` for the trainer (eval None without validation data), or None after writing the
+    processed datasets with ``--do_dataprocessing_only``."""
+    _apply_chat_template(tokenizer, data_args.chat_template)
+    if _is_plain_json_text_run(data_args) and not data_args.do_dataprocessing_only:
+        if data_args.dataset_text_field and data_args.data_formatter_template:
+            raise UserInputError("dataset_text_field and data_formatter_template are mutually exclusive options")
+        rows = []
+        for path in (data_args.training_data_path, data_args.validation_data_path):
+            if not path:
+                rows.append(None)
+                continue
+            texts = _formatted_texts(_expand(path), tokenizer.eos_token, data_args)
+            rows.append(tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path))
+        if train_args.eval_strategy != "no" and rows[1] is None:
+            raise UserInputError(
+                f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
+                "--validation_data_path or set --eval_strategy no"
+            )
+        return rows[0], rows[1]
+    train_dataset, eval_dataset, field, *rest = process_dataargs(
+        data_args, tokenizer, train_args, additional_data_handlers
+    )
+    if data_args.do_dataprocessing_only:
+        return None
+    return (
+        to_training_rows(train_dataset, data_args, tokenizer, max_length, field, "the training data"),
+        to_training_rows(eval_dataset, data_args, tokenizer, max_length, field, "the validation data"),
+    )
+
+
+def check_data_arguments(data_args, additional_data_handlers: dict | None = None, packing: bool = False) -> None:
+    """The data checks that need no tokenizer or model: the data config parses and names existing data and known
+    handlers; or the plain flags name existing data and make sense together."""
+    if data_args.data_config_path:
+        if data_args.training_data_path or data_args.validation_data_path:
+            raise UserInputError(
+                "--training_data_path and --validation_data_path must not be given with --data_config_path: "
+                "list the data in the data config"
+            )
+        config = load_and_validate_data_config(data_args.data_config_path)
+        names = set(get_datapreprocessor(DataPreProcessorConfig(), None).registered_handlers)
+        names |= set(additional_data_handlers or {})
+        check_data_config(config, data_args.data_config_path, names)
+        return
+    if not data_args.training_data_path:
+        raise UserInputError("--training_data_path (or --data_path), or --data_config_path, is required")
+    for path in (data_args.training_data_path, data_args.validation_data_path):
+        if path:
+            _expand(path)
+    if data_args.dataset_text_field and data_args.data_formatter_template:
+        raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template, not both")
+    if data_args.instruction_template and not data_args.response_template:
+        raise UserInputError("--instruction_template needs --response_template (chat data)")
+    text = data_args.dataset_text_field or data_args.data_formatter_template
+    if text and not data_args.response_template and not packing:
+        raise UserInputError(
+            "--response_template is required with --dataset_text_field or --data_formatter_template unless "
+            "--packing is on (training on every token)"
+        )
