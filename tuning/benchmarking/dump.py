@@ -86,7 +86,6 @@ class RunData:
         self.header = header
         self.segments = [Segment(header)]
         self.notes: dict[str, Any] = {}  # every segment's notes, later ones overriding
-        self.latest = 0.0  # the latest record's time apart from points
         self._series: dict[tuple[str, str], _Series] = {}  # by name and context (as JSON: contexts may nest)
         self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
         self._segment_of = array("I")  # per moment, its segment's index
@@ -100,7 +99,6 @@ class RunData:
         if kind == "point":
             self.add_point(record["name"], record["context"], record["step"], record["value"], record["time"])
             return
-        self.latest = max(self.latest, record.get("time", 0.0))
         segment = self.segments[-1]
         segment.latest = max(segment.latest, record.get("time", 0.0))
         if kind == "note":
@@ -160,9 +158,6 @@ class RunData:
                 }
             )
         return result
-
-    def last_time(self) -> float:
-        return max(self.latest, self._times[-1] if self._times else 0.0)
 
 
 def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
