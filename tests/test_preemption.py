@@ -5,16 +5,18 @@ write did not finish, naming them, and resumes from the newest complete one."""
 import json
 import shutil
 import signal
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.bench import bench_args, read_dump, run_bench, start_bench
+from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
 from tests.helpers.graceful_stop import SignalAtStep
 from tests.helpers.training import (
     BENCH_CALLBACKS,
+    REPO_ROOT,
     SFT_TRAINER,
     TORCHRUN,
     Job,
@@ -26,6 +28,7 @@ from tests.helpers.training import (
     two_ranks,
     wait_for_steps,
 )
+from tuning.benchmarking.dump import STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.config.configs import TrainingArguments
 from tuning.sft_trainer import get_parser, resume_checkpoint, train
 from tuning.utils.checkpoints import STATUS_FILE, checkpoint_problem, newest_complete_checkpoint
@@ -33,6 +36,7 @@ from tuning.utils.error_logging import UserInputError
 from tuning.utils.graceful_stop import GracefulStopCallback
 
 SAVE_STEPS, MAX_STEPS = 5, 12
+BENCH_REPORT = str(REPO_ROOT / "wrappers" / "bench_report.py")
 
 
 def _checkpoint(path: Path, step: int, status: dict | None = None) -> Path:
@@ -159,7 +163,8 @@ def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step
 
 @pytest.mark.slow
 def test_bench_train_writes_the_checkpoint_at_sigterm_and_a_bare_resume_flag_resumes_from_it(tiny_model, tmp_path):
-    """bench_train gets the behaviour through train(): its own GracefulStopCallback, no flag of its own."""
+    """bench_train gets the behaviour through train(): its own GracefulStopCallback, no flag of its own. The resumed
+    run's dump keeps both segments (docs/benchmarking.md, "A resumed run")."""
     args = bench_args(
         tiny_model,
         tmp_path,
@@ -179,6 +184,26 @@ def test_bench_train_writes_the_checkpoint_at_sigterm_and_a_bare_resume_flag_res
     assert returncode == 0, stderr[-3000:]
     assert f"resuming from checkpoint-{stopped} (global step {stopped})" in stderr
     assert logged_steps(tmp_path / "training_logs.jsonl") == list(range(1, 9))
+
+    # The dump tells the whole story: both processes, every step once, rates without the restart.
+    dump = read_dump(tmp_path / "bench.json")
+    assert (dump["status"], dump["training_steps"], dump["summary"]["resumed_from_step"]) == ("ok", 8, stopped)
+    first, second = dump["segments"]
+    assert (first["status"], first["error"]["category"]) == ("interrupted", "interrupted")
+    assert first["training_steps"] == stopped
+    assert (second["status"], second["resumed_from_step"], second["training_steps"]) == ("ok", stopped, 8)
+    assert (first["steps"], second["steps"]) == (stopped, 8 - stopped)
+    assert second["warmup_steps"] == stopped + 1  # --skip_warmup_steps 1, in each segment
+    assert second["gap_seconds"] > 0
+    for name in (STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND):
+        assert series(dump, name)["steps"] == list(range(1, 9)), name
+    rates = [first["tokens_per_second"], second["tokens_per_second"]]
+    assert min(rates) <= dump["summary"]["tokens_per_second"] <= max(rates)
+    assert dump["summary"]["tokens_per_second"] == pytest.approx(statistics.mean(rates), rel=0.3)
+    assert rebuild(tmp_path / "bench.journal.jsonl")["segments"] == dump["segments"]
+    shown = run_python(BENCH_REPORT, str(tmp_path / "bench.json"), "--output_dir", str(tmp_path / "report"))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert csv_by(tmp_path / "report" / "report.csv", "run")["bench"]["resumed_from_step"] == str(stopped)
 
 
 @pytest.mark.parametrize("save_on_preemption", [pytest.param(True, marks=pytest.mark.slow), False])  # True: 2 runs

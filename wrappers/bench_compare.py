@@ -25,7 +25,7 @@ import fire
 
 from tuning.benchmarking import report as bench_report  # the report library bench_report.py prints
 from tuning.benchmarking import statistics as stats
-from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND
+from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND, measured_step
 from tuning.utils.cli_flags import reject_unknown_flags
 
 PROG = "bench_compare.py"
@@ -92,7 +92,7 @@ def step_values(dump: dict[str, Any], metric: Metric) -> list[float]:
     if found is None:
         return []
     pairs = zip(found["steps"], found["values"], strict=True)
-    values = [value for step, value in pairs if value is not None and step is not None and step > dump["warmup_steps"]]
+    values = [value for step, value in pairs if value is not None and measured_step(dump, step)]
     summary_value, series_summary = metric.read(dump["summary"]), dump["summary"].get(metric.step_series)
     if metric.step_series == TOKENS_PER_SECOND and summary_value is not None and series_summary:
         values = [value * summary_value / series_summary for value in values]

@@ -360,3 +360,63 @@ def test_the_dump_schema_page_shows_the_generated_json_schema():
         "run: python -m tuning.benchmarking.schema --markdown docs/dump-schema.md"
     )
     assert json_schema()["required"][:3] == ["schema_version", "status", "stop_reason"]
+
+
+def _segment(path, first_step: int, last_step: int, seconds: float, warmup: int, status: str, append: bool):
+    """One process of a resumed run through the real record and journal: steps after ``first_step`` up to
+    ``last_step`` of ``seconds`` each and 100 tokens, ``warmup`` steps of warm-up, ended with ``status``."""
+    previous = read_journal(str(path)) if append else []
+    record = RunRecord(Journal(str(path), sync_interval=0.0, append=append), HEADER, previous)
+    record.note(train_start=time.time(), first_step=first_step)
+    for step in range(first_step + 1, last_step + 1):
+        record.record_many([(STEP_TIME, seconds, step, None), (STEP_TOKENS, 100, step, None)])
+        record.record("cpu_percent", 10.0, step=step, context={})
+        if step == first_step + warmup:
+            record.note(warmup_steps=step, warmup_seconds=warmup * seconds)
+    error = {"category": "interrupted", "message": "stopped by SIGTERM", "global_step": last_step}
+    return record.finish(status, training_steps=last_step, error=error if status == "interrupted" else None)
+
+
+def test_a_resumed_run_keeps_every_segment_one_point_per_step_and_rates_without_the_gap(tmp_path):
+    """The preempted process trained steps 1-6 (its last checkpoint: 4), the restart 5-10: steps 5 and 6 are the
+    restart's; warm-up is 2 steps in each; the time between the processes counts in no rate."""
+    path = tmp_path / "run.journal.jsonl"
+    _segment(path, 0, 6, 1.0, 2, "interrupted", append=False)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"type": "point", "name": "torn')  # the preempted process died in the middle of a line
+    time.sleep(0.2)  # the gap
+    dump = _segment(path, 4, 10, 0.5, 2, "ok", append=True)
+    assert validate_dump(dump) == []
+    assert build_dump(read_journal(str(path))) == dump  # the rebuild reads the same segments
+    step_time = next(one for one in dump["metrics"] if one["name"] == STEP_TIME)
+    assert step_time["steps"] == list(range(1, 11))
+    assert step_time["values"] == [1.0] * 4 + [0.5] * 6
+    assert (dump["status"], dump["error"], dump["training_steps"]) == ("ok", None, 10)
+    assert dump["summary"]["resumed_from_step"] == 4
+    first, second = dump["segments"]
+    assert (first["status"], first["error"]["category"], first["training_steps"]) == ("interrupted", "interrupted", 6)
+    assert (first["resumed_from_step"], second["resumed_from_step"]) == (None, 4)
+    assert (first["steps"], first["warmup_steps"], first["measured_steps"]) == (4, 2, 2)  # 5, 6: trained again
+    assert (second["steps"], second["warmup_steps"], second["measured_steps"]) == (6, 6, 4)
+    assert first["gap_seconds"] is None and second["gap_seconds"] >= 0.2
+    assert (first["tokens_per_second"], second["tokens_per_second"]) == (100.0, 200.0)
+    # Steps 3-4 (1 s each) and 7-10 (0.5 s each): 600 tokens in 4 s, the gap and the warm-ups out.
+    assert dump["summary"]["measured_steps"] == 6
+    assert dump["summary"]["tokens_per_second"] == pytest.approx(150.0)
+    cpu = next(one for one in dump["aggregates"] if one["name"] == "cpu_percent")
+    assert cpu["count"] == 6
+
+
+def test_a_dump_from_before_segments_still_reads(tmp_path):
+    """A dump written before resumed runs were segments (no ``segments``, no ``summary.resumed_from_step``) validates,
+    and its post-warmup steps are still told by its ``warmup_steps``."""
+    from tuning.benchmarking.dump import measured_step
+    from tuning.benchmarking.report import load, row
+
+    dump = simulated_run(tmp_path / "run.journal.jsonl").finish("ok", training_steps=6)
+    del dump["segments"], dump["summary"]["resumed_from_step"]
+    assert validate_dump(dump) == []
+    assert [step for step in range(1, 7) if measured_step(dump, step)] == [3, 4, 5, 6]
+    (tmp_path / "old.json").write_text(json.dumps(dump))
+    (run,) = load([(tmp_path / "old.json", True)])
+    assert row(run, [])["resumed_from_step"] is None

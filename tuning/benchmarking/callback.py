@@ -114,6 +114,7 @@ class BenchmarkCallback(TrainerCallback):
         if self._main and self.record is not None:
             self.record.note(
                 train_start=self._train_start,
+                first_step=state.global_step,  # N > 0: resumed from a checkpoint of step N
                 flops_counts=_flops_counts(model),
                 peak_tflops=self.peak_tflops or _device_peak(args.device),
                 energy_mj_at_train_start=self._energy(),

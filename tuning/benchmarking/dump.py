@@ -2,6 +2,11 @@
 a complete journal equals the run's). Warmup points (step at most the ``warmup_steps`` note; never a point without a
 step) are left out of aggregates and summary, unless no step came after the warmup: then the summary covers every step
 and ``summary.measured_steps`` is 0.
+
+A run resumed from a checkpoint appends to its journal: each ``start`` record begins a segment (one process's
+training), with its own notes, warm-up and ``end``. Series keep one point per step, the segment's that trained it last
+(a step a preempted process trained after its last checkpoint is trained again); the time between segments is no step
+time, so rates exclude it.
 """
 
 import json
@@ -56,17 +61,34 @@ class _Series(NamedTuple):
     moments: array
 
 
-class RunData:
-    """What a run's journal records say, kept compact however long the run: each series as arrays of 8-byte values
-    and 4-byte indices into one table of moments (time and step), which the points measured together share."""
+class Segment:
+    """One process's part of a run: its ``start`` record, its notes and its ``end`` (None while running or when the
+    process died without one)."""
 
     def __init__(self, header: dict[str, Any]):
         self.header = header
         self.notes: dict[str, Any] = {}
         self.end: dict[str, Any] | None = None
-        self.latest = 0.0  # the latest record's time apart from points
+        self.latest = header.get("time", 0.0)  # its latest record's time
+
+    @property
+    def first_step(self) -> int | None:
+        """The global step its training began at (0 fresh, N resumed); None before train begin (or in a journal
+        written before segments, then read as 0 for the first segment)."""
+        return self.notes.get("first_step")
+
+
+class RunData:
+    """What a run's journal records say, kept compact however long the run: each series as arrays of 8-byte values
+    and 4-byte indices into one table of moments (time, step and segment), which the points measured together share."""
+
+    def __init__(self, header: dict[str, Any]):
+        self.header = header
+        self.segments = [Segment(header)]
+        self.notes: dict[str, Any] = {}  # every segment's notes, later ones overriding
         self._series: dict[tuple[str, str], _Series] = {}  # by name and context (as JSON: contexts may nest)
         self._times, self._steps = array("d"), array("q")  # the moments; step -1 for none
+        self._segment_of = array("I")  # per moment, its segment's index
 
     def add(self, record: dict[str, Any] | Point) -> None:
         """A journal record as read from a journal, or a ``Point`` as a live run records it."""
@@ -77,11 +99,16 @@ class RunData:
         if kind == "point":
             self.add_point(record["name"], record["context"], record["step"], record["value"], record["time"])
             return
-        self.latest = max(self.latest, record.get("time", 0.0))
+        segment = self.segments[-1]
+        segment.latest = max(segment.latest, record.get("time", 0.0))
         if kind == "note":
-            self.notes.update({key: value for key, value in record.items() if key != "type"})
+            facts = {key: value for key, value in record.items() if key != "type"}
+            self.notes.update(facts)
+            segment.notes.update(facts)
         elif kind == "end":
-            self.end = record
+            segment.end = record
+        elif kind == "start":  # a resumed run's next process
+            self.segments.append(Segment(record))
 
     def add_point(self, name: str, context: dict[str, Any], step: int | None, value: float | None, at: float) -> None:
         key = (name, json.dumps(context, sort_keys=True, default=str) if context else "")
@@ -90,47 +117,47 @@ class RunData:
             # The context copied: recorders share context dicts.
             series = self._series[key] = _Series(name, dict(context), array("d"), array("I"))
         step_code = -1 if step is None else step
-        if not self._times or self._times[-1] != at or self._steps[-1] != step_code:
+        segment = len(self.segments) - 1
+        if not self._times or self._times[-1] != at or self._steps[-1] != step_code or self._segment_of[-1] != segment:
             self._times.append(at)
             self._steps.append(step_code)
+            self._segment_of.append(segment)
+        self.segments[-1].latest = max(self.segments[-1].latest, at)
         series.values.append(math.nan if value is None else value)
         series.moments.append(len(self._times) - 1)
 
+    def last_steps(self) -> list[float]:
+        """Per segment, the last step whose points survive: the step the next segment that trained began at (its
+        later steps were trained again), infinity for the last one."""
+        last, later = [], math.inf
+        for segment in reversed(self.segments):
+            last.append(later)
+            if segment.first_step is not None:
+                later = min(later, segment.first_step)
+        return last[::-1]
+
     def metrics(self) -> list[dict[str, Any]]:
-        """The dump's ``metrics``, in order of first appearance."""
-        times, steps = self._times, self._steps
-        return [
-            {
-                "name": series.name,
-                "context": series.context,
-                "steps": [None if steps[index] < 0 else steps[index] for index in series.moments],
-                "values": [None if value != value else value for value in series.values],  # NaN → null
-                "timestamps": [times[index] for index in series.moments],
-            }
-            for series in self._series.values()
-        ]
-
-    def last_time(self) -> float:
-        return max(self.latest, self._times[-1] if self._times else 0.0)
-
-
-def aggregate(series: list[dict[str, Any]], warmup_steps: int) -> list[dict[str, Any]]:
-    """min/avg/max/count of every series, warmup excluded (all null with count 0 when nothing is left)."""
-    result = []
-    for one in series:
-        pairs = zip(one["steps"], one["values"], strict=True)
-        values = [value for step, value in pairs if value is not None and (step is None or step > warmup_steps)]
-        result.append(
-            {
-                "name": one["name"],
-                "context": one["context"],
-                "min": min(values) if values else None,
-                "avg": sum(values) / len(values) if values else None,
-                "max": max(values) if values else None,
-                "count": len(values),
-            }
-        )
-    return result
+        """The dump's ``metrics``, in order of first appearance: per step, the points of the segment that trained it
+        last."""
+        times, steps, segment_of = self._times, self._steps, self._segment_of
+        last_steps = self.last_steps()
+        result = []
+        for series in self._series.values():
+            kept = [
+                (index, value)
+                for index, value in zip(series.moments, series.values, strict=True)
+                if steps[index] <= last_steps[segment_of[index]]
+            ]
+            result.append(
+                {
+                    "name": series.name,
+                    "context": series.context,
+                    "steps": [None if steps[index] < 0 else steps[index] for index, _ in kept],
+                    "values": [None if value != value else value for _, value in kept],  # NaN → null
+                    "timestamps": [times[index] for index, _ in kept],
+                }
+            )
+        return result
 
 
 def _per_step(series: list[dict[str, Any]], name: str) -> dict[int, float]:
@@ -188,7 +215,7 @@ class _Measured(NamedTuple):
     steps: list[int]
     after_warmup: bool  # the steps are those after the warmup (else every step)
     tokens_per_second: float | None
-    train_end: float
+    segments: list[tuple[dict[str, Any], float]]  # per segment that trained: its notes and its train end
     world_size: int
 
 
@@ -203,10 +230,16 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
     achieved = None
     if model_flops is not None and measured.tokens_per_second is not None:
         achieved = measured.tokens_per_second * model_flops / measured.world_size / 1e12
-    start = notes.get("train_start")
-    if start is not None and measured.after_warmup:
-        start += notes.get("warmup_seconds", 0.0)
-    per_gpu, source = _energy(series, notes, measured.after_warmup, start, measured.train_end)
+    per_gpu, source = None, None
+    for segment_notes, train_end in measured.segments:  # a resumed run's energy: its segments', gaps excluded
+        start = segment_notes.get("train_start")
+        if start is not None and measured.after_warmup:
+            start += segment_notes.get("warmup_seconds", 0.0)
+        joules, source = _energy(series, segment_notes, measured.after_warmup, start, train_end)
+        if joules is None or (per_gpu is not None and len(per_gpu) != len(joules)):
+            per_gpu, source = None, None
+            break
+        per_gpu = joules if per_gpu is None else [_sum(a, b) for a, b in zip(per_gpu, joules, strict=True)]
     total = sum(per_gpu) if per_gpu and None not in per_gpu else None
     return {
         "model_flops_per_token": model_flops,
@@ -219,6 +252,10 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
         "energy_source": source,
         **_rank_figures(notes),
     }
+
+
+def _sum(first: float | None, second: float | None) -> float | None:
+    return None if first is None or second is None else first + second
 
 
 def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
@@ -256,40 +293,102 @@ def straggler(forward: list[float | None] | None, fetch: list[float | None] | No
     return rank, "data" if data_excess > compute_excess else "compute"
 
 
+class _Span(NamedTuple):
+    """The steps one segment contributes: after ``first`` up to ``last``, warm-up up to ``warmup_end``."""
+
+    first: float  # -inf for the first segment: every step up to its last is its own
+    last: float
+    warmup_end: float
+
+    def covers(self, step: int) -> bool:
+        return self.first < step <= self.last
+
+    def in_warmup(self, step: int) -> bool:
+        return self.first < step <= min(self.warmup_end, self.last)
+
+
+def _spans(run: RunData, training_steps: list[int]) -> list[_Span | None]:
+    """Per segment, its span (None for a segment that never began training); ``training_steps``: each one's last."""
+    spans: list[_Span | None] = []
+    for index, (segment, last, steps) in enumerate(zip(run.segments, run.last_steps(), training_steps, strict=True)):
+        first = segment.first_step
+        if first is None and index > 0:
+            spans.append(None)
+            continue
+        first = -math.inf if index == 0 else first
+        warmup_end = segment.notes.get("warmup_steps", steps)
+        spans.append(_Span(first, last, min(warmup_end, steps)))
+    return spans
+
+
+def _is_warmup(spans: list[_Span | None], step: int | None) -> bool:
+    return step is not None and any(span is not None and span.in_warmup(step) for span in spans)
+
+
+def aggregate(series: list[dict[str, Any]], spans: list[_Span | None]) -> list[dict[str, Any]]:
+    """min/avg/max/count of every series, each segment's warmup excluded (all null with count 0 when nothing is
+    left)."""
+    result = []
+    for one in series:
+        pairs = zip(one["steps"], one["values"], strict=True)
+        values = [value for step, value in pairs if value is not None and not _is_warmup(spans, step)]
+        result.append(
+            {
+                "name": one["name"],
+                "context": one["context"],
+                "min": min(values) if values else None,
+                "avg": sum(values) / len(values) if values else None,
+                "max": max(values) if values else None,
+                "count": len(values),
+            }
+        )
+    return result
+
+
+def _rate(counts: dict[int, float], step_times: dict[int, float], steps: list[int]) -> float | None:
+    """Sum of ``counts`` over sum of step times of ``steps``: per second of training, gaps between segments out."""
+    busy = sum(step_times[step] for step in steps)
+    if busy <= 0 or not counts:
+        return None
+    return sum(counts.get(step, 0.0) for step in steps) / busy
+
+
 def _summary(
-    series: list[dict[str, Any]], notes: dict[str, Any], end: dict[str, Any], warmup_steps: int, world_size: int
+    series: list[dict[str, Any]],
+    notes: dict[str, Any],
+    end: dict[str, Any],
+    spans: list[_Span | None],
+    segments: list[tuple[dict[str, Any], float]],
+    world_size: int,
+    resumed_from_step: int | None,
 ) -> dict:
     step_times = _per_step(series, STEP_TIME)
-    measured = [step for step in step_times if step > warmup_steps]
+    measured = [step for step in step_times if not _is_warmup(spans, step)]
     steps = measured or list(step_times)
-    busy = sum(step_times[step] for step in steps)
-
-    def throughput(name: str) -> float | None:
-        counts = _per_step(series, name)
-        if busy <= 0 or not counts:
-            return None
-        return sum(counts.get(step, 0.0) for step in steps) / busy
-
-    train_start = notes.get("train_start")
-    train_end = notes.get("train_end", end["time"])
+    tokens_per_second = _rate(_per_step(series, STEP_TOKENS), step_times, steps)
+    spans_run = [
+        segment_end - segment_notes["train_start"]
+        for segment_notes, segment_end in segments
+        if segment_notes.get("train_start") is not None
+    ]
     load_times, rss = _values(series, MODEL_LOAD_TIME), _values(series, PROCESS_RSS)
     anon_rss = _values(series, PROCESS_ANON_RSS)
     durations = [step_times[step] for step in steps]
     # Deciles interpolated between closest ranks, as numpy's default.
     step_deciles = statistics.quantiles(durations, n=10, method="inclusive") if len(durations) > 1 else durations * 9
-    tokens_per_second = throughput(STEP_TOKENS)
-    measured_by = _Measured(steps, bool(measured), tokens_per_second, train_end, world_size)
+    measured_by = _Measured(steps, bool(measured), tokens_per_second, segments, world_size)
     return {
-        "train_runtime": train_end - train_start if train_start is not None else None,
+        "train_runtime": sum(spans_run) if spans_run else None,
         "model_load_time": load_times[-1] if load_times else None,
         "tokens_per_second": tokens_per_second,
-        "samples_per_second": throughput(STEP_SAMPLES),
+        "samples_per_second": _rate(_per_step(series, STEP_SAMPLES), step_times, steps),
         "step_time_p50": step_deciles[4] if step_deciles else None,
         "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "peak_anon_rss_bytes": int(max(anon_rss)) if anon_rss else None,
         "cuda": end.get("cuda"),
+        "resumed_from_step": resumed_from_step,
         **_efficiency(series, notes, measured_by),
     }
 
@@ -302,14 +401,57 @@ def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False
     return dump_of(run, rebuilt_from_journal)
 
 
+def _ending(segment: Segment, steps: dict[int, float], last: float) -> dict[str, Any]:
+    """The segment's ``end`` record, or for a process that died without one what its points say."""
+    if segment.end is not None:
+        return segment.end
+    trained = max((step for step in steps if step <= last), default=segment.first_step or 0)
+    error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": trained}
+    return {"time": segment.latest, "status": "error", "training_steps": trained, "error": error}
+
+
+def _segment_entry(
+    segment: Segment, ending: dict[str, Any], span: _Span | None, step_times: dict, tokens: dict, previous_stop: float
+) -> dict[str, Any]:
+    """The dump's ``segments`` item of one process's part of the run."""
+    own = [step for step in step_times if span is not None and span.covers(step)]
+    measured = [step for step in own if not span.in_warmup(step)]
+    train_start, train_end = segment.notes.get("train_start"), segment.notes.get("train_end", ending["time"])
+    first = segment.first_step
+    return {
+        "start_time": utc_iso(segment.header["time"]),
+        "stop_time": utc_iso(ending["time"] or segment.header["time"]),
+        "gap_seconds": segment.header["time"] - previous_stop if previous_stop else None,
+        "train_runtime": train_end - train_start if train_start is not None else None,
+        "resumed_from_step": first or None,
+        "training_steps": ending["training_steps"],
+        "steps": len(own),
+        "warmup_steps": int(span.warmup_end) if span is not None else None,
+        "measured_steps": len(measured),
+        "tokens_per_second": _rate(tokens, step_times, measured or own),
+        "status": ending["status"],
+        "stop_reason": ending.get("stop_reason"),
+        "error": ending.get("error"),
+    }
+
+
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
-    header, notes, series, end = run.header, run.notes, run.metrics(), run.end
-    if end is None:  # the run died before its end record
-        steps = max(_per_step(series, STEP_TIME), default=0)
-        error = {"category": None, "message": INCOMPLETE_RUN_MESSAGE, "global_step": steps}
-        end = {"time": run.last_time(), "status": "error", "training_steps": steps, "error": error}
-    training_steps = end["training_steps"]
-    warmup_steps = min(notes.get("warmup_steps", training_steps), training_steps)
+    header, notes, series = run.header, run.notes, run.metrics()
+    step_times, tokens = _per_step(series, STEP_TIME), _per_step(series, STEP_TOKENS)
+    endings = [_ending(segment, step_times, last) for segment, last in zip(run.segments, run.last_steps(), strict=True)]
+    end = endings[-1]
+    spans = _spans(run, [ending["training_steps"] for ending in endings])
+    segments, previous_stop = [], 0.0
+    for segment, ending, span in zip(run.segments, endings, spans, strict=True):
+        segments.append(_segment_entry(segment, ending, span, step_times, tokens, previous_stop))
+        previous_stop = ending["time"] or segment.header["time"]
+    trained = [
+        (segment.notes, segment.notes.get("train_end", ending["time"]))
+        for segment, ending in zip(run.segments, endings, strict=True)
+        if segment.notes.get("train_start") is not None
+    ]
+    resumed = [segment.first_step for segment in run.segments if segment.first_step]
+    first_warmup = spans[0].warmup_end if spans[0] is not None else end["training_steps"]
     return {
         "schema_version": SCHEMA_VERSION,
         "status": end["status"],
@@ -323,18 +465,33 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "world_size": header["world_size"],
         "start_time": utc_iso(header["time"]),
         "stop_time": utc_iso(end["time"] or header["time"]),
-        "training_steps": training_steps,
-        "warmup_steps": warmup_steps,
-        "summary": _summary(series, notes, end, warmup_steps, header["world_size"]),
+        "training_steps": end["training_steps"],
+        "warmup_steps": int(min(first_warmup, end["training_steps"])),
+        "summary": _summary(series, notes, end, spans, trained, header["world_size"], resumed[-1] if resumed else None),
         "metrics": series,
-        "aggregates": aggregate(series, warmup_steps),
+        "aggregates": aggregate(series, spans),
         "environment": header["environment"],
         "error": end.get("error"),
         "aim_degraded_reason": notes.get("aim_degraded_reason"),
         "mlflow_run_id": notes.get("mlflow_run_id"),
         "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),
         "rebuilt_from_journal": rebuilt_from_journal,
+        "segments": segments,
     }
+
+
+def measured_step(dump: dict[str, Any], step: int | None) -> bool:
+    """Whether a dump's point at ``step`` is measured (after its segment's warm-up): by ``segments`` where the dump
+    has them, else (a dump written before them) after its ``warmup_steps``."""
+    if step is None:
+        return False
+    segments = dump.get("segments") or [{"warmup_steps": dump["warmup_steps"]}]
+    trained = [segment for segment in segments if segment.get("steps", 1)] or segments
+    own = trained[0]
+    for segment in trained:  # the last segment that began before the step trained it
+        if (segment.get("resumed_from_step") or 0) < step:
+            own = segment
+    return own.get("warmup_steps") is not None and step > own["warmup_steps"]
 
 
 write_dump = write_json_atomic  # atomically: a reader sees the previous file or the complete new one, never half of it

@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.dump import write_dump
-from tuning.benchmarking.journal import Journal
+from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
@@ -37,6 +37,7 @@ from tuning.sft_trainer import (
     check_output_dir,
     get_parser,
     parse_arguments_by_type,
+    resume_checkpoint,
     validate_arguments,
 )
 from tuning.trackers import (
@@ -209,6 +210,18 @@ def claim_metrics_path(paths: RunPaths, rank: int) -> int:
     return fd
 
 
+def earlier_segments(journal: str) -> list[dict[str, Any]]:
+    """The records of the journal a resumed run continues, so that its dump keeps every segment; none (a new journal)
+    when there is none or it cannot be read (said in a warning)."""
+    if not os.path.exists(journal):
+        return []
+    try:
+        return read_journal(journal)
+    except (OSError, ValueError) as exc:
+        logger.warning("resuming: cannot read the journal %s (%s); starting a new one", journal, exc)
+        return []
+
+
 class BenchmarkJob:
     """One run, in the recipe's steps: ``start`` (cheap checks, the metrics path claimed, the journal opened),
     ``annotate``, ``build_trackers``, ``callbacks``, ``training`` (around ``train()``), ``finish`` (the dump), all
@@ -275,7 +288,13 @@ class BenchmarkJob:
                 "environment": environment_info(),
                 "flags": dataclasses.asdict(flags),
             }
-            self.record = RunRecord(Journal(paths.journal(self.rank)), header)
+            journal = paths.journal(self.rank)
+            try:
+                resumes = resume_checkpoint(train_args) is not None
+            except UserInputError:  # validate_arguments reports it below, into the dump
+                resumes = False
+            previous = earlier_segments(journal) if resumes else []
+            self.record = RunRecord(Journal(journal, append=bool(previous)), header, previous)
         validate_arguments(args.model_args, args.data_args, train_args)
 
     def annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:

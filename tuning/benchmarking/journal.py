@@ -36,14 +36,17 @@ def journal_path(metrics_path: str, rank: int = 0) -> str:
 
 class Journal:
     """Thread-safe; ``write`` only queues, a background thread writes and flushes every ``flush_interval`` seconds
-    (a SIGKILL loses at most that) and fsyncs every ``sync_interval`` and at ``close``. A new run truncates the file;
-    a write that fails (disk full) is reported once and ends journaling, not training."""
+    (a SIGKILL loses at most that) and fsyncs every ``sync_interval`` and at ``close``. A new run truncates the file,
+    a resumed one (``append``) continues it after its last complete line; a write that fails (disk full) is reported
+    once and ends journaling, not training."""
 
-    def __init__(self, path: str, sync_interval: float = 5.0, flush_interval: float = 0.2):
+    def __init__(self, path: str, sync_interval: float = 5.0, flush_interval: float = 0.2, append: bool = False):
         self.path = path
         self.sync_interval = sync_interval
         self.flush_interval = flush_interval
-        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- closed by the writer thread
+        if append:
+            _drop_torn_line(path)
+        self._file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 -- closed by the writer
         self._queued: list[dict[str, Any] | Point] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()  # set by close(): no more writes; the writer finishes
@@ -88,6 +91,13 @@ class Journal:
                 break
         with contextlib.suppress(OSError):  # after a failed write, which said so already
             self._file.close()
+
+
+def _drop_torn_line(path: str) -> None:
+    """Cut a journal after its last complete line: the torn last record of a process that died while writing it."""
+    with open(path, "rb+") as handle:
+        content = handle.read()
+        handle.truncate(content.rfind(b"\n") + 1)
 
 
 def read_journal(path: str) -> list[dict[str, Any]]:

@@ -21,14 +21,17 @@ def _point(name: str, value: float, step: int | None, context: dict | None, now:
 
 class RunRecord(Tracker):
     """One run's records, journaled and kept in a compact ``RunData`` for the dump built at ``finish``; thread-safe.
-    A ``Tracker`` too, so that ``train(trackers=[record])`` delivers ``model_load_time`` into it."""
+    A ``Tracker`` too, so that ``train(trackers=[record])`` delivers ``model_load_time`` into it. ``previous``: the
+    records of the journal a resumed run continues (its earlier segments), which the dump keeps."""
 
     name = "benchmark_record"
 
-    def __init__(self, journal: Journal, header: dict[str, Any]):
+    def __init__(self, journal: Journal, header: dict[str, Any], previous: list[dict[str, Any]] = ()):
         self.journal = journal
         start = {"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header}
-        self.data = RunData(start)
+        self.data = RunData(previous[0] if previous else start)
+        for record in [*previous[1:], start] if previous else []:
+            self.data.add(record)
         self._lock = threading.Lock()
         self._finished = False
         journal.write(start)

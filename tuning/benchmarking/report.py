@@ -269,6 +269,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,
+        "resumed_from_step": summary.get("resumed_from_step"),
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
 

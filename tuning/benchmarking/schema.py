@@ -114,6 +114,9 @@ class Summary(_Model):
     """the rank whose own time per step (forward + data fetch) exceeds the other ranks' median by more than 10 %"""
     straggler_cause: Literal["data", "compute"] | None = None
     """where the straggler's extra time goes: its data fetch or its forward passes"""
+    resumed_from_step: int | None = None
+    """the global step of the checkpoint the run's last segment resumed from; null for a run trained in one go
+    (dumps before it lack the key)"""
 
 
 class Environment(_Model):
@@ -135,6 +138,33 @@ class ErrorReport(_Model):
     category: str | None
     message: str
     global_step: int | None
+
+
+class Segment(_Model):
+    """One process's part of a run: a run resumed from a checkpoint has one per start, in order."""
+
+    start_time: str
+    """UTC ISO-8601 of its process start"""
+    stop_time: str
+    gap_seconds: Number
+    """from the previous segment's stop to this one's start (the restart); null for the first"""
+    train_runtime: Number
+    """seconds from its train begin to its train end"""
+    resumed_from_step: int | None
+    """the checkpoint's global step it resumed from; null when it trained from the start"""
+    training_steps: int
+    """the global step it ended at"""
+    steps: int
+    """steps whose points in the series are its own (a later segment's replace those it trained again)"""
+    warmup_steps: int | None
+    """its last warm-up step (global); null when it never began training"""
+    measured_steps: int
+    tokens_per_second: Number
+    """its own steps' tokens over their step time, post-warmup (all its steps when none came after the warm-up)"""
+    status: Status
+    stop_reason: StopReason | None
+    error: ErrorReport | None
+    """its error report: a preempted segment's is the interruption"""
 
 
 class Dump(_Model):
@@ -163,7 +193,7 @@ class Dump(_Model):
     training_steps: int
     """optimizer steps completed"""
     warmup_steps: int
-    """the last warmup step"""
+    """the last warmup step (of the first segment; segments[].warmup_steps has each segment's)"""
     summary: Summary
     metrics: list[Metric]
     aggregates: list[Aggregate]
@@ -177,6 +207,9 @@ class Dump(_Model):
     mlflow_degraded_reason: str | None = None
     """why MLflow tracking stopped, if it did"""
     rebuilt_from_journal: bool
+    segments: list[Segment] | None = None
+    """the processes the run took, one unless resumed from a checkpoint; status, error and training_steps above are
+    the last one's (dumps before it lack the key)"""
 
     @model_validator(mode="after")
     def _status_agrees(self) -> "Dump":
