@@ -311,3 +311,15 @@ def test_cli_do_dataprocessing_only_exits_0_with_the_shards(tiny_model, tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     shards = sorted(path.name for path in (tmp_path / "out" / "train_dataset").glob("*.parquet"))
     assert shards == ["ds_00000.parquet", "ds_00001.parquet", "ds_00002.parquet"]
+
+
+def test_datasets_to_join_need_the_same_columns():
+    from datasets import Dataset
+
+    from tuning.data.utils import _validate_mergeable_datasets, try_concatenate_datasets
+
+    first, same = Dataset.from_dict({"a": [1], "b": ["x"]}), Dataset.from_dict({"b": ["y"], "a": [2]})
+    _validate_mergeable_datasets([first, same])
+    assert try_concatenate_datasets([first, same])["a"] == [1, 2]
+    with pytest.raises(ValueError, match=r"same column names: \['a', 'b'\] in the first, others in dataset\(s\) \[1\]"):
+        _validate_mergeable_datasets([first, Dataset.from_dict({"a": [0.5], "c": ["z"]})])

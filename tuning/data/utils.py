@@ -59,23 +59,29 @@ def _features(data, split: str = "train"):
     return data[split].features if isinstance(data, DatasetDict | IterableDatasetDict) else data.features
 
 
+def _validate_mergeable_datasets(datasets: list, default_split: str = "train") -> None:
+    """``datasets`` can be joined: the same column names in each (of its ``default_split`` for a dict dataset);
+    else a ``ValueError`` naming the ones that differ (v3.1.0's name)."""
+    if len(datasets) <= 1:
+        return
+    reference = _features(datasets[0], default_split)
+    mismatched = [index for index, data in enumerate(datasets) if set(_features(data, default_split)) != set(reference)]
+    if mismatched:
+        raise ValueError(
+            f"datasets to join should have the same column names: {sorted(reference)} in the first, "
+            f"others in dataset(s) {mismatched}"
+        )
+
+
 def maybe_align_datasets(datasets: list) -> None:
     """Check, in place, that ``datasets`` have the same columns, and cast them all to the first one's features."""
     try:
         for index, data in enumerate(datasets):
             if isinstance(data, IterableDataset):
                 datasets[index] = resolve_iterable_dataset_features(data)
-        if len(datasets) <= 1:
-            return
-        reference = _features(datasets[0])
-        mismatched = [index for index, data in enumerate(datasets) if set(_features(data)) != set(reference)]
-        if mismatched:
-            raise ValueError(
-                f"datasets to join should have the same column names: {sorted(reference)} in the first, "
-                f"others in dataset(s) {mismatched}"
-            )
+        _validate_mergeable_datasets(datasets)
         for index in range(1, len(datasets)):
-            datasets[index] = datasets[index].cast(reference)
+            datasets[index] = datasets[index].cast(_features(datasets[0]))
     except Exception as exc:
         raise ValueError(f"Failed to align datasets: {exc}") from exc
 
