@@ -153,13 +153,13 @@ def test_a_job_config_is_refused_alike(bench_train, unloadable_model, tmp_path, 
 
 
 @pytest.mark.slow
-def test_bench_train_process_refuses_padding_free_with_exit_1(unloadable_model, tmp_path):
+def test_bench_train_process_refuses_multipack_with_exit_1(unloadable_model, tmp_path):
     """As a process: before the model loads (an unloadable one), with no dump of a run that never was."""
-    args = [*cli_args(unloadable_model, str(tmp_path / "out")), "--padding_free", "huggingface"]
+    args = [*cli_args(unloadable_model, str(tmp_path / "out")), "--multipack", "16"]
     result = run_python(str(BENCH_TRAIN), *args, TERMINATION_LOG_FILE=str(tmp_path / "log"))
     assert result.returncode == 1, result.stderr[-2000:]
     line = (tmp_path / "log").read_text().strip()
-    refusal = "--padding_free huggingface: padding-free attention is not supported by tuning-bench"
+    refusal = "--multipack 16: multipack sampling is not supported by tuning-bench"
     assert line == f"user_error: UserInputError: {refusal}"
     assert not (tmp_path / "out").exists()
 

@@ -1,9 +1,18 @@
 """Fixtures every test module may use (registered by tests/conftest.py): the tiny local Llama, built once per
-session, and the shipped sample data."""
+session, and the shipped sample data; and, for every test, no stop signal left noted by an earlier one."""
 
 import pytest
 
+from tuning.utils.error_logging import record_stop_signal
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def no_stop_signal_left_behind():
+    """An in-process test that stops training with a signal leaves it noted process-wide (a job's trackers end their
+    runs as KILLED by it, and the job then exits): the next test starts as a new process would."""
+    yield
+    record_stop_signal(None)
 
 
 @pytest.fixture(scope="session")
