@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelper
         #    claim --metrics_path and open the journal: from here on every failure ends in the dump.
         flags, args = benchmarking.parse_command_line(BenchmarkFlags, argv)
         job.start(flags, args)
-        extra_callbacks = benchmarking.load_callbacks(flags.callbacks)  # now: a bad one fails before any tracker
         # 2. Annotate the run: searchable metadata, from a file and/or inline, over --exp_metadata's.
         metadata = job.annotate(
             benchmarking.load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         )
+        extra_callbacks = benchmarking.load_callbacks(flags.callbacks)  # now: a bad one fails before any tracker
         # 3. Trackers: --trackers' (Aim and MLflow failure-isolated, also receiving the benchmark's series).
         trackers = job.build_trackers(args.training_args.trackers, args.tracker_configs, early_helpers)
         # 4. The benchmark's callbacks: step times, tokens, system metrics, stop rules, stall watchdog; yours beside.
