@@ -2,16 +2,19 @@
 passes.
 
 Generates ``--rows`` JSON lines of about 350 bytes (the shape of a 300 MB, 754k-row file: about 400), then runs
-``tuning/sft_trainer.py`` for ``--max_steps`` steps on them and prints one Markdown table row. RSS and anonymous
-memory (``RssAnon`` of ``/proc/PID/status``, Linux) are sampled from outside every 0.1 s over the whole process.
-CPU seconds (user + system, all threads) hold better than wall time on a machine that other work shares.
+``tuning/sft_trainer.py`` for ``--max_steps`` steps on them, once per arm and round, the arms alternating (each round
+starts one arm later), and prints one Markdown table row per run. RSS and anonymous memory (``RssAnon`` of
+``/proc/PID/status``, Linux) are sampled from outside every 0.1 s over the whole process. CPU seconds (user + system,
+all threads) hold better than wall time on a machine that other work shares.
 
     python benchmarks/prepared_data.py --rows 50000 --workdir /tmp/prepared-data
-    python benchmarks/prepared_data.py --rows 50000 --data_config   # the same data through a data config
+    python benchmarks/prepared_data.py --rows 1000000 --arms before,plain,data_config --before /tmp/old-checkout
 
-``--data_config`` runs the same file through ``--data_config_path`` with v3.1.0's ``apply_custom_jinja_template``
-handler (``datasets``' ``map`` over the Arrow copy the line-numbered reader writes), the general path, instead of the
-plain flags' streaming formatter.
+Arms: ``plain`` runs the plain flags (``--training_data_path``, ``--dataset_text_field``); ``data_config`` runs the
+same file through ``--data_config_path`` with v3.1.0's ``apply_custom_jinja_template`` handler (``datasets``' ``map``
+over the Arrow copy the line-numbered reader writes), the general path; ``before`` runs the plain flags with the
+``tuning/sft_trainer.py`` of another checkout (``--before``, e.g. a ``git worktree`` of an older commit), in this
+Python environment.
 """
 
 import argparse
@@ -78,17 +81,20 @@ def write_data_config(path: Path, data: Path) -> None:
     path.write_text(json.dumps(config), encoding="utf-8")
 
 
-def run(model: str, data: Path, output_dir: Path, max_steps: int, data_config: Path | None = None) -> dict:
+def run(
+    checkout: Path, model: str, data: Path, output_dir: Path, max_steps: int, data_config: Path | None = None
+) -> dict:
+    """One ``sft_trainer.py`` process of ``checkout`` on ``data`` (through ``data_config`` when given), measured."""
     source = ("--data_config_path", str(data_config)) if data_config else ("--training_data_path", str(data))
     command = [
         sys.executable,
-        str(REPO_ROOT / "tuning" / "sft_trainer.py"),
+        str(checkout / "tuning" / "sft_trainer.py"),
         *("--model_name_or_path", model, *source, "--output_dir", str(output_dir)),
         *("--dataset_text_field", "output", "--response_template", "\n### Response:", "--max_seq_length", "128"),
         *("--max_steps", str(max_steps), "--per_device_train_batch_size", "4", "--save_strategy", "no"),
         *("--torch_dtype", "float32", "--use_flash_attn", "False"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     stderr_path = output_dir / "stderr.txt"
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -115,13 +121,23 @@ def run(model: str, data: Path, output_dir: Path, max_steps: int, data_config: P
     }
 
 
+ARMS = ("before", "plain", "data_config")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--max_steps", type=int, default=5)
     parser.add_argument("--workdir", default="/tmp/prepared-data")
-    parser.add_argument("--data_config", action="store_true", help="through --data_config_path and a handler")
+    parser.add_argument("--arms", default="plain", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--before", type=Path, help="the checkout the 'before' arm runs")
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    if unknown := sorted(set(arms) - set(ARMS)):
+        parser.error(f"unknown arms {unknown}: choose from {', '.join(ARMS)}")
+    if "before" in arms and not (args.before and (args.before / "tuning" / "sft_trainer.py").is_file()):
+        parser.error("the 'before' arm needs --before, a checkout with tuning/sft_trainer.py")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     model = workdir / "tiny-model"
@@ -130,18 +146,22 @@ def main() -> None:
     data = workdir / f"data-{args.rows}.jsonl"
     if not data.exists():
         write_data(data, args.rows)
-    data_config = None
-    if args.data_config:
-        data_config = workdir / f"data-{args.rows}.json"
-        write_data_config(data_config, data)
-    result = run(str(model), data, workdir / "out", args.max_steps, data_config)
+    data_config = workdir / f"data-{args.rows}.json"
+    write_data_config(data_config, data)
     megabytes = data.stat().st_size / 1e6
-    print("| rows | file MB | wall s | CPU s | peak RSS MB | peak anonymous MB | TRL passes |")
-    print(
-        f"| {args.rows} | {megabytes:.0f} | {result['seconds']:.1f} | {result['cpu_seconds']:.1f} "
-        f"| {result['peak_rss'] / 1e6:.0f} "
-        f"| {result['peak_anon'] / 1e6:.0f} | {'yes' if result['trl_passes'] else 'no'} |"
-    )
+    print("| rows | file MB | round | arm | wall s | CPU s | peak RSS MB | peak anonymous MB | TRL passes |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for round_index in range(args.rounds):
+        for arm in arms[round_index % len(arms) :] + arms[: round_index % len(arms)]:
+            checkout = args.before if arm == "before" else REPO_ROOT
+            config = data_config if arm == "data_config" else None
+            result = run(checkout, str(model), data, workdir / "out", args.max_steps, config)
+            print(
+                f"| {args.rows} | {megabytes:.0f} | {round_index + 1} | {arm} | {result['seconds']:.1f} "
+                f"| {result['cpu_seconds']:.1f} | {result['peak_rss'] / 1e6:.0f} | {result['peak_anon'] / 1e6:.0f} "
+                f"| {'yes' if result['trl_passes'] else 'no'} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
