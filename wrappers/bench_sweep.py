@@ -36,6 +36,7 @@ import yaml
 from tqdm import tqdm
 
 from tuning.benchmarking import report
+from tuning.benchmarking.configuration import file_sha256
 from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
@@ -69,7 +70,7 @@ class Point:
     axes: dict[str, Any]
     flags: dict[str, Any]  # base + axes without nproc_per_node, and metadata (the file's + axes) as JSON
     nproc: int
-    config: str  # hash of everything the point runs with: a state line of another config does not count
+    config: str  # hash of all the point runs with (its data config's bytes too): a state line of another does not count
     repeat: int = 0  # which of the sweep's repeats of these axis values
 
     @property
@@ -189,7 +190,10 @@ def grid(spec: dict[str, Any], interleave: bool = False) -> list[Point]:
         for repeat in range(repeats):
             tells_apart = {"repeat": repeat} if repeats > 1 else {}
             metadata = {**spec["metadata"], **axes, **tells_apart}
-            config = _hash({"flags": flags, "nproc": nproc, "metadata": metadata})
+            runs_with = {"flags": flags, "nproc": nproc, "metadata": metadata}
+            if data_config := flags.get("data_config_path"):  # an edited data config is other work: run it again
+                runs_with["data_config_sha256"] = file_sha256(str(data_config))
+            config = _hash(runs_with)
             flags_of_point = {**flags, "metadata": json.dumps(metadata)}
             points.append(Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config, repeat))
     return sorted(points, key=lambda point: point.repeat) if interleave else points  # sorted() keeps ties' order

@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelper
                 fast_moe_config=args.fast_moe_config,
                 trackers=trackers,
             )
-        if args.training_args.save_model_dir:
+        # With --do_dataprocessing_only train() writes the processed data and trains nothing: no trainer, no model.
+        if args.training_args.save_model_dir and trainer is not None:
             benchmarking.save(args.training_args.save_model_dir, trainer)
         # 6. Dump the metrics: at --metrics_path (or a fallback when it cannot take it).
         job.finish()

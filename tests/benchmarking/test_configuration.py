@@ -1,5 +1,6 @@
 """The dump's ``config``: equal exactly for runs of the same work, whatever names or places them."""
 
+import hashlib
 import json
 
 import pytest
@@ -19,7 +20,7 @@ def test_it_is_flat_json_with_every_listed_argument():
     assert json.loads(json.dumps(config)) == config
     assert all(not isinstance(value, dict) for name, value in config.items() if name != "fsdp_config")
     listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
-    assert set(config) == listed | {"peft_method", "world_size"}
+    assert set(config) == listed | {"peft_method", "world_size", "data_config_sha256"}
     assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
     assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
 
@@ -50,6 +51,8 @@ def test_what_only_names_or_places_a_run_leaves_it_equal(noise):
         (["--peft_method", "pt"], "peft_method"),
         (["--torch_dtype", "float16"], "torch_dtype"),
         (["--save_strategy", "steps", "--save_steps", "2"], "save_steps"),
+        (["--instruction_template", "<|user|>"], "instruction_template"),
+        (["--do_dataprocessing_only", "True"], "do_dataprocessing_only"),
     ],
 )
 def test_what_changes_the_work_makes_it_differ(flags, key):
@@ -74,3 +77,17 @@ def test_one_spelling_per_setting():
     assert {k: v for k, v in typed.items() if k != "padding_free"} == {
         k: v for k, v in default.items() if k != "padding_free"
     }
+
+
+def test_a_data_config_edited_under_the_same_path_is_another_configuration(tmp_path):
+    """``data_config_sha256``: the file's bytes, so that the same path with other contents is other work; null
+    without a data config."""
+    path = tmp_path / "data.yaml"
+    path.write_text("datasets:\n  - name: a\n    data_paths: [a.jsonl]\n")
+    flags = ["--model_name_or_path", "m", "--data_config_path", str(path), "--output_dir", "out"]
+    before = run_configuration(parse_arguments(get_parser(), args=flags), 1)
+    assert before["data_config_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    path.write_text("datasets:\n  - name: a\n    data_paths: [a.jsonl]\n    sampling: 1.0\n")
+    after = run_configuration(parse_arguments(get_parser(), args=flags), 1)
+    assert after["data_config_path"] == before["data_config_path"] and after != before
+    assert config_of()["data_config_sha256"] is None

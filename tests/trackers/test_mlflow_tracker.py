@@ -301,6 +301,9 @@ def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflo
     (run,) = search(mlflow_server.url, "params.sweep = 'mlflow-bench' and params.batch = '4'")
     assert run.info.run_id == dump["mlflow_run_id"]
     assert run.data.params["benchmark.system_metrics_interval"] == "0.2"
+    # The dump's data description, searchable: its scalar keys one param each, the datasets as JSON.
+    assert run.data.params["data.data_config_path"] == "null" and run.data.params["data.seed"] == "42"
+    assert json.loads(run.data.params["data.datasets"]) == dump["data"]["datasets"]
     steps = series(dump, STEP_TIME)["steps"]
     for name in (STEP_TIME, "tokens_per_second"):  # at most once a second, and the last step
         mirrored = history(mlflow_server.url, run.info.run_id, name)

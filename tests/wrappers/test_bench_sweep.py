@@ -3,6 +3,7 @@ real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected 
 (tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata."""
 
 import csv
+import hashlib
 import json
 import shutil
 import signal
@@ -51,6 +52,16 @@ def base_flags(model: str, **extra) -> dict:
     }
 
 
+def write_data_config(path: Path, *datasets: dict) -> str:
+    path.write_text(yaml.safe_dump({"datasets": list(datasets)}))
+    return str(path)
+
+
+def without_training_data(flags: dict) -> dict:
+    """``flags`` for a data config: the data is listed there, not in --training_data_path."""
+    return {key: value for key, value in flags.items() if key != "training_data_path"}
+
+
 def write_spec(path: Path, base: dict, axes: dict, metadata: dict | None = None) -> Path:
     path.write_text(yaml.safe_dump({"base": base, "axes": axes, "metadata": metadata or {"benchmark": "sweep-test"}}))
     return path
@@ -89,13 +100,13 @@ def attempts_in_log(out: Path, line: dict) -> int:
 
 @pytest.fixture(scope="module")
 def local_grid(tiny_model, tmp_path_factory) -> dict:
-    """The 2x3 grid on the local executor (2 points at a time, Aim on), its driver SIGKILLed once two points have
-    finished, then the same command again."""
+    """The 2x3 grid on the local executor (2 points at a time, Aim on, the data a data config given as a base flag),
+    its driver SIGKILLed once two points have finished, then the same command again."""
     tmp = tmp_path_factory.mktemp("sweep-local")
     out, aim_repo = tmp / "sweep", tmp / "aim"
-    spec = write_spec(
-        tmp / "sweep.yaml", base_flags(tiny_model, trackers=["file_logger", "aim"], aim_repo=str(aim_repo)), GRID
-    )
+    data_config = write_data_config(tmp / "tweets.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
+    base = base_flags(tiny_model, trackers=["file_logger", "aim"], aim_repo=str(aim_repo), data_config_path=data_config)
+    spec = write_spec(tmp / "sweep.yaml", without_training_data(base), GRID)
     driver = Job(sweep_command(spec, out, "--concurrency", "2"), tmp / "driver-logs")
     wait_until(lambda: len(state_lines(out)) >= 2, driver, "two finished points", timeout=600)
     driver.send_signal(signal.SIGKILL)
@@ -103,7 +114,7 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     before = state_lines(out)
     rerun = sweep(spec, out)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    return {"out": out, "aim": aim_repo, "spec": spec, "before": before, "rerun": rerun}
+    return {"out": out, "aim": aim_repo, "spec": spec, "before": before, "rerun": rerun, "data_config": data_config}
 
 
 def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
@@ -118,6 +129,8 @@ def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
         dump = json.loads((out / line["metrics_path"]).read_text())
         assert dump["status"] == "ok" and dump["training_steps"] == 2
         assert dump["metadata"] == {"benchmark": "sweep-test", **dict(zip(GRID, axes, strict=True))}
+        assert dump["data"]["data_config_path"] == local_grid["data_config"]
+        assert [dataset["name"] for dataset in dump["data"]["datasets"]] == ["tweets"]
         dumps[axes] = dump
 
     rows = report_rows(out)
@@ -135,6 +148,7 @@ def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
             assert dumps[seq, batch]["run_hash"] in hashes
         for run in found:
             assert run["params"]["experiment_metadata"]["per_device_train_batch_size"] == batch
+            assert run["params"]["data"]["data_config_path"] == local_grid["data_config"]  # the data is searchable
 
 
 def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_grid):
@@ -147,6 +161,47 @@ def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_gri
         assert attempts_in_log(out, line) == 1, line["point"]
     again = sweep(local_grid["spec"], out, "--dry_run")
     assert again.returncode == 0 and again.stdout.strip().endswith("6 points, 0 to run"), again.stdout
+
+
+def test_a_data_config_axis_gives_each_point_its_datasets_and_ratios(tiny_model, tmp_path):
+    """--data_config_path as an axis: one dataset against a mix of two by sampling ratios. Each dump names its
+    datasets and ratios and the hash of its file; the report tells the points apart; an edited data config makes
+    its point one to run again."""
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(Path(SAMPLE_TRAIN_PATH).read_text().splitlines(keepends=True)[:32]))
+    alone = write_data_config(tmp_path / "alone.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
+    mixed = [
+        {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH], "sampling": 0.7},
+        {"name": "more", "data_paths": [str(more)], "sampling": 0.3},
+    ]
+    mix = write_data_config(tmp_path / "mix.yaml", *mixed)
+    spec = write_spec(
+        tmp_path / "sweep.yaml", without_training_data(base_flags(tiny_model)), {"data_config_path": [alone, mix]}
+    )
+    out = tmp_path / "sweep"
+    result = sweep(spec, out)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    expected = {alone: [("tweets", None)], mix: [("tweets", 0.7), ("more", 0.3)]}
+    lines = state_by_axes(out, "data_config_path")
+    assert sorted(lines) == sorted((path,) for path in expected)
+    for (path,), line in lines.items():
+        assert line["status"] == "ok", line
+        dump = json.loads((out / line["metrics_path"]).read_text())
+        assert (dump["status"], dump["training_steps"]) == ("ok", 2)
+        assert dump["data"]["data_config_path"] == dump["config"]["data_config_path"] == path
+        assert [(d["name"], d["sampling"]) for d in dump["data"]["datasets"]] == expected[path]
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        assert dump["data"]["data_config_sha256"] == dump["config"]["data_config_sha256"] == digest
+    rows = {row["data_config_path"]: row for row in report_rows(out)}
+    assert sorted(rows) == sorted(expected)
+    for path, row in rows.items():
+        assert row["status"] == "ok" and row["run"] == lines[path,]["point"]
+
+    mixed[0]["sampling"], mixed[1]["sampling"] = 0.5, 0.5
+    write_data_config(Path(mix), *mixed)  # the same path, other work
+    again = sweep(spec, out, "--dry_run", timeout=60)
+    assert again.returncode == 0 and again.stdout.strip().endswith("2 points, 1 to run"), again.stdout
 
 
 def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path):

@@ -35,6 +35,7 @@ from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
 from tuning.trackers.aimstack_tracker import RUN_HASH_FILENAME
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING as MLFLOW_WARNING
 from tuning.trackers.mlflow_tracker import RUN_URI_FILENAME
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 
 @pytest.fixture(scope="module")
@@ -584,6 +585,26 @@ def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, caps
         dump = read_dump(tmp_path / "bench.json")
         assert dump["status"] == "error" and dump["error"]["category"] == "user_error"
         assert dump["training_steps"] == 0 and not dump["metrics"]
+
+
+def test_data_processing_only_writes_the_data_and_a_dump_of_no_steps_that_names_it(bench_train, tiny_model, tmp_path):
+    """--do_dataprocessing_only: train() writes the processed data and trains nothing; the run exits 0 with a dump of
+    status ok, 0 steps, the data it processed and no model, --save_model_dir notwithstanding."""
+    flags = {
+        "metrics_path": tmp_path / "bench.json",
+        "do_dataprocessing_only": True,
+        "num_train_dataset_shards": 2,
+        "save_model_dir": tmp_path / "model",
+        "system_metrics_interval": 0,
+    }
+    assert bench_train.main(cli_args(tiny_model, str(tmp_path / "out"), **flags)) == 0
+    shards = sorted(path.name for path in (tmp_path / "out" / "train_dataset").glob("*.parquet"))
+    assert shards == ["ds_00000.parquet", "ds_00001.parquet"] and not (tmp_path / "model").exists()
+    dump = read_dump(tmp_path / "bench.json")
+    assert (dump["status"], dump["training_steps"], dump["error"]) == ("ok", 0, None)
+    assert dump["summary"]["tokens_per_second"] is None and dump["config"]["do_dataprocessing_only"] is True
+    assert dump["data"]["data_config_path"] is None
+    assert [(d["name"], d["data_paths"]) for d in dump["data"]["datasets"]] == [("training_data", [SAMPLE_TRAIN_PATH])]
 
 
 def test_almost_full_filesystem_is_refused_before_training(bench_train, tiny_model, tmp_path, capsys, small_filesystem):

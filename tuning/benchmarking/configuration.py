@@ -3,15 +3,19 @@ Two runs are the same configuration exactly when their ``config`` objects are eq
 computed or what it costs on purpose (model, data, batch, sequence length, PEFT method and its shape, precision,
 attention, parallelism, steps, the side work inside measured steps: evaluation and checkpoints) and nothing that
 only names or places a run (output_dir, run names, trackers, logging, seed: a seed picks other samples of the same
-work). ``CONFIG_ARGUMENTS`` lists them; the PEFT method's own arguments appear only for that method. Torch-free.
+work). ``CONFIG_ARGUMENTS`` lists them; the PEFT method's own arguments appear only for that method, and
+``data_config_sha256`` (the data config file's bytes) joins them, since a file edited under the same path is other
+work. Torch-free.
 """
 
 import dataclasses
+import hashlib
 import json
 from typing import Any
 
 PEFT_METHOD = "peft_method"
 WORLD_SIZE = "world_size"
+DATA_CONFIG_SHA256 = "data_config_sha256"
 # Argument names by where ``parse_arguments``' values hold them. "lora" and "pt": only when that is the PEFT method.
 CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "model_args": (
@@ -30,6 +34,10 @@ CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
         "data_formatter_template",
         "response_template",
         "add_special_tokens",
+        "chat_template",
+        "dataset_conversation_field",
+        "instruction_template",
+        "do_dataprocessing_only",
     ),
     "training_args": (
         "per_device_train_batch_size",
@@ -91,13 +99,17 @@ _ONLY_WITH = {
 def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     """``args`` (``parse_arguments``' ``ParsedArguments``) and the number of processes as the dump's ``config``: the
     ``CONFIG_ARGUMENTS`` values as JSON values (a dtype, an enum or an option list as its text), plus ``peft_method``
-    (lora, pt or none) and ``world_size``; an argument that changes nothing as the others are set (``_ONLY_WITH``:
-    ``eval_steps`` without step-wise evaluation...) is null."""
+    (lora, pt or none), ``world_size`` and ``data_config_sha256`` (null without a data config); an argument that
+    changes nothing as the others are set (``_ONLY_WITH``: ``eval_steps`` without step-wise evaluation...) is null."""
     tune_config = args.tune_config
     peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
     if tune_config is not None and peft_method == "none":
         peft_method = type(tune_config).__name__  # a peft library config handed to train() by a caller
-    config: dict[str, Any] = {PEFT_METHOD: peft_method, WORLD_SIZE: world_size}
+    config: dict[str, Any] = {
+        PEFT_METHOD: peft_method,
+        WORLD_SIZE: world_size,
+        DATA_CONFIG_SHA256: file_sha256(args.data_args.data_config_path),
+    }
     for where, names in CONFIG_ARGUMENTS.items():
         holder = tune_config if where in ("lora", "pt") else getattr(args, where)
         if where in ("lora", "pt") and where != peft_method:
@@ -108,6 +120,21 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
         if not matters(config):
             config[name] = None
     return dict(sorted(config.items()))
+
+
+def file_sha256(path: str | None) -> str | None:
+    """The sha256 of the file's bytes as hex; None without a path or when it cannot be read (the job's own checks
+    name that fault)."""
+    if not path:
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(2**20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _json_value(value: Any) -> Any:

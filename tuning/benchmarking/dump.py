@@ -460,6 +460,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
         "config": header.get("config"),
+        "data": notes.get("data"),
         "host": header["host"],
         "rank": header["rank"],
         "world_size": header["world_size"],

@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 
 from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.configuration import run_configuration
+from tuning.benchmarking.data_description import describe_data
 from tuning.benchmarking.dump import write_dump
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
@@ -241,6 +242,7 @@ class BenchmarkJob:
         self.bench: BenchmarkCallback | None = None
         self.graceful_stop: GracefulStopCallback | None = None
         self.sampling = False
+        self.data: dict[str, Any] | None = None  # the dump's ``data``, known on rank 0 once the arguments are checked
 
     @property
     def metrics_path(self) -> str | None:
@@ -296,6 +298,10 @@ class BenchmarkJob:
             previous = earlier_segments(journal) if resumes else []
             self.record = RunRecord(Journal(journal, append=bool(previous)), header, previous)
         validate_arguments(args.model_args, args.data_args, train_args)
+        if self.rank == 0:  # the dump's and the trackers' description of the data, once the data config is known good
+            self.data = describe_data(args.data_args, train_args.max_seq_length)
+            if self.record is not None:
+                self.record.note(data=self.data)
 
     def annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:
         """Journal the run's metadata (the dump's ``metadata``); returns it for ``train(exp_metadata=...)``."""
@@ -306,11 +312,12 @@ class BenchmarkJob:
     def build_trackers(
         self, names: list[str], configs: Any, early_helpers: EarlyHelpers | None = None
     ) -> list[Tracker]:
-        """``train(trackers=...)``: one per name, Aim's and MLflow's last (they also receive the benchmark's series and
-        this wrapper's flags as "benchmark" params; each run is journaled as soon as it exists, so that a killed run's
-        dump still links it), and on rank 0 the record, which receives ``model_load_time``. Each tracker isolates its
-        library (a dead server costs a warning, never the job) and is imported only when asked for; a bad config ends
-        the runs opened before it as failed. ``early_helpers``: the helpers the prologue started, to adopt."""
+        """``train(trackers=...)``: one per name, Aim's and MLflow's last (they also receive the benchmark's series,
+        this wrapper's flags as "benchmark" params and the dump's ``data`` as "data" params; each run is journaled as
+        soon as it exists, so that a killed run's dump still links it), and on rank 0 the record, which receives
+        ``model_load_time``. Each tracker isolates its library (a dead server costs a warning, never the job) and is
+        imported only when asked for; a bad config ends the runs opened before it as failed. ``early_helpers``: the
+        helpers the prologue started, to adopt."""
         trackers: list[Tracker] = []
         params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
         with closed_on_failure(trackers):
@@ -318,6 +325,8 @@ class BenchmarkJob:
                 trackers.append(tracker := build_tracker(name, configs, early_helpers))
                 if tracker.name in MIRRORED_TRACKERS:
                     tracker.set_params(params, "benchmark")  # now: the run opens while the job loads its model
+                    if self.data is not None:
+                        tracker.set_params(self.data, "data")  # searchable: run.data.datasets, data_config_sha256
         self.mirrored = [tracker for tracker in trackers if tracker.name in MIRRORED_TRACKERS]
         if self.record is not None:
             for tracker in self.mirrored:

@@ -167,6 +167,49 @@ class Segment(_Model):
     """its error report: a preempted segment's is the interruption"""
 
 
+class ChatTemplate(_Model):
+    """The chat template the run applied instead of the tokenizer's own."""
+
+    source: Literal["data_config", "chat_template_path", "--chat_template"]
+    """the data config's chat_template or chat_template_base64, its chat_template_path, or the flag"""
+    path: str | None
+    """the template file, for chat_template_path"""
+    sha256: str
+    """of the template's text (UTF-8)"""
+
+
+class DataSet(_Model):
+    """One dataset of the data config."""
+
+    name: str
+    data_paths: list[str]
+    """files, folders or globs"""
+    builder: str | None
+    """the datasets builder (json, parquet, arrow, csv...); null: by the files' extension"""
+    sampling: Number
+    """its sampling ratio in the mix; null: not sampled (datasets are concatenated)"""
+    split: dict[str, float] | None
+    """the fractions of its rows in the train and validation sets"""
+    handlers: list[str]
+    """its data handlers' names, in the order they run"""
+
+
+class DataDescription(_Model):
+    """The data a run trained on: its data config, or the one the plain flags make."""
+
+    data_config_path: str | None
+    """--data_config_path; null for a run from the plain flags (--training_data_path...)"""
+    data_config_sha256: str | None
+    """the sha256 of the data config file's bytes; null without one"""
+    type: str | None
+    streaming: bool
+    seed: int | None
+    sampling_stopping_strategy: str | None
+    chat_template: ChatTemplate | None
+    """null: the tokenizer's own template, if any"""
+    datasets: list[DataSet]
+
+
 class Dump(_Model):
     """A benchmark run's dump, written by rank 0 of ``wrappers/bench_train.py`` however the run ends."""
 
@@ -184,6 +227,9 @@ class Dump(_Model):
     config: dict[str, Any] | None = None
     """the arguments that define the run's work, flat (tuning.benchmarking.configuration.CONFIG_ARGUMENTS): equal
     objects, the same configuration (dumps before it lack the key)"""
+    data: DataDescription | None = None
+    """which data the run trained on: its data config and datasets with their sampling ratios; null when the run
+    failed before its arguments were checked (dumps before it lack the key)"""
     host: str
     rank: int
     world_size: int
