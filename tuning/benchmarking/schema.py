@@ -183,7 +183,7 @@ class DataSet(_Model):
 
     name: str
     data_paths: list[str]
-    """files, folders or globs"""
+    """files, folders, globs or Hub dataset ids"""
     builder: str | None
     """the datasets builder (json, parquet, arrow, csv...); null: by the files' extension"""
     sampling: Number

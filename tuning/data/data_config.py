@@ -1,7 +1,7 @@
 """The data config (``--data_config_path``) of fms-hf-tuning v3.1.0: a YAML or JSON file listing datasets (their
-files, folders or globs, a ``datasets`` builder, a sampling ratio, a train/validation split and the handlers that
-turn their rows into training rows) and the data processor's settings (seed, streaming, the stopping strategy of
-sampling, a chat template).
+files, folders, globs or Hub dataset ids, a ``datasets`` builder, a sampling ratio, a train/validation split and the
+handlers that turn their rows into training rows) and the data processor's settings (seed, streaming, the stopping
+strategy of sampling, a chat template).
 
 Every fault is a ``UserInputError`` (a ``ValueError``) naming the file, the dataset and the key, raised before any
 model work. The online data mixing processor (``type: odm``) needs fms-acceleration and is refused."""
@@ -119,7 +119,7 @@ def _dataset_config(raw: Any, where: _Where, index: int) -> DataSetConfig:
     if isinstance(paths, str):
         paths = [paths]
     if not isinstance(paths, list) or not paths or not all(isinstance(path, str) and path for path in paths):
-        raise where.fail(f"a list of files, folders or globs, got {paths!r}", label, "data_paths")
+        raise where.fail(f"a list of files, folders, globs or Hub dataset ids, got {paths!r}", label, "data_paths")
     # Relative paths are read from where the job runs, as fms-hf-tuning reads them.
     data_paths = [os.path.abspath(path) if os.path.exists(path) else path for path in paths]
     config = DataSetConfig(name=name, data_paths=data_paths)

@@ -4,7 +4,8 @@ handlers, and mixes the datasets into one training (and one validation) dataset,
 JSON and JSON lines files go through the line-numbered reader (``tuning.data.loading``: a bad line is named by file
 and line; memory is bounded by a record), written to an Arrow cache of this run (``tuning.data.cache``: removed
 however the run ends); Parquet, Arrow, CSV and text files, folders and globs through ``datasets``' own builders,
-cached in such a directory too."""
+cached in such a directory too; a Hugging Face Hub dataset id (a path that names nothing here, ``is_hub_dataset_id``)
+through ``datasets.load_dataset(id)``, as v3.1.0 takes it, cached in such a directory as well."""
 
 import functools
 import glob
@@ -21,7 +22,12 @@ from tuning.data.cache import new_cache_dir
 from tuning.data.data_config import DataConfig, DataPreProcessorConfig, DataSetConfig
 from tuning.data.data_handlers import AVAILABLE_DATA_HANDLERS, DataHandler, DataHandlerType
 from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
-from tuning.data.utils import get_loader_for_filepath, maybe_align_datasets, try_concatenate_datasets
+from tuning.data.utils import (
+    DATA_FILE_BUILDERS,
+    get_loader_for_filepath,
+    maybe_align_datasets,
+    try_concatenate_datasets,
+)
 from tuning.utils.error_logging import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -35,6 +41,91 @@ class UnreadableDataError(MalformedDataError, pyarrow.ArrowInvalid):
 
 
 _GLOB_CHARACTERS = "*?["
+# huggingface_hub's reading of its offline switches: these values turn them on.
+_TRUE_VALUES = ("1", "ON", "YES", "TRUE")
+
+
+class HubUnreachableError(ConnectionError):
+    """The Hugging Face Hub could not be reached to load a dataset id. Not the input's fault (the id may be right), so
+    a system fault; of no category of its own, so ``internal``, as any failed download is: ``communication`` is kept
+    for the ranks' collective backends (NCCL, gloo, c10d), not outside services."""
+
+
+def looks_like_hub_dataset_id(path: str) -> bool:
+    """Whether ``path`` is shaped as a Hub dataset id (``name`` or ``org/name``), the model path's rule: not absolute,
+    not starting with ``.`` or ``~``, at most one ``/``; and no glob characters, nor a data file's extension
+    (``train.jsonl`` is a file to v3.1.0 too)."""
+    return (
+        bool(path)
+        and not os.path.isabs(path)
+        and not path.startswith((".", "~"))
+        and path.count("/") <= 1
+        and not any(char in path for char in _GLOB_CHARACTERS)
+        and get_loader_for_filepath(path) not in DATA_FILE_BUILDERS
+    )
+
+
+def is_hub_dataset_id(path: str) -> bool:
+    """Whether the data path ``path`` is read as a Hub dataset id: it names nothing here, and looks like one."""
+    return looks_like_hub_dataset_id(path) and not os.path.exists(path)
+
+
+def hub_offline_switch() -> str | None:
+    """``NAME=value`` of the environment variable that puts the Hub offline for ``datasets``, or None when online."""
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        value = os.environ.get(name, "")
+        if value.strip().upper() in _TRUE_VALUES:
+            return f"{name}={value}"
+    return None
+
+
+def check_hub_dataset_id(path: str, label: str) -> None:
+    """Refuse the Hub dataset id ``path`` (of ``label``: a flag, a data config's dataset) when the Hub is offline."""
+    switch = hub_offline_switch()
+    if switch:
+        raise UserInputError(
+            f"{label}: {path} is no local file, folder or glob, and the Hugging Face Hub is offline ({switch}), so "
+            "it cannot be loaded as a Hub dataset id"
+        )
+
+
+def check_data_path(path: str, label: str, builder: str | None = None) -> None:
+    """Before the model loads: a data path names local data (a missing one: ``InputFileNotFoundError``), or without a
+    ``builder`` is a Hub dataset id, refused when the Hub is offline."""
+    if builder is None and is_hub_dataset_id(path):
+        check_hub_dataset_id(path, label)
+    else:
+        _expand(path)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def load_hub_dataset(path: str, streaming: bool = False, split: str | None = None) -> Dataset | IterableDataset:
+    """The ``split`` (default train) of the Hub dataset ``path``; not streamed, it is cached in a directory of this
+    run (``new_cache_dir``), removed with the run's other data caches."""
+    from huggingface_hub.utils import httpx  # the Hub client's HTTP library: its failures may come through as is
+
+    check_hub_dataset_id(path, "data path")
+    kwargs = {"split": split or TRAIN_SPLIT, "streaming": streaming}
+    if not streaming:
+        kwargs["cache_dir"] = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
+    try:
+        return datasets.load_dataset(path, **kwargs)
+    except FileNotFoundError as exc:  # DatasetNotFoundError among them
+        raise InputFileNotFoundError(
+            f"data path {path}: no local file, folder or glob, nor a Hub dataset: {_one_line(exc)}"
+        ) from exc
+    except (ConnectionError, TimeoutError, httpx.TransportError) as exc:
+        raise HubUnreachableError(
+            f"Hub dataset {path}: the Hugging Face Hub could not be reached ({type(exc).__name__}: {_one_line(exc)})"
+        ) from None
+    except DatasetGenerationError as exc:
+        cause = exc.__cause__ or exc
+        raise UnreadableDataError(f"Hub dataset {path} is not readable: {_one_line(cause)}") from exc
+    except ValueError as exc:  # an unknown split, a bad slice
+        raise UserInputError(f"Hub dataset {path}: {_one_line(exc)}") from exc
 
 
 def _json_rows(paths: list[str]):
@@ -81,7 +172,10 @@ def _expand(path: str) -> list[str]:
 
 
 def load_data_path(path: str, builder: str | None = None, streaming: bool = False, split: str | None = None):
-    """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions."""
+    """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions; without a
+    ``builder``, a path naming nothing here that looks like a Hub dataset id is loaded from the Hub."""
+    if builder is None and is_hub_dataset_id(path):
+        return load_hub_dataset(path, streaming, split)
     files = _expand(path)
     builders = {builder} if builder else {get_loader_for_filepath(file) for file in files}
     if builders == {JSON_BUILDER}:
@@ -348,13 +442,14 @@ def get_datapreprocessor(
 
 
 def check_data_config(config: DataConfig, source: str, handler_names) -> None:
-    """What can be checked before the model loads: each data path exists (or a glob matches), each handler is
-    registered, and sampling ratios are given for all datasets or none, summing to 1."""
+    """What can be checked before the model loads: each data path exists (or a glob matches, or it is a Hub dataset
+    id and the Hub is online), each handler is registered, and sampling ratios are given for all datasets or none,
+    summing to 1."""
     for dataset in config.datasets:
         label = f"data config {source}: dataset '{dataset.name}'"
         for path in dataset.data_paths:
             try:
-                _expand(path)
+                check_data_path(path, f"{label}: key 'data_paths'", dataset.builder)
             except InputFileNotFoundError as exc:
                 raise InputFileNotFoundError(f"{label}: key 'data_paths': {exc}") from None
         for index, handler in enumerate(dataset.data_handlers or []):

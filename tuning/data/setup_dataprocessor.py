@@ -23,7 +23,14 @@ from tuning.data.data_config import (
 )
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler
 from tuning.data.data_preprocessing_utils import get_data_collator
-from tuning.data.data_processors import _expand, check_data_config, get_datapreprocessor, load_data_path
+from tuning.data.data_processors import (
+    _expand,
+    check_data_config,
+    check_data_path,
+    get_datapreprocessor,
+    is_hub_dataset_id,
+    load_data_path,
+)
 from tuning.data.formatting import format_file, text_value
 from tuning.data.loading import iter_records
 from tuning.data.masking import tokenize_and_mask
@@ -38,11 +45,16 @@ TRAINING_COLUMNS = ("input_ids", "labels")
 
 
 def _column_names(path: str) -> set[str]:
-    """The columns of a data path, read from its first record (JSON) or its schema."""
-    files = _expand(path)
-    if all(get_loader_for_filepath(file) == "json" for file in files):
-        return set(next(iter_records(files[0]))[1])
-    return set(load_data_path(path, streaming=True).column_names or [])
+    """The columns of a data path, read from its first record (JSON) or its schema (a Hub dataset's, streamed)."""
+    if not is_hub_dataset_id(path):
+        files = _expand(path)
+        if all(get_loader_for_filepath(file) == "json" for file in files):
+            return set(next(iter_records(files[0]))[1])
+        return set(load_data_path(path, streaming=True).column_names or [])
+    streamed = load_data_path(path, streaming=True)
+    if streamed.column_names is None:  # a Hub dataset whose schema is known only once read: its first row's keys
+        return set(next(iter(streamed), {}))
+    return set(streamed.column_names)
 
 
 def is_pretokenized_dataset(data: str | Dataset | IterableDataset | None) -> bool:
@@ -403,9 +415,12 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
         return
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path), or --data_config_path, is required")
-    for path in (data_args.training_data_path, data_args.validation_data_path):
+    for flag, path in (
+        ("--training_data_path", data_args.training_data_path),
+        ("--validation_data_path", data_args.validation_data_path),
+    ):
         if path:
-            _expand(path)
+            check_data_path(path, flag)
     if data_args.dataset_text_field and data_args.data_formatter_template:
         raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template, not both")
     if data_args.instruction_template and not data_args.response_template:

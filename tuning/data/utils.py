@@ -20,6 +20,8 @@ _BUILDERS = {
     ".parquet": "parquet",
     ".csv": "csv",
 }
+# The builders a file's extension alone picks: a path with one of those extensions names a file.
+DATA_FILE_BUILDERS = frozenset(_BUILDERS.values())
 
 
 def get_extension(file_path: str) -> str:
