@@ -34,10 +34,10 @@ demo: venv
 	$(PY) wrappers/bench_report.py $(DEMO) --labels batch_size --x batch_size --output_dir $(DEMO)/report
 	@echo "--- outputs:" && ls -1 $(DEMO)/run-bs4 $(DEMO)/report && cat $(DEMO)/report/report.md
 
-# One worker per core (the tests train single-threaded), each test file on one worker: its module fixtures' runs are
-# made once.
+# One worker per core (the tests train single-threaded); the tests sharing a fixture that runs jobs or a server go to
+# one worker (tests/conftest.py SHARED_FIXTURES).
 test: venv
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 # The inner loop, under two minutes: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers
 # and servers). Its summary names any unmarked test that took seconds (tests/conftest.py): mark it slow or speed it up.

@@ -30,7 +30,7 @@ setup(
         "ray": ["ray==2.60.0"],
         "dev": [
             "pytest>=8",
-            "pytest-xdist>=3.5",  # make test: one worker per core, each test file on one worker
+            "pytest-xdist>=3.5",  # make test: one worker per core
             "ruff>=0.6",
             "aim>=3.29,<4",
             "setuptools<81",

@@ -16,6 +16,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytest_plugins = ["tests.helpers.fixtures"]
 
 
+# Fixtures that run jobs or start servers for several tests. Under pytest-xdist (`make test`: --dist loadgroup) the
+# tests that use one go to one worker, so that it runs once; the other tests spread one by one.
+SHARED_FIXTURES = ("local_grid", "runs_dir", "healthy_jobs", "aim_server", "mlflow_server")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
 # A test not marked slow that takes seconds pushes `make test-fast` past its inner-loop budget: the summary names it
 # (a note, never a failure: timings vary by machine).
 FAST_TEST_SECONDS = 3.0

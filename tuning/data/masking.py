@@ -59,10 +59,17 @@ def _mask(
     spans = _response_spans(text, response_template, instruction_template)
     if not spans:
         return None
-    labels = [
-        token if end > start and any(low <= start < high for low, high in spans) else IGNORE_INDEX
-        for token, (start, end) in zip(input_ids, offsets, strict=True)
-    ]
+    if len(spans) == 1:  # the common case, without a generator per token
+        ((low, high),) = spans
+        labels = [
+            token if end > start and low <= start < high else IGNORE_INDEX
+            for token, (start, end) in zip(input_ids, offsets, strict=True)
+        ]
+    else:
+        labels = [
+            token if end > start and any(low <= start < high for low, high in spans) else IGNORE_INDEX
+            for token, (start, end) in zip(input_ids, offsets, strict=True)
+        ]
     return None if all(label == IGNORE_INDEX for label in labels) else labels
 
 
