@@ -319,8 +319,14 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
     if _phase == "running":
         raise SignalInterrupt(signum)
     if _phase == "starting":
-        # An exception raised into module-level imports reaches no handler: report here, then exit through them.
-        raise SystemExit(_report_failure(SignalInterrupt(signum)))
+        # Report here and end the process at once: an exception raised into a library's module-level import code can
+        # be replaced on its way out (numpy's lazy attributes, imported again half-initialised, recurse) and end the
+        # process with another exit status. Nothing of the run needs cleaning yet; an early tracker helper exits by
+        # itself when this process is gone.
+        code = _report_failure(SignalInterrupt(signum))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if signum in _signals_ignored_while_reporting:
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
