@@ -50,9 +50,8 @@ def _column_names(path: str) -> set[str]:
         files = _expand(path)
         if all(get_loader_for_filepath(file) == "json" for file in files):
             return set(next(iter_records(files[0]))[1])
-        return set(load_data_path(path, streaming=True).column_names or [])
     streamed = load_data_path(path, streaming=True)
-    if streamed.column_names is None:  # a Hub dataset whose schema is known only once read: its first row's keys
+    if streamed.column_names is None:  # a schema known only once read (a Hub dataset's): the first row's keys
         return set(next(iter(streamed), {}))
     return set(streamed.column_names)
 
