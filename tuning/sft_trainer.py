@@ -551,6 +551,7 @@ def _train(
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
 
+    data_start = time.time()  # the tokenizer and the datasets: data preparation, as the trackers get it
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
     )
@@ -567,6 +568,8 @@ def _train(
         logger.info("only data processing was asked for: the datasets are in %s", train_args.output_dir)
         return None, None, None
     train_dataset, eval_dataset = prepared
+    for tracker in trackers:
+        tracker.track(time.time() - data_start, "data_preparation_time")
 
     checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
     for folder, problem in skipped:

@@ -1,7 +1,8 @@
 """The one ``Trainer`` of this package: TRL's ``SFTTrainer``, subclassed in one place so that every feature that
 must change how a step or a checkpoint runs (the loss's reduction, per-rank data timing, a checkpoint at SIGTERM)
-extends this class instead of adding a trainer of its own. ``tuning.sft_trainer.train()`` builds it; importing this
-module loads TRL, so callers import it lazily."""
+extends this class instead of adding a trainer of its own. Callbacks with these methods hear of what no transformers
+event tells: ``on_train_entered(time)``, ``on_batches_fetched(seconds)``, ``on_time_spent(what, seconds)``.
+``tuning.sft_trainer.train()`` builds it; importing this module loads TRL, so callers import it lazily."""
 
 import os
 import time
@@ -12,7 +13,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
 
-from tuning.utils.checkpoints import mark_complete, mark_writing
+from tuning.utils.checkpoints import mark_complete, mark_writing, remove_unfinished
 from tuning.utils.graceful_stop import GracefulStopCallback
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss (prompt, padding), as transformers and TRL mark them
@@ -28,8 +29,9 @@ class TuningTrainer(SFTTrainer):
 
     Checkpoints: each one is marked complete only after every rank has written its part (``tuning.utils.checkpoints``
     says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
-    checkpoint survives until the next one is complete. ``save_on_preemption``: a ``GracefulStopCallback`` among the
-    callbacks writes a checkpoint of the step it stops at (unless ``save_strategy`` is ``no``).
+    checkpoint survives until the next one is complete; then folders a killed save left unfinished are removed.
+    ``save_on_preemption``: a ``GracefulStopCallback`` among the callbacks writes a checkpoint of the step it stops at
+    (unless ``save_strategy`` is ``no``). Evaluations and checkpoint saves are timed for the callbacks.
 
     ``reduce_loss_sum`` is ``--enable_reduce_loss_sum``, v3.1.0's experimental loss: the cross entropy of each
     micro-batch summed over its label tokens instead of averaged, then divided by the gradient accumulation steps by
@@ -46,7 +48,36 @@ class TuningTrainer(SFTTrainer):
             if isinstance(callback, GracefulStopCallback):
                 callback.save_at_stop = save_on_preemption
 
+    def _tell(self, hook: str, *values: Any) -> None:
+        """Call ``hook(*values)`` on every callback that has that method."""
+        for callback in self.callback_handler.callbacks:
+            if (method := getattr(callback, hook, None)) is not None:
+                method(*values)
+
+    def _report_time(self, what: str, seconds: float) -> None:
+        """``on_time_spent(what, seconds)``: this rank just spent ``seconds`` in "evaluation" or "checkpoint_save"."""
+        self._tell("on_time_spent", what, seconds)
+
+    def train(self, *args, **kwargs):
+        """``on_train_entered(time)`` first: what happens before train begin (a checkpoint's loading) is timed."""
+        self._tell("on_train_entered", time.time())
+        return super().train(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        began = time.time()
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._report_time("evaluation", time.time() - began)
+
     def _save_checkpoint(self, model, trial):
+        began = time.time()
+        try:
+            self._save_marked_checkpoint(model, trial)
+        finally:
+            self._report_time("checkpoint_save", time.time() - began)
+
+    def _save_marked_checkpoint(self, model, trial):
         """transformers' checkpoint (as TRL extends it), between the two marks of its status file, with the rotation
         moved after the second. Overridden as TRL does: transformers offers no public hook before a save."""
         checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -61,6 +92,7 @@ class TuningTrainer(SFTTrainer):
         self.accelerator.wait_for_everyone()  # every rank's part is on disk
         if self.args.should_save:
             mark_complete(checkpoint, self.state.global_step, self.args.world_size)
+            remove_unfinished(self.args.output_dir)
             rotate_checkpoints(
                 self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
             )
@@ -83,9 +115,7 @@ class TuningTrainer(SFTTrainer):
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, device: Any) -> tuple[list, Any]:
         timed = _TimedIterator(epoch_iterator)
         result = super().get_batch_samples(timed, num_batches, device)
-        for callback in self.callback_handler.callbacks:
-            if (on_fetched := getattr(callback, "on_batches_fetched", None)) is not None:
-                on_fetched(timed.seconds)
+        self._tell("on_batches_fetched", timed.seconds)
         return result
 
 

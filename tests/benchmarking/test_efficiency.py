@@ -2,6 +2,7 @@
 table, the dump's efficiency keys from synthetic journals with known answers, the NVML energy counter through the
 stand-in NVML, and per-step forward timing on the real tiny model."""
 
+import statistics
 import sys
 import time
 
@@ -194,11 +195,14 @@ def test_rank_times_sum_a_step_s_forward_passes_and_time_the_wait_for_its_batche
         times.step_ends(step)
     model.eval()
     model(input_ids=batch)  # evaluation: not timed
-    forward, data_wait, data_fetch = times.medians(after_step=1)
+    forward, data_wait, data_fetch, fetch_share = times.medians(after_step=1)
     assert 0.04 <= forward < 0.08  # two timed 20 ms sleeps, plus the tiny model's time
     assert 0.025 <= data_wait < 0.045  # the median of 20 ms and 30 ms
     assert data_fetch == pytest.approx(0.0035)  # the median of 3 ms and 4 ms
-    assert times.gather(after_step=1) == ([forward], [data_wait], [data_fetch])
+    # Each step's fetch over its own time (the wait and the forward passes): the median of steps 2 and 3's.
+    shares = [times.data_fetch_seconds[step] / times.step_seconds[step] for step in (2, 3)]
+    assert fetch_share == pytest.approx(statistics.median(shares)) and 0.02 < fetch_share < 0.1
+    assert times.gather(after_step=1) == ([forward], [data_wait], [data_fetch], [fetch_share])
     times.detach()
 
 

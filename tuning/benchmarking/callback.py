@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl
 
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
+from tuning.benchmarking.dump import DATA_FETCH_SHARE, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
+from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED
 from tuning.benchmarking.ranks import RankTimes
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.stopping import STOP_REASONS, StopRule
@@ -81,6 +82,7 @@ class BenchmarkCallback(TrainerCallback):
         self.global_step: int | None = None  # optimizer steps done; None until training begins
         self.stop_reason: str | None = None
         self._first_step = 0
+        self._train_entered: float | None = None
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = 0.0  # times, set at begin
         self._tokens: StepTokenCounter | None = None
         self._rank_times: RankTimes | None = None
@@ -113,6 +115,7 @@ class BenchmarkCallback(TrainerCallback):
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
         if self._main and self.record is not None:
             self.record.note(
+                **({TRAIN_ENTERED: self._train_entered} if self._train_entered is not None else {}),
                 train_start=self._train_start,
                 first_step=state.global_step,  # N > 0: resumed from a checkpoint of step N
                 flops_counts=_flops_counts(model),
@@ -124,6 +127,19 @@ class BenchmarkCallback(TrainerCallback):
             self.stop_agreement.join(Vote.STOP_REASON, self._on_agreed)
         if self.watchdog is not None:
             self.watchdog.arm()
+
+    def on_train_entered(self, at: float) -> None:
+        """``TuningTrainer``'s report: ``Trainer.train()`` was called at ``at`` (what follows until train begin, a
+        resumed run's checkpoint loading, is goodput's ``checkpoint_restore``)."""
+        self._train_entered = at
+
+    def on_time_spent(self, what: str, seconds: float) -> None:
+        """``TuningTrainer``'s report: this rank just spent ``seconds`` in an evaluation or a checkpoint save."""
+        series = {"evaluation": EVALUATION_TIME, "checkpoint_save": CHECKPOINT_SAVE_TIME}.get(what)
+        if series is not None and self._main and self.record is not None:
+            now = time.time()
+            self._record_unrecorded(now)  # the journal stays in time order
+            self.record.record_many([(series, seconds, self.global_step, None)], at=now)
 
     def on_batches_fetched(self, seconds: float) -> None:
         """``TuningTrainer``'s report: this rank fetched the coming optimizer step's batches in ``seconds``."""
@@ -167,8 +183,8 @@ class BenchmarkCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._record_unrecorded(time.time(), wait=True)
         energy = self._energy()
-        forward, data_wait, fetch = (
-            self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [], [])
+        forward, data_wait, fetch, fetch_share = (
+            self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [], [], [])
         )
         unmeasurable = self._fetch_unmeasurable
         if unmeasurable is None and fetch and None in fetch:
@@ -180,6 +196,7 @@ class BenchmarkCallback(TrainerCallback):
                 rank_forward_time_p50=forward or None,
                 rank_data_wait_p50=data_wait or None,
                 rank_data_fetch_p50=None if unmeasurable else fetch or None,
+                rank_data_fetch_share_p50=None if unmeasurable else fetch_share or None,
                 data_fetch_unmeasurable=unmeasurable,
             )
         self.close()
@@ -223,6 +240,9 @@ class BenchmarkCallback(TrainerCallback):
                 step, at, entry = self._unrecorded.popleft()
                 if type(entry) is float:  # a step's duration
                     points: Points = [(STEP_TIME, entry, step, None), (STEP_SAMPLES, self._global_batch, step, None)]
+                    fetched = self._rank_times.data_fetch_seconds.get(step) if self._rank_times else None
+                    if fetched is not None and entry > 0 and self._fetch_unmeasurable is None:
+                        points.append((DATA_FETCH_SHARE, fetched / entry, step, None))
                     self._unmirrored_add(STEP_TIME, entry, 1, step)
                 else:  # a trainer log
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]

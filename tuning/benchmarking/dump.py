@@ -17,6 +17,15 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from tuning.benchmarking.flops import flops_per_token
+from tuning.benchmarking.goodput import (
+    CHECKPOINT_SAVE_TIME,
+    DATA_PREPARATION_TIME,
+    EVALUATION_TIME,
+    MODEL_LOAD_TIME,
+    STEPS,
+    SegmentTimes,
+    goodput,
+)
 from tuning.benchmarking.journal import Point
 from tuning.benchmarking.paths import RunPaths
 from tuning.utils.file_utils import write_json_atomic
@@ -32,7 +41,7 @@ PROCESS_RSS = "process_rss_bytes"
 GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
-MODEL_LOAD_TIME = "model_load_time"
+DATA_FETCH_SHARE = "data_fetch_share"  # rank 0's own data-loader fetch time of a step over the step's time
 # How much longer than the other ranks' median a rank's own time per step (forward + data fetch) must be for the dump
 # to name it the straggler.
 STRAGGLER_MIN_EXCESS = 0.10
@@ -99,6 +108,9 @@ class RunData:
         if kind == "point":
             self.add_point(record["name"], record["context"], record["step"], record["value"], record["time"])
             return
+        if kind == "start":  # a resumed run's next process: its time (the process's start) is no record of the last
+            self.segments.append(Segment(record))
+            return
         segment = self.segments[-1]
         segment.latest = max(segment.latest, record.get("time", 0.0))
         if kind == "note":
@@ -107,8 +119,6 @@ class RunData:
             segment.notes.update(facts)
         elif kind == "end":
             segment.end = record
-        elif kind == "start":  # a resumed run's next process
-            self.segments.append(Segment(record))
 
     def add_point(self, name: str, context: dict[str, Any], step: int | None, value: float | None, at: float) -> None:
         key = (name, json.dumps(context, sort_keys=True, default=str) if context else "")
@@ -125,6 +135,19 @@ class RunData:
         self.segments[-1].latest = max(self.segments[-1].latest, at)
         series.values.append(math.nan if value is None else value)
         series.moments.append(len(self._times) - 1)
+
+    def segment_points(self, names: dict[str, str]) -> list[dict[str, list[tuple[int | None, float | None, float]]]]:
+        """Per segment, for each ``key: series name`` of ``names``, the ``(step, value, time)`` points it recorded in
+        that series (any context), steps trained again later included."""
+        result: list[dict[str, list]] = [{key: [] for key in names} for _ in self.segments]
+        for series in self._series.values():
+            keys = [key for key, name in names.items() if name == series.name]
+            for index, value in zip(series.moments, series.values, strict=True):
+                step = self._steps[index]
+                point = (None if step < 0 else step, None if value != value else value, self._times[index])
+                for key in keys:
+                    result[self._segment_of[index]][key].append(point)
+        return result
 
     def last_steps(self) -> list[float]:
         """Per segment, the last step whose points survive: the step the next segment that trained began at (its
@@ -267,6 +290,7 @@ def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
         "rank_forward_time_p50": forward,
         "rank_data_wait_p50": notes.get("rank_data_wait_p50"),
         "rank_data_fetch_p50": fetch,
+        "rank_data_fetch_share_p50": notes.get("rank_data_fetch_share_p50"),
         "data_fetch_unmeasurable": notes.get("data_fetch_unmeasurable"),
         "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
         "straggler_rank": rank,
@@ -353,6 +377,12 @@ def _rate(counts: dict[int, float], step_times: dict[int, float], steps: list[in
     return sum(counts.get(step, 0.0) for step in steps) / busy
 
 
+def _shares(series: list[dict[str, Any]], steps: list[int]) -> list[float]:
+    """Rank 0's data-fetch share of each of ``steps`` that has one."""
+    per_step = _per_step(series, DATA_FETCH_SHARE)
+    return [per_step[step] for step in steps if step in per_step]
+
+
 def _summary(
     series: list[dict[str, Any]],
     notes: dict[str, Any],
@@ -389,6 +419,7 @@ def _summary(
         "peak_anon_rss_bytes": int(max(anon_rss)) if anon_rss else None,
         "cuda": end.get("cuda"),
         "resumed_from_step": resumed_from_step,
+        "data_fetch_share": statistics.median(shares) if (shares := _shares(series, steps)) else None,
         **_efficiency(series, notes, measured_by),
     }
 
@@ -452,6 +483,8 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     ]
     resumed = [segment.first_step for segment in run.segments if segment.first_step]
     first_warmup = spans[0].warmup_end if spans[0] is not None else end["training_steps"]
+    summary = _summary(series, notes, end, spans, trained, header["world_size"], resumed[-1] if resumed else None)
+    summary["goodput"] = _goodput(run, endings, spans)
     return {
         "schema_version": SCHEMA_VERSION,
         "status": end["status"],
@@ -468,7 +501,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "stop_time": utc_iso(end["time"] or header["time"]),
         "training_steps": end["training_steps"],
         "warmup_steps": int(min(first_warmup, end["training_steps"])),
-        "summary": _summary(series, notes, end, spans, trained, header["world_size"], resumed[-1] if resumed else None),
+        "summary": summary,
         "metrics": series,
         "aggregates": aggregate(series, spans),
         "environment": header["environment"],
@@ -479,6 +512,21 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "rebuilt_from_journal": rebuilt_from_journal,
         "segments": segments,
     }
+
+
+def _goodput(run: RunData, endings: list[dict[str, Any]], spans: list[_Span | None]) -> dict[str, Any]:
+    """``summary.goodput`` of the run's segments (``tuning.benchmarking.goodput``)."""
+    names = {STEPS: STEP_TIME, **{name: name for name in (MODEL_LOAD_TIME, DATA_PREPARATION_TIME)}}
+    names.update({name: name for name in (EVALUATION_TIME, CHECKPOINT_SAVE_TIME)})
+    segments = []
+    for segment, ending, points in zip(run.segments, endings, run.segment_points(names), strict=True):
+        first = segment.first_step
+        if first is None and "train_start" in segment.notes:  # a journal from before segments noted first steps
+            first = 0
+        start = segment.header["time"]
+        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points))
+    in_warmup = [lambda step, span=span: span is not None and span.in_warmup(step) for span in spans]
+    return goodput(segments, run.last_steps(), in_warmup)
 
 
 def measured_step(dump: dict[str, Any], step: int | None) -> bool:

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.data_description import describe_data
 from tuning.benchmarking.dump import write_dump
+from tuning.benchmarking.goodput import STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
@@ -233,6 +235,7 @@ class BenchmarkJob:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
+        self.constructed = time.time()  # the recipe's first line: the interpreter's start and imports end here
         self.flags: Any = None
         self.paths: RunPaths | None = None  # set once the metrics path is known to be writable and owned by this run
         self.output_dir: str | None = None
@@ -297,6 +300,7 @@ class BenchmarkJob:
                 resumes = False
             previous = earlier_segments(journal) if resumes else []
             self.record = RunRecord(Journal(journal, append=bool(previous)), header, previous)
+            self.record.note(**{STARTUP_END: self.constructed})
         validate_arguments(args.model_args, args.data_args, train_args)
         if self.rank == 0:  # the dump's and the trackers' description of the data, once the data config is known good
             self.data = describe_data(args.data_args, train_args.max_seq_length)
@@ -318,6 +322,7 @@ class BenchmarkJob:
         ``model_load_time``. Each tracker isolates its library (a dead server costs a warning, never the job) and is
         imported only when asked for; a bad config ends the runs opened before it as failed. ``early_helpers``: the
         helpers the prologue started, to adopt."""
+        began = time.time()
         trackers: list[Tracker] = []
         params = {"metrics_path": self.metrics_path, **dataclasses.asdict(self.flags)}
         with closed_on_failure(trackers):
@@ -331,6 +336,7 @@ class BenchmarkJob:
         if self.record is not None:
             for tracker in self.mirrored:
                 tracker.get_hf_callback().when_run_info_known(lambda *_, tracker=tracker: self.note_mirrored(tracker))
+            self.record.note(**{TRACKERS_START: time.time() - began})
         others = [tracker for tracker in trackers if tracker not in self.mirrored]
         return [*others, *([self.record] if self.rank == 0 else []), *self.mirrored]
 

@@ -34,6 +34,7 @@ class RankTimes:
         self.forward_seconds: dict[int, float] = {}  # by optimizer step
         self.data_wait_seconds: dict[int, float] = {}
         self.data_fetch_seconds: dict[int, float] = {}
+        self.step_seconds: dict[int, float] = {}  # from the previous step's end to this one's
         self._fetched: float | None = None  # fetch seconds of the coming step's batches; None: none reported
         self._handles = [
             model.register_forward_pre_hook(self._forward_begins),
@@ -70,7 +71,8 @@ class RankTimes:
             self.data_fetch_seconds[step], self._fetched = self._fetched, None
 
     def step_ends(self, step: int) -> None:
-        self._last_step_end = time.perf_counter()
+        now = time.perf_counter()
+        self.step_seconds[step], self._last_step_end = now - self._last_step_end, now
         self._unresolved.append((step, self._step_seconds, self._step_events))
         self._step_seconds, self._step_events = 0.0, []
         self._resolve(wait=False)
@@ -86,27 +88,31 @@ class RankTimes:
             self._unresolved.popleft()
             self.forward_seconds[step] = seconds + sum(start.elapsed_time(end) / 1000.0 for start, end in events)
 
-    def medians(self, after_step: int | None) -> tuple[float | None, float | None, float | None]:
-        """(forward time, data wait, data fetch) medians over the steps after ``after_step`` (None or none left:
-        every step); None for a figure without any step."""
+    def medians(self, after_step: int | None) -> tuple[float | None, float | None, float | None, float | None]:
+        """(forward time, data wait, data fetch, data fetch share) medians over the steps after ``after_step`` (None
+        or none left: every step); None for a figure without any step. The share: a step's fetch over its time."""
         self._resolve(wait=True)
+        shares = {
+            step: fetched / self.step_seconds[step]
+            for step, fetched in self.data_fetch_seconds.items()
+            if self.step_seconds.get(step)
+        }
         result = []
-        for per_step in (self.forward_seconds, self.data_wait_seconds, self.data_fetch_seconds):
+        for per_step in (self.forward_seconds, self.data_wait_seconds, self.data_fetch_seconds, shares):
             values = [seconds for step, seconds in per_step.items() if after_step is None or step > after_step]
             result.append(median(values or list(per_step.values())))
-        return result[0], result[1], result[2]
+        return result[0], result[1], result[2], result[3]
 
-    def gather(self, after_step: int | None) -> tuple[list[float | None], list[float | None], list[float | None]]:
-        """Every rank's (forward time, data wait, data fetch) medians as three lists in rank order; every rank must
-        call it (a collective)."""
+    def gather(self, after_step: int | None) -> tuple[list[float | None], ...]:
+        """Every rank's (forward time, data wait, data fetch, data fetch share) medians as four lists in rank order;
+        every rank must call it (a collective)."""
         mine = self.medians(after_step)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             everyone: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)
         else:
             everyone = [mine]
-        forward, wait, fetch = zip(*everyone, strict=True)
-        return list(forward), list(wait), list(fetch)
+        return tuple(list(figure) for figure in zip(*everyone, strict=True))
 
     def detach(self) -> None:
         for handle in self._handles:

@@ -64,6 +64,44 @@ class CudaDevice(_Model):
     max_memory_reserved_bytes: int
 
 
+class GoodputParts(_Model):
+    """Seconds of the wall time in each part (docs/benchmarking.md, "Goodput", says where each is measured); null: not
+    measured (``not_measured`` says why; its time is in leftover)."""
+
+    startup: Number
+    """process start to the recipe's first line: the interpreter and imports"""
+    model_load: Number
+    """train()'s model_load_time: the weights loaded (and embeddings resized)"""
+    data_preparation: Number
+    """train()'s data_preparation_time: the tokenizer and the datasets loaded, formatted and tokenized"""
+    trackers_start: Number
+    """the trackers built and their runs opened (BenchmarkJob.build_trackers)"""
+    checkpoint_restore: Number
+    """in a resumed segment, Trainer.train()'s entry to train begin: weights, optimizer, scheduler and RNG loaded"""
+    warmup_steps: Number
+    """step times of the warm-up steps (evaluation and checkpoint saves inside them taken out)"""
+    productive_steps: Number
+    """step times of the measured steps no later segment trained again (evaluation and saves taken out)"""
+    evaluation: Number
+    checkpoint_save: Number
+    repeated_steps: Number
+    """step times of the steps a later segment trained again (after the preempted process's last checkpoint)"""
+    gaps: Number
+    """between a segment's last journal record and the next segment's process start"""
+    leftover: Number
+    """the wall time less every other part: argument checks, the trainer's setup, the final save, the dump"""
+
+
+class Goodput(_Model):
+    wall_seconds: float
+    """the first process's start to the last segment's end record (a killed last segment: its last record)"""
+    productive_fraction: Number
+    """productive_steps over wall_seconds: the goodput"""
+    parts: GoodputParts
+    not_measured: dict[str, str]
+    """part name: why it is null"""
+
+
 class Summary(_Model):
     train_runtime: Number
     """seconds from train begin to train end"""
@@ -117,6 +155,13 @@ class Summary(_Model):
     resumed_from_step: int | None = None
     """the global step of the checkpoint the run's last segment resumed from; null for a run trained in one go
     (dumps before it lack the key)"""
+    data_fetch_share: Number = None
+    """rank 0's median over the measured steps of its data-loader fetch time over the step's time (the
+    data_fetch_share series per step); null where fetch is not measurable (dumps before it lack the key)"""
+    rank_data_fetch_share_p50: list[Number] | None = None
+    """per rank: the median of its own fetch time over its own step time, over the steps after the warmup"""
+    goodput: Goodput | None = None
+    """where the wall time went, from the first process's start to the dump (dumps before it lack the key)"""
 
 
 class Environment(_Model):

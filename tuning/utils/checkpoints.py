@@ -8,8 +8,10 @@ one, says complete. One without a status file was written by transformers withou
 one): the first two rules decide alone."""
 
 import json
+import logging
 import os
 import re
+import shutil
 
 from safetensors import SafetensorError, safe_open
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -20,6 +22,7 @@ _CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 # Weights as transformers and PEFT write them: safetensors (single or sharded), torch pickles, FSDP shard folders.
 _WEIGHTS = re.compile(r"^(model|adapter_model)(-\d+-of-\d+)?\.safetensors$|^(pytorch_model|adapter_model).*\.bin$")
 _FSDP_SHARDS = re.compile(r"^pytorch_model_fsdp_\d+$")
+logger = logging.getLogger(__name__)
 
 
 def _write_status(checkpoint: str, status: dict) -> None:
@@ -54,6 +57,31 @@ def mark_complete(checkpoint: str, global_step: int, world_size: int) -> None:
     """Mark ``checkpoint`` complete once its files are on disk: call once every rank has written its part."""
     _sync_folder(checkpoint)
     _write_status(checkpoint, {"complete": True, "global_step": global_step, "world_size": world_size})
+
+
+def _marked_unfinished(checkpoint: str) -> bool:
+    """Whether ``checkpoint``'s status file exists and does not say complete (a write this package began)."""
+    try:
+        with open(os.path.join(checkpoint, STATUS_FILE), encoding="utf-8") as handle:
+            return json.load(handle).get("complete") is not True
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+def remove_unfinished(output_dir: str) -> list[str]:
+    """Delete the ``checkpoint-N`` folders of ``output_dir`` whose write this package began and never finished (a
+    process killed mid-save), and return them: call once a newer complete checkpoint exists, so that no run resumes
+    from them and they do not take disk space forever. Folders without a status file are left alone (not ours)."""
+    removed = []
+    for name in sorted(os.listdir(output_dir)):
+        folder = os.path.join(output_dir, name)
+        if _CHECKPOINT.match(name) and os.path.isdir(folder) and _marked_unfinished(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.warning("removed %s: its write never finished (a newer checkpoint is complete)", folder)
+            removed.append(folder)
+    return removed
 
 
 def checkpoint_problem(checkpoint: str) -> str | None:

@@ -1,0 +1,119 @@
+"""``summary.goodput``: where a run's wall time went, from its first process's start to its dump, as Google's
+ml-goodput-measurement and NVIDIA's resiliency guides split it. Every part is measured (docs/benchmarking.md,
+"Goodput", says where); a part that was not measured is null with its reason, and its time falls into ``leftover``,
+which is the wall time less every measured part, so that the parts always sum to the wall time.
+
+Step times come from the step series (each step's time runs from the previous step's end, so that evaluation and a
+checkpoint save between two steps fall inside the next step's time): the evaluation and checkpoint-save intervals are
+taken out of the steps they overlap. A step a later segment trained again (the preempted process's steps after its
+last checkpoint) counts as ``repeated_steps``, whether it was warm-up or not.
+"""
+
+from typing import Any
+
+PARTS = (
+    "startup",
+    "model_load",
+    "data_preparation",
+    "trackers_start",
+    "checkpoint_restore",
+    "warmup_steps",
+    "productive_steps",
+    "evaluation",
+    "checkpoint_save",
+    "repeated_steps",
+    "gaps",
+    "leftover",
+)
+# Journal notes and series the parts are read from; the writers use these names.
+STARTUP_END = "startup_end"  # note: when the recipe began (interpreter started and imports done)
+TRACKERS_START = "trackers_start_seconds"  # note: seconds the trackers took to start
+TRAIN_ENTERED = "train_entered"  # note: when Trainer.train() was called (resume loads before train begin)
+MODEL_LOAD_TIME = "model_load_time"
+DATA_PREPARATION_TIME = "data_preparation_time"
+EVALUATION_TIME = "evaluation_seconds"  # per evaluation, at its end
+CHECKPOINT_SAVE_TIME = "checkpoint_save_seconds"  # per checkpoint, at its end
+STEPS = "steps"  # SegmentTimes.points' key of the step-time series
+
+NOT_NOTED = "not noted in the journal (a recipe without BenchmarkJob, or a dump from before goodput)"
+UNMEASURED = {
+    "startup": f"process start to the recipe's first line {NOT_NOTED}",
+    "model_load": "no model_load_time was tracked (a run that loaded no model, or a trainer other than train()'s)",
+    "data_preparation": "no data_preparation_time was tracked (a trainer other than train()'s)",
+    "trackers_start": f"the trackers' start {NOT_NOTED}",
+    "checkpoint_restore": f"Trainer.train()'s entry {NOT_NOTED}",
+}
+
+
+class SegmentTimes:
+    """What one process of a run recorded for goodput: its start, its end, its notes, its first step (0 fresh, N
+    resumed, None before training began), and per series (the step times under ``STEPS``) its ``(step, value,
+    time)`` points."""
+
+    def __init__(self, start: float, end: float, notes: dict[str, Any], first_step: int | None, points: dict):
+        self.start, self.end, self.notes, self.first_step, self.points = start, end, notes, first_step, points
+
+    def values(self, name: str) -> list[float]:
+        return [value for _, value, _ in self.points.get(name, []) if value is not None]
+
+
+def _overlap(low: float, high: float, intervals: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(high, end) - max(low, start)) for start, end in intervals)
+
+
+def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: list) -> dict[str, Any]:
+    """The ``summary.goodput`` of a run's segments; ``last_steps``: per segment, its last step that no later segment
+    trained again; ``in_warmup``: per segment, whether one of its steps is warm-up."""
+    parts: dict[str, float | None] = dict.fromkeys(PARTS, 0.0)
+    unmeasured: dict[str, str] = {}
+    for index, segment in enumerate(segments):
+        notes = segment.notes
+        timed = {
+            "startup": notes[STARTUP_END] - segment.start if STARTUP_END in notes else None,
+            "model_load": sum(segment.values(MODEL_LOAD_TIME)) if segment.values(MODEL_LOAD_TIME) else None,
+            "data_preparation": (
+                sum(segment.values(DATA_PREPARATION_TIME)) if segment.values(DATA_PREPARATION_TIME) else None
+            ),
+            "trackers_start": notes.get(TRACKERS_START),
+            "checkpoint_restore": 0.0,
+        }
+        if segment.first_step:  # resumed: from Trainer.train()'s entry to train begin, the checkpoint's loading
+            entered, began = notes.get(TRAIN_ENTERED), notes.get("train_start")
+            timed["checkpoint_restore"] = began - entered if entered is not None and began is not None else None
+        if segment.first_step is None:  # never began training: nothing to restore, load or prepare may be absent
+            timed = {key: value for key, value in timed.items() if value is not None or key == "startup"}
+        for part, seconds in timed.items():
+            if seconds is None:
+                parts[part] = None
+                unmeasured.setdefault(part, UNMEASURED[part])
+            elif parts[part] is not None:
+                parts[part] += seconds
+        phases = {
+            name: [(at - seconds, at) for _, seconds, at in segment.points.get(series, []) if seconds is not None]
+            for name, series in (("evaluation", EVALUATION_TIME), ("checkpoint_save", CHECKPOINT_SAVE_TIME))
+        }
+        between = [interval for intervals in phases.values() for interval in intervals]
+        for name, intervals in phases.items():
+            parts[name] += sum(end - start for start, end in intervals)
+        for step, seconds, at in segment.points.get(STEPS, []):
+            if seconds is None or step is None:
+                continue
+            own = max(0.0, seconds - _overlap(at - seconds, at, between))
+            kind = (
+                "repeated_steps"
+                if step > last_steps[index]
+                else "warmup_steps"
+                if in_warmup[index](step)
+                else "productive_steps"
+            )
+            parts[kind] += own
+        if index:
+            parts["gaps"] += max(0.0, segment.start - segments[index - 1].end)
+    wall = segments[-1].end - segments[0].start
+    parts["leftover"] = wall - sum(seconds for part, seconds in parts.items() if seconds and part != "leftover")
+    return {
+        "wall_seconds": wall,
+        "productive_fraction": parts["productive_steps"] / wall if wall > 0 else None,
+        "parts": parts,
+        "not_measured": unmeasured,
+    }
