@@ -2,13 +2,17 @@
 
     python wrappers/bench_compare.py BASELINE CANDIDATE [--metric tokens_per_second] [--threshold 0.02]
                                      [--match key1,key2] [--within_run] [--strict] [--output_dir bench_compare]
+                                     [--loss_tolerance X] [--target_loss X] [--olympic] [--drop_damaged]
 
 BASELINE and CANDIDATE are sweep directories or directories of dumps. A point is a configuration: the run's metadata
 and the dump's ``config`` (the arguments that define the work). Each whole run is one sample; per point the
 statistics of ``tuning.benchmarking.statistics`` (Hodges–Lehmann ratio, bootstrap interval, Mann–Whitney U, Holm)
-give faster / slower / same / inconclusive. Exit 1 when a point is slower (or worse), 2 when the data cannot be
-compared everywhere (values that are not positive numbers, failed runs, points on one side only, configurations not
-recorded), 3 with --strict when a point is inconclusive, else 0. docs/benchmarking.md, "Comparing two sweeps".
+give faster / slower / same / inconclusive; beside it ``tuning.benchmarking.quality`` compares the runs' losses at
+matched steps: matched / better / diverged. Exit 4 when a point diverged (the candidate learns worse, whatever its
+speed), 1 when a point is slower (or worse), 2 when the data cannot be compared everywhere (values that are not
+positive numbers, failed or damaged runs, runs without a loss series, points on one side only, configurations not
+recorded, more than one run a side short of --target_loss), 3 with --strict when a point is inconclusive, else 0.
+docs/benchmarking.md, "Comparing two sweeps" and "Quality beside speed".
 """
 
 import csv
@@ -23,6 +27,7 @@ from typing import Any
 
 import fire
 
+from tuning.benchmarking import quality
 from tuning.benchmarking import report as bench_report  # the report library bench_report.py prints
 from tuning.benchmarking import statistics as stats
 from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND, measured_step
@@ -31,11 +36,15 @@ from tuning.utils.cli_flags import reject_unknown_flags
 PROG = "bench_compare.py"
 IGNORED_KEYS = ("repeat",)  # a sweep's repeat index: the runs of one point, never a point of its own
 SLOWER_VERDICTS = ("slower", "worse")  # exit 1
-NO_DATA_VERDICTS = ("invalid", "baseline only", "candidate only")  # exit 2
+TOO_FEW_FOR_OLYMPIC = "too few runs"
+NO_DATA_VERDICTS = ("invalid", "baseline only", "candidate only", TOO_FEW_FOR_OLYMPIC)  # exit 2
+NO_QUALITY_VERDICTS = (quality.NO_LOSS, quality.NO_MATCHED_STEPS)  # exit 2: never passes as equal
+NOT_CONVERGED = "not converged"  # more than one run of a side short of --target_loss: exit 2
 UNDECIDED_VERDICTS = (stats.INCONCLUSIVE, stats.IDENTICAL)  # exit 3 with --strict
-EXIT_SLOWER, EXIT_NO_DATA, EXIT_UNDECIDED = 1, 2, 3
+EXIT_SLOWER, EXIT_NO_DATA, EXIT_UNDECIDED, EXIT_DIVERGED = 1, 2, 3, 4
 NOT_RECORDED = "configuration not recorded (old schema): matched on metadata and world_size only"
 WITHIN_RUN = "within run (steps): ignores run-to-run noise"
+OLYMPIC = "over runs, olympic (each side's fastest and slowest dropped)"
 
 
 @dataclass(frozen=True)
@@ -106,10 +115,10 @@ def flat_metadata(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix[:-1]: json.dumps(value, sort_keys=True)}
 
 
-def read_side(location: str) -> tuple[list[Sample], list[str]]:
-    """The runs that did their work in ``location``, and a line for each run that did not (a sweep's failed or
-    skipped points, a run that died); a one-line ``SystemExit`` when there is no finished run or a dump has
-    another schema version."""
+def read_side(location: str) -> tuple[list[Sample], list[str], list[str]]:
+    """The runs that did their work in ``location``, a line for each run that did not (a sweep's failed or skipped
+    points, a run that died) and one for each run file that could not be read (a dump cut short or not JSON); a
+    one-line ``SystemExit`` when there is no finished run or a dump has another schema version."""
     if not Path(location).is_dir():
         raise SystemExit(f"{PROG}: {location} is not a directory (give a sweep directory or a directory of dumps)")
     files = bench_report.find_files([location])
@@ -121,13 +130,14 @@ def read_side(location: str) -> tuple[list[Sample], list[str]]:
                 continue  # not a dump: bench_report's loader says why
             if version != SCHEMA_VERSION:
                 raise SystemExit(f"{PROG}: {path} has schema_version {version}, this compares {SCHEMA_VERSION} only")
-    runs = bench_report.load(files)
+    damaged: list[str] = []
+    runs = bench_report.load(files, skipped=damaged)
     done = [Sample(run.name, run.dump) for run in runs if run.dump and run.status in bench_report.DONE_STATUSES]
     failed = [failure_line(run) for run in runs if run.status not in bench_report.DONE_STATUSES]
     if not done:
         also = f" ({len(failed)} runs that did not finish)" if failed else ""
         raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}{also}")
-    return done, failed
+    return done, failed, damaged
 
 
 def failure_line(run: bench_report.Run) -> str:
@@ -191,9 +201,12 @@ def bad_value(value: Any) -> str | None:
     return None if value > 0 else "zero" if value == 0 else f"negative ({value:g})"
 
 
-def samples_of(point: Point, metric: Metric, metric_name: str, within_run: bool) -> tuple[list, list, list[str], str]:
+def samples_of(
+    point: Point, metric: Metric, metric_name: str, within_run: bool, olympic: bool = False
+) -> tuple[list, list, list[str], str]:
     """Each side's values of the metric (a value per run; per post-warmup step when ``within_run`` and a side has one
-    run), the problems found (file and key) and what the values are."""
+    run; with ``olympic`` each side's lowest and highest run dropped), the problems found (file and key) and what the
+    values are."""
     over_steps = within_run and min(len(runs) for runs in point.sides) == 1 and metric.step_series is not None
     values: tuple[list[float], list[float]] = ([], [])
     problems = []
@@ -207,17 +220,27 @@ def samples_of(point: Point, metric: Metric, metric_name: str, within_run: bool)
             if reason := next((bad for value in run_values if (bad := bad_value(value))), None):
                 problems.append(f"{where} is {reason}")
             side.extend(run_values)
+    if olympic and not over_steps and not problems and min(map(len, values)) >= stats.OLYMPIC_MIN_RUNS:
+        return stats.olympic(values[0]), stats.olympic(values[1]), problems, OLYMPIC
     return values[0], values[1], problems, WITHIN_RUN if over_steps else "over runs"
 
 
 def compare(
-    points: list[Point], metric: Metric, metric_name: str, threshold: float, within_run: bool
+    points: list[Point],
+    metric: Metric,
+    metric_name: str,
+    threshold: float,
+    within_run: bool,
+    olympic: bool = False,
+    loss_tolerance: float | None = None,
+    target_loss: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per point: the runs, the sides' medians, the ratio, its interval, the p-values and the verdict."""
+    """One row per point: the runs, the sides' medians, the ratio, its interval, the p-values and the verdict, then
+    the loss comparison (and with ``target_loss`` each side's steps and time to it)."""
     shown = distinguishing_keys(points)
     rows, tested = [], []
     for point in points:
-        base, cand, problems, interval = samples_of(point, metric, metric_name, within_run)
+        base, cand, problems, interval = samples_of(point, metric, metric_name, within_run, olympic)
         row: dict[str, Any] = {
             "point": label(point, shown),
             "baseline_runs": len(point.sides[0]),
@@ -229,13 +252,17 @@ def compare(
             "verdict": "",
             "note": "" if point.recorded else NOT_RECORDED,
         }
+        too_few = olympic and not within_run and min(len(runs) for runs in point.sides) < stats.OLYMPIC_MIN_RUNS
         if not base or not cand:
             row["verdict"] = "baseline only" if base else "candidate only"
+        elif too_few:
+            row.update(verdict=TOO_FEW_FOR_OLYMPIC, note=f"--olympic needs {stats.OLYMPIC_MIN_RUNS} runs a side")
         elif problems:
             row.update(verdict="invalid", note="; ".join(note for note in (*problems, row["note"]) if note))
         else:
             row["interval"] = interval
             tested.append((row, (base, cand)))
+        row.update(quality_columns(point, loss_tolerance, target_loss))
         rows.append(row)
     results = stats.compare_points([values for _, values in tested], threshold, metric.higher_is_better)
     better = {stats.FASTER: metric.verdicts[1], stats.SLOWER: metric.verdicts[0]}
@@ -258,19 +285,58 @@ def compare(
     return rows
 
 
+def quality_columns(point: Point, tolerance: float | None, target: float | None) -> dict[str, Any]:
+    """The row's loss columns: the sides' smoothed end losses, the gap, the tolerance, the steps compared and the loss
+    verdict; with ``target`` each side's median steps and step time to it over the runs that reached it, and how many
+    did not (more than one on a side: ``not converged``)."""
+    sides = [[quality.losses(sample.dump) for sample in runs] for runs in point.sides]
+    result = quality.compare_losses(*sides, tolerance=tolerance) if all(point.sides) else quality.Quality("")
+    columns = {
+        "loss_baseline": result.baseline,
+        "loss_candidate": result.candidate,
+        "loss_gap": result.gap,
+        "loss_tolerance": result.tolerance,
+        "loss_steps": f"{result.steps[0]}-{result.steps[1]}" if result.steps else "",
+        "loss_verdict": result.verdict,
+        "loss_note": result.note,
+    }
+    if target is None:
+        return columns
+    short = []
+    for name, runs, losses in zip(("baseline", "candidate"), point.sides, sides, strict=True):
+        reached = [(quality.steps_to_target(run, target), sample) for run, sample in zip(losses, runs, strict=True)]
+        steps = [step for step, _ in reached if step is not None]
+        times = [quality.time_to_step(sample.dump, step) for step, sample in reached if step is not None]
+        times = [seconds for seconds in times if seconds is not None]
+        columns[f"{name}_steps_to_target"] = statistics.median(steps) if steps else None
+        columns[f"{name}_time_to_target"] = statistics.median(times) if times else None
+        columns[f"{name}_not_converged"] = len(reached) - len(steps)
+        if len(reached) - len(steps) > 1:
+            short.append(f"{len(reached) - len(steps)} {name} runs never reached loss {target:g}")
+    if short:
+        columns.update(loss_verdict=NOT_CONVERGED, loss_note="; ".join([*short, columns["loss_note"]]).strip("; "))
+    return columns
+
+
 def exit_code(rows: list[dict[str, Any]], failed: list[str], strict: bool) -> tuple[int, str]:
-    """1 when a point is slower (worse), else 2 when the data cannot be compared everywhere (a value that is not a
-    positive number, a point on one side only, a run that did not finish, a configuration not recorded), else 3
-    with ``strict`` when a point is inconclusive or identical, else 0; and why, in one line."""
+    """4 when a point diverged (the candidate learns worse), else 1 when a point is slower (worse), else 2 when the
+    data cannot be compared everywhere (a value that is not a positive number, a point on one side only, a run that
+    did not finish or could not be read, runs without a loss series, runs short of the target loss, a configuration
+    not recorded), else 3 with ``strict`` when a point is inconclusive or identical, else 0; and why, in one line."""
     verdicts = [row["verdict"] for row in rows]
+    if diverged := [row for row in rows if row["loss_verdict"] == quality.DIVERGED]:
+        gaps = "; ".join(f"{row['point']}: {row['loss_note']}" for row in diverged)
+        return EXIT_DIVERGED, f"{len(diverged)} of {len(rows)} points diverged, whatever their speed ({gaps})"
     if slower := sum(verdict in SLOWER_VERDICTS for verdict in verdicts):
         return EXIT_SLOWER, f"{slower} of {len(rows)} points slower (worse)"
     no_data = sum(verdict in NO_DATA_VERDICTS for verdict in verdicts)
+    no_quality = sum(row["loss_verdict"] in (*NO_QUALITY_VERDICTS, NOT_CONVERGED) for row in rows)
     not_recorded = sum(NOT_RECORDED in row["note"] for row in rows)
-    if no_data or failed or not_recorded:
+    if no_data or no_quality or failed or not_recorded:
         reasons = [
             f"{no_data} of {len(rows)} points not compared" if no_data else "",
-            f"{len(failed)} runs did not finish" if failed else "",
+            f"{no_quality} of {len(rows)} points without a loss comparison" if no_quality else "",
+            f"{len(failed)} runs did not finish or could not be read" if failed else "",
             f"{not_recorded} points without a recorded configuration" if not_recorded else "",
         ]
         return EXIT_NO_DATA, "; ".join(reason for reason in reasons if reason)
@@ -288,7 +354,7 @@ def _number(value: float | None, digits: str = ".4g") -> str:
 
 def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
     header = ["point", "runs (baseline/candidate)", f"baseline {metric_name} (median)", "candidate", "ratio (HL)"]
-    header += ["95 % interval", "over", "p (Holm)", "verdict", "note"]
+    header += ["95 % interval", "over", "p (Holm)", "verdict", "loss verdict", "note"]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for row in rows:
         interval = f"{row['ci_low']:.3f}–{row['ci_high']:.3f}" if row["ci_low"] is not None else ""
@@ -297,7 +363,16 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
             needed = row["runs_needed"]
             samples = "steps" if row["interval"] == WITHIN_RUN else "runs"
             count = needed if needed <= stats.MAX_RUNS_NEEDED else f"> {stats.MAX_RUNS_NEEDED}"
-            note += f"; about {count} {samples} a side would likely decide"
+            if row["p_value"] is None:  # one sample on a side: no spread to estimate from, only the test's floor
+                note += f"; at least {count} {samples} a side: the minimum the test needs (no spread to size it)"
+            else:
+                note += f"; about {count} {samples} a side would likely decide"
+        for name in ("baseline", "candidate"):
+            if f"{name}_steps_to_target" in row:
+                steps, seconds = row[f"{name}_steps_to_target"], row[f"{name}_time_to_target"]
+                note += f"; {name} to target: step {_number(steps)}, {_number(seconds, '.3g')} s of steps"
+                note += f" ({row[f'{name}_not_converged']} runs short)" if row[f"{name}_not_converged"] else ""
+        note += f"; {row['loss_note']}" if row["loss_note"] else ""
         cells = [
             row["point"],
             f"{row['baseline_runs']}/{row['candidate_runs']}",
@@ -308,6 +383,7 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
             row["interval"],
             _number(row["p_adjusted"], ".3g"),
             row["verdict"],
+            row["loss_verdict"],
             note.removeprefix("; "),
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
@@ -347,12 +423,18 @@ def main(
     within_run: bool = False,
     strict: bool = False,
     output_dir: str = "bench_compare",
+    loss_tolerance: float | None = None,
+    target_loss: float | None = None,
+    olympic: bool = False,
+    drop_damaged: bool = False,
 ) -> int:
     """Compare CANDIDATE with BASELINE point by point; write comparison.md, comparison.csv and comparison.png.
 
-    Exit 1: a point is slower (worse); 2: the data cannot be compared everywhere (a value that is not a positive
-    number, a point on one side only, a run that did not finish, a configuration not recorded); 3: with --strict, a
-    point is inconclusive or identical; 0: none of these. Bad input: a one-line error and exit 1, before any work.
+    Exit 4: a point diverged (the candidate's loss is worse beyond the tolerance, whatever its speed); 1: a point is
+    slower (worse); 2: the data cannot be compared everywhere (a value that is not a positive number, a point on one
+    side only, a run that did not finish, a damaged dump, runs without a loss series, more than one run a side short
+    of --target_loss, a configuration not recorded); 3: with --strict, a point is inconclusive or identical; 0: none
+    of these. Bad input: a one-line error and exit 1, before any work.
 
     Args:
         baseline: A sweep directory or a directory of dumps: the reference.
@@ -366,12 +448,26 @@ def main(
             run-to-run noise, and the row says so); default: such a point is inconclusive.
         strict: Exit 3 when a point is inconclusive or identical (a gate that must show the change is harmless).
         output_dir: Where comparison.md, comparison.csv and comparison.png are written.
+        loss_tolerance: How much higher (in loss units) the candidate's smoothed loss may end than the baseline's
+            before the point is diverged; default: 3 standard deviations of the baseline's own noise.
+        target_loss: Add each side's steps and step time to this smoothed training loss; a run that never reaches
+            it has not converged, and more than one such run on a side fails the comparison (exit 2).
+        olympic: Drop each side's fastest and slowest run before the statistics (MLPerf's olympic scoring); needs 5
+            runs a side.
+        drop_damaged: Compare without the run files that cannot be read (cut short, not JSON), naming them; by
+            default they make the comparison exit 2.
     """
     if metric not in METRICS:
         raise SystemExit(f"{PROG}: --metric {metric!r}: choose one of {', '.join(METRICS)}")
     if not bench_report.is_number(threshold) or not 0 <= threshold < 1:
         raise SystemExit(f"{PROG}: --threshold must be a number from 0 to below 1, got {threshold!r}")
-    (base_runs, base_failed), (cand_runs, cand_failed) = read_side(str(baseline)), read_side(str(candidate))
+    for name, value in (("loss_tolerance", loss_tolerance), ("target_loss", target_loss)):
+        if value is not None and (not bench_report.is_number(value) or not math.isfinite(value) or value < 0):
+            raise SystemExit(f"{PROG}: --{name} must be a number of at least 0, got {value!r}")
+    (base_runs, base_failed, base_damaged), (cand_runs, cand_failed, cand_damaged) = (
+        read_side(str(baseline)),
+        read_side(str(candidate)),
+    )
     points = group_points((base_runs, cand_runs), names(match))
     if not any(all(point.sides) for point in points):
         differ = ", ".join(distinguishing_keys(points)) or "nothing"
@@ -379,7 +475,9 @@ def main(
             f"{PROG}: no point is on both sides: the {len(points)} points differ in {differ} "
             "(--match names the metadata keys that identify a point; the config block always counts)"
         )
-    rows = compare(points, METRICS[metric], metric, float(threshold), bool(within_run))
+    rows = compare(
+        points, METRICS[metric], metric, float(threshold), bool(within_run), bool(olympic), loss_tolerance, target_loss
+    )
     out = Path(str(output_dir))
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows, metric)
@@ -395,8 +493,16 @@ def main(
         for side, lines in (("baseline", base_failed), ("candidate", cand_failed))
         for line in lines
     ]
+    damaged = [
+        f"{side} file {line}"
+        for side, lines in (("baseline", base_damaged), ("candidate", cand_damaged))
+        for line in lines
+    ]
     for line in failed:
         print(f"not compared: {line}")
+    for line in damaged:
+        print(f"{'dropped (--drop_damaged)' if drop_damaged else 'not compared'}: {line}")
+    failed += [] if drop_damaged else damaged
     code, why = exit_code(rows, failed, bool(strict))
     print(f"exit {code}: {why}")
     return code

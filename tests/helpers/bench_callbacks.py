@@ -180,3 +180,12 @@ class SlowDataFetch(TrainerCallback):
                 return collate(samples)
 
             loader.collate_fn = slow_collate
+
+
+class FreezeLearning(TrainerCallback):
+    """A silent regression: every step's learning rate is set to 0 before the optimizer steps, so that the run goes
+    at the usual speed and learns nothing (as a zeroed learning rate or a broken kernel would)."""
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0

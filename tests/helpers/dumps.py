@@ -23,11 +23,14 @@ def write_dump(
     warmup: int = 1,
     tokens: int = 100,
     samples: int = 4,
+    losses: list[float] | None = None,
     **notes: Any,
 ) -> dict[str, Any]:
     """Write at ``path`` the dump of a 1-rank run whose steps took ``step_seconds`` with ``tokens`` and ``samples``
-    each (and the throughput series the callback records), ``warmup`` steps of warmup, ``metadata`` and callback
-    ``notes``; return it. Its journal is thrown away."""
+    each (and the throughput series the callback records), a training loss per step (``losses``; default 2/step,
+    the same in every run; [] for none), ``warmup`` steps of warmup, ``metadata`` and callback ``notes``; return it.
+    Its journal is thrown away."""
+    losses = [2.0 / step for step in range(1, len(step_seconds) + 1)] if losses is None else losses
     with tempfile.TemporaryDirectory() as scratch:
         header = {"experiment": None, "host": "h", "rank": 0, "world_size": 1, "environment": ENVIRONMENT}
         record = RunRecord(Journal(str(Path(scratch) / "run.journal.jsonl"), sync_interval=0.0), header)
@@ -35,6 +38,8 @@ def write_dump(
         for step, seconds in enumerate(step_seconds, start=1):
             record.record_many([(STEP_TIME, seconds, step, None), (STEP_TOKENS, tokens, step, None)])
             record.record_many([(STEP_SAMPLES, samples, step, None), (TOKENS_PER_SECOND, tokens / seconds, step, None)])
+            if step <= len(losses):
+                record.record("loss", losses[step - 1], step=step)
             if step == warmup:
                 record.note(warmup_steps=warmup, warmup_seconds=sum(step_seconds[:warmup]))
         dump = record.finish("ok", training_steps=len(step_seconds))

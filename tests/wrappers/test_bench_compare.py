@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import pytest
 import yaml
@@ -335,3 +336,96 @@ def test_two_identical_sweeps_with_three_repeats_are_inconclusive_never_slower(t
     } == {("3", "3", "over runs", "5")}
     assert all("the test needs 5 a side to decide" in row["note"] for row in rows.values())
     assert compare_command(*sides, "--strict", "--output_dir", str(tmp_path / "strict")).returncode == 3
+
+
+def learning_runs(path: Path, seconds: float, index: int, steps: int = 4, losses: list[float] | None = None) -> None:
+    """Run ``index`` of a side at ``path``: ``steps`` steps of ``seconds``, ``losses`` (default 2/step), the config
+    block recorded."""
+    dump = write_dump(path / f"{index}.json", [seconds] * steps, {"repeat": index}, losses=losses)
+    (path / f"{index}.json").write_text(json.dumps({**dump, "config": CONFIG}))
+
+
+def test_a_faster_candidate_whose_loss_stays_flat_is_diverged_exit_4_with_the_gap(bench_compare, tmp_path, capsys):
+    """Six runs a side, the candidate 10 % faster per step and learning nothing: faster, and diverged, exit 4 (the
+    loss verdict outranks any speed verdict); the gap and the tolerance are in the row and the exit line."""
+    steps = 40
+    for index, seconds in enumerate(SECONDS):
+        noise = [0.01 * ((step * 7 + index) % 5 - 2) for step in range(steps)]  # the runs differ a little
+        learning = [3.0 - 2.0 * step / steps + wobble for step, wobble in enumerate(noise)]
+        learning_runs(tmp_path / "base", seconds, index, steps, learning)
+        learning_runs(tmp_path / "cand", seconds * 0.9, index, steps, [3.0 + wobble for wobble in noise])
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    (row,) = rows.values()
+    assert code == bench_compare.EXIT_DIVERGED == 4, out
+    assert (row["verdict"], row["loss_verdict"]) == ("faster", "diverged")
+    assert float(row["loss_gap"]) == pytest.approx(float(row["loss_candidate"]) - float(row["loss_baseline"]))
+    assert 1.3 < float(row["loss_gap"]) < 1.9 and 0 < float(row["loss_tolerance"]) < 0.2
+    assert row["loss_steps"] == "31-40"  # the last quarter of the matched steps
+    assert "points diverged, whatever their speed" in out and f"gap +{float(row['loss_gap']):.4g}" in out
+    # A tolerance wider than the gap: the same runs match, and the speed decides again.
+    code, rows, _ = run_compare(bench_compare, tmp_path, capsys, loss_tolerance=2.0)
+    assert (code, next(iter(rows.values()))["loss_verdict"]) == (0, "matched")
+
+
+def test_runs_without_a_loss_series_say_so_and_never_pass(bench_compare, tmp_path, capsys):
+    for index, seconds in enumerate(SECONDS):
+        learning_runs(tmp_path / "base", seconds, index)
+        learning_runs(tmp_path / "cand", seconds, index, losses=[])
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    (row,) = rows.values()
+    assert code == 2 and row["loss_verdict"] == "no loss series", out
+    assert "runs without a loss series: 0 baseline, 6 candidate" in row["loss_note"]
+    assert "1 of 1 points without a loss comparison" in out
+
+
+def test_target_loss_gives_steps_and_time_to_it_and_two_runs_short_fail_the_comparison(bench_compare, tmp_path, capsys):
+    """Loss 2/step, so the target 0.5 is reached at step 4 (the smoothing window of 4 logged steps is 1); the step
+    time through it is 4 x the run's seconds. Two candidate runs that stop at loss 1 fail the comparison (exit 2)."""
+    for index, seconds in enumerate(SECONDS):
+        learning_runs(tmp_path / "base", seconds, index)
+        learning_runs(tmp_path / "cand", seconds, index, losses=[2.0, 1.5, 1.0, 1.0] if index < 2 else None)
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, target_loss=0.5, loss_tolerance=10)
+    (row,) = rows.values()
+    assert float(row["baseline_steps_to_target"]) == float(row["candidate_steps_to_target"]) == 4
+    assert float(row["baseline_time_to_target"]) == pytest.approx(4 * median(SECONDS))
+    assert float(row["candidate_time_to_target"]) == pytest.approx(4 * median(SECONDS[2:]))
+    assert (row["baseline_not_converged"], row["candidate_not_converged"]) == ("0", "2")
+    assert code == 2 and row["loss_verdict"] == "not converged", out
+    assert "2 candidate runs never reached loss 0.5" in row["loss_note"]
+
+
+def test_olympic_drops_each_side_s_fastest_and_slowest_run_and_needs_five(bench_compare, tmp_path, capsys):
+    base_seconds = [0.500, 0.504, 0.497, 0.502, 0.80]  # one run much slower: dropped, with the fastest
+    runs(tmp_path / "base", base_seconds, {"model": "m"})
+    runs(tmp_path / "cand", [0.45, 0.455, 0.452, 0.449, 0.30], {"model": "m"})
+    code, rows, _ = run_compare(bench_compare, tmp_path, capsys, olympic=True)
+    (row,) = rows.values()
+    kept = ([100 / s for s in sorted(base_seconds)[1:-1]], [100 / s for s in [0.449, 0.45, 0.452]])
+    assert row["interval"] == bench_compare.OLYMPIC
+    assert float(row["baseline"]) == pytest.approx(median(kept[0]), rel=1e-6)
+    assert float(row["ratio"]) == pytest.approx(statistics.hodges_lehmann_ratio(*kept), rel=1e-6)
+    assert statistics.olympic([3, 1, 2, 5, 4]) == [2, 3, 4]
+    (tmp_path / "base" / next(iter(sorted(p.name for p in (tmp_path / "base").iterdir())))).unlink()
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, olympic=True)
+    assert code == 2 and next(iter(rows.values()))["verdict"] == "too few runs", out
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not JSON"])
+def test_a_damaged_dump_exits_2_naming_it_unless_dropping_is_asked_for(bench_compare, tmp_path, capsys, damage):
+    runs(tmp_path / "base", SECONDS, {"model": "m"})
+    (path, *_) = runs(tmp_path / "cand", [seconds * 0.9 for seconds in SECONDS] + [0.45], {"model": "m"})
+    path.write_text(path.read_text()[:200] if damage == "cut short" else "not json at all")
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    assert code == 2 and f"not compared: candidate file {path}: not valid JSON" in out, out
+    assert next(iter(rows.values()))["verdict"] == "faster"  # the others still compared, the exit says what is off
+    code, _, out = run_compare(bench_compare, tmp_path, capsys, drop_damaged=True)
+    assert code == 0 and f"dropped (--drop_damaged): candidate file {path}" in out, out
+
+
+def test_one_run_a_side_says_the_runs_it_asks_for_are_the_minimum(bench_compare, tmp_path, capsys):
+    runs(tmp_path / "base", SECONDS[:1], {"model": "m"})
+    runs(tmp_path / "cand", SECONDS[1:2], {"model": "m"})
+    code, _, out = run_compare(bench_compare, tmp_path, capsys)
+    floor = statistics.min_runs_a_side(1)
+    assert code == 0 and f"at least {floor} runs a side: the minimum the test needs (no spread to size it)" in out
+    assert "would likely decide" not in out

@@ -138,8 +138,9 @@ def find_files(inputs: list[str]) -> list[tuple[Path, bool]]:
 
 
 @contextlib.contextmanager
-def _skipping(path: Path, what: str) -> Iterator[None]:
-    """An unusable file is named on stderr with the reason, in one line, and left out."""
+def _skipping(path: Path, what: str, skipped: list[str] | None = None) -> Iterator[None]:
+    """An unusable file is named on stderr with the reason, in one line, and left out (and ``path: reason`` added to
+    ``skipped``)."""
     try:
         yield
         return
@@ -150,6 +151,8 @@ def _skipping(path: Path, what: str) -> Iterator[None]:
     except (OSError, ValueError, KeyError, TypeError) as exc:  # ValueError: also a file that is not UTF-8 text
         reason = f"not a usable {what} ({exc})"
     print(f"skipped {path}: {reason}", file=sys.stderr)
+    if skipped is not None:
+        skipped.append(f"{path}: {reason}")
 
 
 def _read_json_file(path: Path, named: bool, run_for: Callable[[str], Run]) -> None:
@@ -191,8 +194,9 @@ def _read_termination_log(path: Path) -> Failure:
     return Failure(int(match["rank"] or 0), match["category"], None, -math.inf, match["reason"])
 
 
-def load(files: list[tuple[Path, bool]]) -> list[Run]:
-    """Group the files by run identity and read them; each unusable file is named on stderr with the reason.
+def load(files: list[tuple[Path, bool]], skipped: list[str] | None = None) -> list[Run]:
+    """Group the files by run identity and read them; each unusable file is named on stderr with the reason (and in
+    ``skipped``, as ``path: reason``, when given).
 
     Journals are read last and only for runs without a readable dump: the dump already holds what they hold.
     """
@@ -205,22 +209,22 @@ def load(files: list[tuple[Path, bool]]) -> list[Run]:
     for path, named in files:
         journal = JOURNAL.match(path.name)
         if path.name == SWEEP_STATE:
-            with _skipping(path, "sweep state file"):
+            with _skipping(path, "sweep state file", skipped):
                 for point in read_sweep_state(path).values():  # metrics_path is relative to the state file
                     run_for(str(path.parent / os.path.splitext(point["metrics_path"])[0])).sweep_point = point
         elif path.name.endswith(TERMINATION_LOG_SUFFIX):
-            with _skipping(path, "termination log"):
+            with _skipping(path, "termination log", skipped):
                 run_for(
                     str(path.parent / path.name.removesuffix(TERMINATION_LOG_SUFFIX))
                 ).termination = _read_termination_log(path)
         elif journal is None:
-            with _skipping(path, "benchmark file"):
+            with _skipping(path, "benchmark file", skipped):
                 _read_json_file(path, named, run_for)
         elif journal["rank"] is None:  # other ranks' journals hold another node's system metrics only
             journals.append((path, str(path.parent / journal["stem"])))
     for path, name in journals:
         if (run := run_for(name)).dump is None:
-            with _skipping(path, "journal"):
+            with _skipping(path, "journal", skipped):
                 run.dump = build_dump(read_journal(str(path)), rebuilt_from_journal=True)
     for run in runs.values():
         if run.dump is not None and run.dump["error"] and run.dump["error"].get("category"):

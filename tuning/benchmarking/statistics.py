@@ -25,6 +25,15 @@ MAX_RUNS_NEEDED = 1000  # "more than this" when the noise is too large for any p
 POWER_Z = 0.8416212335729143  # standard normal quantile at 80 %: the power of the repeats-needed figure
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, IDENTICAL = "faster", "slower", "same", "inconclusive", "identical"
+OLYMPIC_MIN_RUNS = 5  # MLPerf's olympic scoring drops a side's fastest and slowest run: from 5 runs, 3 are left
+
+
+def olympic(values: Sequence[float]) -> list[float]:
+    """``values`` without their lowest and highest one (MLPerf's olympic scoring); ``ValueError`` below
+    ``OLYMPIC_MIN_RUNS`` values."""
+    if len(values) < OLYMPIC_MIN_RUNS:
+        raise ValueError(f"olympic scoring needs {OLYMPIC_MIN_RUNS} runs a side, got {len(values)}")
+    return sorted(values)[1:-1]
 
 
 @dataclass(frozen=True)
