@@ -21,11 +21,12 @@ from tests.helpers.training import (
     BENCH_CALLBACKS,
     REPO_ROOT,
     RESPONSE_TEMPLATE,
+    cli_args,
     load_script,
     run_python,
     subprocess_env,
 )
-from tuning.benchmarking import statistics
+from tuning.benchmarking import quality, statistics
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 BENCH_COMPARE = REPO_ROOT / "wrappers" / "bench_compare.py"
@@ -40,6 +41,10 @@ def bench_compare():
     sys.path.insert(0, str(REPO_ROOT / "wrappers"))  # bench_compare imports bench_report from beside itself
     yield load_script(BENCH_COMPARE)
     sys.path.remove(str(REPO_ROOT / "wrappers"))
+
+
+def series_values(dump: dict, name: str) -> list[float]:
+    return next(one["values"] for one in dump["metrics"] if one["name"] == name and not one["context"])
 
 
 def compare_command(*args: str) -> subprocess.CompletedProcess:
@@ -429,3 +434,55 @@ def test_one_run_a_side_says_the_runs_it_asks_for_are_the_minimum(bench_compare,
     floor = statistics.min_runs_a_side(1)
     assert code == 0 and f"at least {floor} runs a side: the minimum the test needs (no spread to size it)" in out
     assert "would likely decide" not in out
+
+
+@pytest.fixture(scope="module")
+def learning_and_frozen(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
+    """Two real bench_train runs of one configuration on the tiny model, in process: a normal one and one whose
+    FreezeLearning callback zeroes every step's learning rate (same speed, nothing learnt)."""
+    bench_train = load_script(REPO_ROOT / "wrappers" / "bench_train.py")
+    root = tmp_path_factory.mktemp("quality")
+    for side, callbacks in (("base", None), ("cand", f"{BENCH_CALLBACKS}:FreezeLearning")):
+        flags = {
+            "metrics_path": root / side / "run.json",
+            "max_steps": 24,
+            "learning_rate": 0.01,
+            "lr_scheduler_type": "constant",
+            "system_metrics_interval": 0,
+            "callbacks": callbacks,
+        }
+        assert bench_train.main(cli_args(tiny_model, str(root / side / "out"), **flags)) == 0
+    return root / "base", root / "cand"
+
+
+@pytest.mark.slow
+def test_a_run_whose_learning_is_silently_frozen_is_diverged_against_a_normal_one(
+    bench_compare, learning_and_frozen, tmp_path, capsys
+):
+    base, cand = learning_and_frozen
+    code = bench_compare.main(str(base), str(cand), output_dir=str(tmp_path), within_run=True)
+    (row,) = read_rows(tmp_path / "comparison.csv").values()
+    out = capsys.readouterr().out
+    assert code == 4 and row["loss_verdict"] == "diverged", out
+    assert float(row["loss_gap"]) > float(row["loss_tolerance"]) > 0
+    assert f"gap +{float(row['loss_gap']):.4g}" in out.splitlines()[-1]
+    # Against itself the normal run matches.
+    assert bench_compare.main(str(base), str(base), output_dir=str(tmp_path / "self")) == 0
+
+
+@pytest.mark.slow
+def test_time_to_target_on_the_tiny_model(bench_compare, learning_and_frozen, tmp_path, capsys):
+    """A target halfway between the normal run's first and last smoothed loss: it reaches it at a step short of its
+    end, after that many steps' time; the frozen run never does (one run short a side is allowed)."""
+    base, cand = learning_and_frozen
+    dump = json.loads((base / "run.json").read_text())
+    losses = quality.losses(dump)
+    target = (losses[min(losses)] + losses[max(losses)]) / 2
+    code = bench_compare.main(str(base), str(cand), output_dir=str(tmp_path), target_loss=target, loss_tolerance=99)
+    (row,) = read_rows(tmp_path / "comparison.csv").values()
+    assert code == 0, capsys.readouterr().out
+    step = quality.steps_to_target(losses, target)
+    assert 1 < step < max(losses) and float(row["baseline_steps_to_target"]) == step
+    times = series_values(dump, "step_time_seconds")[:step]
+    assert float(row["baseline_time_to_target"]) == pytest.approx(sum(times))
+    assert (row["candidate_steps_to_target"], row["candidate_not_converged"]) == ("", "1")

@@ -28,13 +28,14 @@ from tests.helpers.training import (
     wait_for_steps,
     wait_until,
 )
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, build_dump
+from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, build_dump, utc_iso
 from tuning.benchmarking.journal import read_journal
 from tuning.sft_trainer import get_parser
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
 from tuning.trackers.aimstack_tracker import RUN_HASH_FILENAME
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING as MLFLOW_WARNING
 from tuning.trackers.mlflow_tracker import RUN_URI_FILENAME
+from tuning.utils.checkpoints import STATUS_FILE, checkpoint_problem, newest_complete_checkpoint, trained_steps
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 
@@ -222,10 +223,25 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path
 
 
 @pytest.mark.slow
-def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path):
+def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump_and_a_restart_shows_the_gap_and_the_lost_steps(
+    tiny_model, tmp_path
+):
+    """SIGKILL after 5 steps (checkpoints every 2): the journal rebuilds into a dump. Then, as if the kill had hit
+    the newest checkpoint's save, that one is marked unfinished (and an older save left checkpoint-9 unfinished): the
+    same command resumes from the checkpoint before it, and its dump says where the time went: the first segment
+    ends at its last journal record, the gap is the real one, the steps trained again are goodput's repeated steps;
+    the unfinished folder is removed once a newer checkpoint is complete."""
     journal = tmp_path / "bench.journal.jsonl"
-    process = start_bench(bench_args(tiny_model, tmp_path, max_steps=200, callbacks=f"{BENCH_CALLBACKS}:SlowSteps"))
-    wait_for_steps(journal, 3, process, signal.SIGKILL)
+    args = bench_args(
+        tiny_model,
+        tmp_path,
+        max_steps=10,
+        save_strategy="steps",
+        save_steps=2,
+        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
+    )
+    process = start_bench(args)
+    wait_for_steps(journal, 5, process, signal.SIGKILL)
     process.communicate(timeout=30)
     assert not (tmp_path / "bench.json").exists()
 
@@ -237,6 +253,38 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump(tiny_model, tmp_path
     assert dump["training_steps"] == len(steps)
     losses = series(dump, "loss")["steps"]
     assert losses == list(range(1, len(losses) + 1)) and len(losses) >= len(logged) - 1
+
+    killed_records = read_journal(str(journal))
+    newest, _ = newest_complete_checkpoint(str(tmp_path))
+    (Path(newest) / STATUS_FILE).write_text(json.dumps({"complete": False}))
+    (tmp_path / "checkpoint-9").mkdir()
+    (tmp_path / "checkpoint-9" / STATUS_FILE).write_text(json.dumps({"complete": False}))
+    resumed_from = newest_complete_checkpoint(str(tmp_path))[0]
+    returncode, _, stderr = run_bench([*args, "--resume_from_checkpoint"])
+    assert returncode == 0, stderr[-3000:]
+    assert f"resuming from {Path(resumed_from).name}" in stderr
+    assert not (tmp_path / "checkpoint-9").exists() and checkpoint_problem(str(newest)) is None
+
+    dump = read_dump(tmp_path / "bench.json")
+    first, second = dump["segments"]
+    last_record = max(record["time"] for record in killed_records)
+    restart = next(record for record in read_journal(str(journal))[1:] if record["type"] == "start")["time"]
+    assert first["stop_time"] == utc_iso(last_record) and second["start_time"] == utc_iso(restart)
+    assert second["gap_seconds"] == pytest.approx(restart - last_record) and second["gap_seconds"] > 0
+    goodput = dump["summary"]["goodput"]
+    start = killed_records[0]["time"]
+    kept = trained_steps(resumed_from)
+    lost = [
+        record["value"]
+        for record in killed_records
+        if record.get("name") == STEP_TIME and not record["context"] and record["step"] > kept
+    ]
+    assert len(lost) >= 2 and goodput["parts"]["repeated_steps"] == pytest.approx(sum(lost), abs=0.35 * len(lost))
+    assert goodput["parts"]["gaps"] == pytest.approx(second["gap_seconds"])
+    assert goodput["parts"]["checkpoint_restore"] > 0 and goodput["not_measured"] == {}
+    assert goodput["wall_seconds"] == pytest.approx(read_journal(str(journal))[-1]["time"] - start)
+    assert sum(goodput["parts"].values()) == pytest.approx(goodput["wall_seconds"])
+    assert 0 <= goodput["parts"]["leftover"] < 0.2 * goodput["wall_seconds"], goodput
 
 
 @pytest.mark.slow
