@@ -22,6 +22,7 @@ from tests.helpers.training import (
     wait_for_steps,
 )
 from tuning.benchmarking.journal import journal_path
+from tuning.benchmarking.report import write_report
 
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 BATCH_SIZE = "per_device_train_batch_size"
@@ -107,8 +108,8 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "skipped" not in result.stderr  # model configs and tokenizers beside the dumps are not benchmark files
-    outputs = [out / name for name in ("report.md", "report.csv", "throughput.png", "peak_memory.png")]
-    assert result.stdout.split()[-4:] == [str(path) for path in outputs]
+    outputs = [out / name for name in ("report.md", "report.csv", "throughput.png", "peak_memory.png", "goodput.png")]
+    assert result.stdout.split()[-5:] == [str(path) for path in outputs]
 
     rows = read_csv(out / "report.csv")
     assert set(rows) == set(RUNS)
@@ -123,6 +124,7 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
         assert 0 < float(rows[name]["peak_anon_rss_bytes"]) <= float(rows[name]["peak_rss_bytes"])
         assert 0 < float(rows[name]["step_time_p50_s"]) <= float(rows[name]["step_time_p90_s"])
         assert float(rows[name]["model_load_time_s"]) > 0
+        assert 0 < float(rows[name]["goodput"]) < 1 and 0 < float(rows[name]["data_fetch_share"]) < 1
     assert 0 < int(rows["stopped-b4"]["training_steps"]) < 500
     assert int(rows["killed-b8"]["training_steps"]) >= 2  # what the journal held when the run was killed
     assert rows["oom-a8"]["training_steps"] == "2" and "injected by the test" in rows["oom-a8"]["error_message"]
@@ -247,3 +249,16 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     low, high = axes.get_xlim()
     ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
     assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+
+
+def test_the_goodput_column_and_its_stacked_bar_per_run(tmp_path, capsys):
+    """The column is each dump's productive share of its wall time; goodput.png stacks every run's parts."""
+    for name, seconds in (("fast", 0.5), ("slow", 1.0)):
+        write_dump(tmp_path / "runs" / f"{name}.json", [seconds] * 4, {"model": name})
+    outputs = write_report([str(tmp_path / "runs")], output_dir=str(tmp_path / "out"))
+    rows = read_csv(tmp_path / "out" / "report.csv")
+    for name in ("fast", "slow"):
+        dump = json.loads((tmp_path / "runs" / f"{name}.json").read_text())
+        assert float(rows[name]["goodput"]) == pytest.approx(dump["summary"]["goodput"]["productive_fraction"])
+    assert tmp_path / "out" / "goodput.png" in outputs
+    assert (tmp_path / "out" / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
+from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.paths import DIRECTORY_PATTERNS as RUN_FILE_PATTERNS
 from tuning.benchmarking.paths import JOURNAL, RANK_REPORT, TERMINATION_LOG_SUFFIX, RunPaths, run_of_dump
@@ -274,6 +275,8 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "model_load_time_s": summary.get("model_load_time"),
         "training_steps": dump["training_steps"] if dump else None,
         "resumed_from_step": summary.get("resumed_from_step"),
+        "goodput": (summary.get("goodput") or {}).get("productive_fraction"),
+        "data_fetch_share": summary.get("data_fetch_share"),
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
 
@@ -350,6 +353,34 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
     return figure
 
 
+def plot_goodput(bars: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
+    """One horizontal bar per run, its wall time stacked by goodput part (``summary.goodput``); False without
+    matplotlib (said on stderr) or without a run that has the figures."""
+    bars = [(name, goodput) for name, goodput in bars if goodput]
+    if not bars:
+        return False
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print(f"no plot {path.name}: matplotlib is not installed (pip install 'tuning-bench[plots]')", file=sys.stderr)
+        return False
+    figure = Figure(figsize=(9, 1.8 + 0.45 * len(bars)))
+    axes = figure.subplots()
+    names = [name for name, _ in bars]
+    left = [0.0] * len(bars)
+    for part in GOODPUT_PARTS:
+        widths = [max(goodput["parts"].get(part) or 0.0, 0.0) for _, goodput in bars]
+        if any(widths):
+            axes.barh(names, widths, left=left, label=part.replace("_", " "))
+            left = [start + width for start, width in zip(left, widths, strict=True)]
+    axes.set(xlabel="seconds of wall time", title="where the time went (goodput: productive steps over wall time)")
+    axes.invert_yaxis()  # the first run on top, as in the table
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=PLOT_DPI)
+    return True
+
+
 def _sort_key(value: Any) -> tuple[int, float, str]:
     """Numbers in numeric order, then text, then missing values."""
     if is_number(value):
@@ -376,9 +407,11 @@ def write_report(
         raise SystemExit("no readable runs in the inputs")
     sweep_axes = [axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]]
     columns = list(dict.fromkeys([*(labels or sweep_axes), *([x] if x else []), *([group] if group else [])]))
-    rows = sorted(
-        (row(run, columns) for run in runs), key=lambda r: [*map(_sort_key, (r[c] for c in columns)), r["run"]]
+    pairs = sorted(
+        ((row(run, columns), run) for run in runs),
+        key=lambda pair: [*map(_sort_key, (pair[0][c] for c in columns)), pair[0]["run"]],
     )
+    rows = [r for r, _ in pairs]
     common = os.path.commonpath([os.path.abspath(os.path.dirname(r["run"])) for r in rows])
     for r in rows:
         r["run"] = os.path.relpath(r["run"], common)
@@ -400,6 +433,9 @@ def write_report(
         for metric, ylabel, name in (("tokens_per_second", "tokens/s", "throughput.png"), (*memory, "peak_memory.png")):
             if plot(rows, x, group, metric, ylabel, out / name):
                 outputs.append(out / name)
+    bars = [(r["run"], run.dump["summary"].get("goodput") if run.dump else None) for r, run in pairs]
+    if plot_goodput(bars, out / "goodput.png"):
+        outputs.append(out / "goodput.png")
     if BATCH_SIZE_AXIS in columns and any(r["mfu"] is not None for r in rows):
         mfu_plot = out / "mfu_by_batch_size.png"
         if plot(rows, BATCH_SIZE_AXIS, group, "mfu", "MFU", mfu_plot):
