@@ -126,6 +126,11 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert ("cpu_percent", "{}") in run["metrics"] and ("model_load_time", '{"subset": "additional_metrics"}') in run[
         "metrics"
     ]
+    # The goodput parts as of training's end, at its last step: the dump's, less what came after (the final dump).
+    assert 0 < run["metrics"][("goodput", "{}")][4] <= 1
+    for part in ("startup", "model_load", "data_preparation", "productive_steps"):  # leftover grows after it
+        tracked = run["metrics"][(f"goodput_{part}_seconds", "{}")][4]
+        assert tracked == pytest.approx(dump["summary"]["goodput"]["parts"][part], abs=0.5), part
 
     # The journal beside the dump rebuilds it exactly.
     records = read_journal(str(tmp_path / "out" / "bench.journal.jsonl"))

@@ -199,6 +199,8 @@ class BenchmarkCallback(TrainerCallback):
                 rank_data_fetch_share_p50=None if unmeasurable else fetch_share or None,
                 data_fetch_unmeasurable=unmeasurable,
             )
+            if self.mirror is not None:  # before the trackers' own on_train_end closes their runs
+                self.mirror(_goodput_points(self.record.goodput(), state.global_step))
         self.close()
 
     def _energy(self) -> list[float | None] | None:
@@ -287,6 +289,19 @@ class BenchmarkCallback(TrainerCallback):
         if code:
             self.stop_reason = STOP_REASONS[code - 1]
             control.should_training_stop = True
+
+
+def _goodput_points(goodput: dict[str, Any], step: int) -> Points:
+    """Goodput as of training's end for Aim and MLflow: ``goodput`` (productive share of the wall time) and each
+    measured part as ``goodput_<part>_seconds``, at the last step."""
+    points: Points = [
+        (f"goodput_{part}_seconds", seconds, step, None)
+        for part, seconds in goodput["parts"].items()
+        if seconds is not None
+    ]
+    if goodput["productive_fraction"] is not None:
+        points.append(("goodput", goodput["productive_fraction"], step, None))
+    return points
 
 
 def _flops_counts(model: Any) -> dict[str, int] | None:

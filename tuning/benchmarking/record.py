@@ -68,6 +68,11 @@ class RunRecord(Tracker):
         """Facts learnt while running (``run_hash``, ``warmup_steps``, ...): later notes override earlier ones."""
         self._append({"type": "note", "time": time.time(), **facts})
 
+    def goodput(self) -> dict[str, Any]:
+        """The run's ``summary.goodput`` as of now (the running segment ending at its latest record)."""
+        with self._lock:
+            return dump_of(self.data)["summary"]["goodput"]
+
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         self.record(name, metric, context={"subset": stage})
 
