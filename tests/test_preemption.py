@@ -159,6 +159,7 @@ def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step
     assert "resuming from checkpoint-4 (global step 4)" in restart.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == [1, 2, 3, 4, 5, 6]  # step 5: the restart's
     assert checkpoint_problem(str(output_dir / "checkpoint-6")) is None  # rewritten in place, complete
+    assert not (output_dir / "checkpoint-5").exists()  # left unfinished: removed once checkpoint-6 was complete
 
 
 @pytest.mark.slow
