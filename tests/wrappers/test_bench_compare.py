@@ -255,6 +255,8 @@ def write_sweep_spec(path: Path, model: str, repeats: int = 1, **extra) -> Path:
         "dataset_text_field": "output",
         "response_template": RESPONSE_TEMPLATE,
         "max_steps": 12,
+        "logging_strategy": "steps",  # a loss per step: bench_compare's loss verdict needs the series
+        "logging_steps": 1,
         "save_strategy": "no",
         "torch_dtype": "float32",
         "use_flash_attn": False,
@@ -381,6 +383,11 @@ def test_runs_without_a_loss_series_say_so_and_never_pass(bench_compare, tmp_pat
     assert code == 2 and row["loss_verdict"] == "no loss series", out
     assert "runs without a loss series: 0 baseline, 6 candidate" in row["loss_note"]
     assert "1 of 1 points without a loss comparison" in out
+    for index, seconds in enumerate(SECONDS):  # a loss logged once an epoch: 2 points, no trend, no noise to size
+        learning_runs(tmp_path / "cand", seconds, index, losses=[2.0, 1.0])
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    assert code == 2 and next(iter(rows.values()))["loss_verdict"] == "too few matched steps", out
+    assert "logged their losses at 2 common steps, 4 needed" in out
 
 
 def test_target_loss_gives_steps_and_time_to_it_and_two_runs_short_fail_the_comparison(bench_compare, tmp_path, capsys):

@@ -5,10 +5,11 @@ Per point, each run's training loss (the dump's ``loss`` series without a contex
 the steps every run of the point logged (matched steps), smoothed by a trailing mean over a tenth of them, and
 compared over the last quarter of them: the gap is the candidate's median run minus the baseline's. The tolerance
 is, unless given, ``TOLERANCE_SIGMAS`` times the baseline's own noise there: the larger of its runs' step-to-step
-spread around their smoothed curves and (two runs or more) the spread of their end losses from run to run. A gap
-beyond it is ``diverged`` (worse) or ``better``; within it ``matched``. A run without a loss series is said, never
-read as equal. ``--target_loss``: the first step whose smoothed loss reaches the target, and the step time up to it.
-docs/benchmarking.md, "Quality beside speed", states the rules.
+spread around their smoothed curves and (two runs or more) the spread of their end losses from run to run, and at
+least ``MIN_RELATIVE_TOLERANCE`` of the baseline's loss. A gap beyond it is ``diverged`` (worse) or ``better``;
+within it ``matched``. A run without a loss series, or runs with fewer than ``MIN_MATCHED_STEPS`` common steps, are
+said, never read as equal. ``--target_loss``: the first step whose smoothed loss reaches the target, and the step
+time up to it. docs/benchmarking.md, "Quality beside speed", states the rules.
 """
 
 import statistics
@@ -19,10 +20,12 @@ from tuning.benchmarking.dump import STEP_TIME
 
 LOSS = "loss"
 TOLERANCE_SIGMAS = 3.0
+MIN_RELATIVE_TOLERANCE = 0.01  # the default tolerance is at least 1 % of the baseline's loss (noise never measured 0)
+MIN_MATCHED_STEPS = 4  # fewer matched steps (a loss logged once an epoch) cannot show a trend nor its noise
 SMOOTHING_FRACTION = 10  # the trailing mean's window: a tenth of the matched steps (at least 1)
 END_FRACTION = 4  # the compared region: the last quarter of the matched steps (at least 1)
 MATCHED, BETTER, DIVERGED = "matched", "better", "diverged"
-NO_LOSS, NO_MATCHED_STEPS = "no loss series", "no matched steps"
+NO_LOSS, NO_MATCHED_STEPS = "no loss series", "too few matched steps"
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,12 @@ def compare_losses(
     if any(missing):
         return Quality(NO_LOSS, note=f"runs without a loss series: {missing[0]} baseline, {missing[1]} candidate")
     matched = sorted(set.intersection(*(set(run) for run in (*baseline, *candidate))))
-    if not matched:
-        return Quality(NO_MATCHED_STEPS, note="the runs logged their losses at no common step")
+    if len(matched) < MIN_MATCHED_STEPS:
+        return Quality(
+            NO_MATCHED_STEPS,
+            note=f"the runs logged their losses at {len(matched)} common steps, {MIN_MATCHED_STEPS} needed "
+            "(log the loss per step: --logging_strategy steps)",
+        )
     window, region = max(1, len(matched) // SMOOTHING_FRACTION), max(1, len(matched) // END_FRACTION)
     ends: tuple[list[float], list[float]] = ([], [])
     noise = []
@@ -84,7 +91,8 @@ def compare_losses(
                 noise.append(_spread([a - b for a, b in zip(raw[-region:], smoothed[-region:], strict=True)]))
     base, cand = statistics.median(ends[0]), statistics.median(ends[1])
     if tolerance is None:
-        tolerance = TOLERANCE_SIGMAS * max(statistics.median(noise), _spread(ends[0]))
+        noise_level = TOLERANCE_SIGMAS * max(statistics.median(noise), _spread(ends[0]))
+        tolerance = max(noise_level, MIN_RELATIVE_TOLERANCE * abs(base))
     gap = cand - base
     verdict = DIVERGED if gap > tolerance else BETTER if gap < -tolerance else MATCHED
     steps = (matched[-region], matched[-1])
