@@ -198,6 +198,15 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
     # Throughput counts both ranks: the global batch, and the tokens TRL itself gathers from every rank.
     assert set(series(dump, "step_samples")["values"]) == {4}
     assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1]
+    # Each rank's own goodput, from its own clocks, gathered at train end: its parts sum to its wall time.
+    ranks = dump["summary"]["rank_goodput"]
+    assert len(ranks) == 2 and ranks[0]["parts"]["productive_steps"] == pytest.approx(
+        dump["summary"]["goodput"]["parts"]["productive_steps"], rel=0.2
+    )
+    for own in ranks:
+        assert sum(own["parts"].values()) == pytest.approx(own["wall_seconds"])
+        assert min(own["parts"][part] for part in ("startup", "model_load", "data_preparation", "productive_steps")) > 0
+        assert 0 <= own["parts"]["leftover"] < 0.3 * own["wall_seconds"], own
 
 
 # ---- runs that end badly ----

@@ -22,8 +22,8 @@ from transformers import TrainerCallback, TrainerControl
 
 from tuning.benchmarking.dump import DATA_FETCH_SHARE, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
-from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED
-from tuning.benchmarking.ranks import RankTimes
+from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED, rank_goodput
+from tuning.benchmarking.ranks import RankTimes, gather_objects
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.stopping import STOP_REASONS, StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
@@ -65,6 +65,7 @@ class BenchmarkCallback(TrainerCallback):
         stop_agreement: StopAgreement | None = None,
         mirror_interval: float = MIRROR_INTERVAL_S,
         peak_tflops: float | None = None,
+        process_times: dict[str, float] | None = None,
     ):
         self.record = record
         self.stop_rule = stop_rule
@@ -75,6 +76,11 @@ class BenchmarkCallback(TrainerCallback):
         self.mirror = mirror
         self.mirror_interval = mirror_interval
         self.peak_tflops = peak_tflops
+        # This process's own times for its rank's goodput (BenchmarkJob fills it): "start", "startup_end" and the parts
+        # it timed ("trackers_start", "model_load", "data_preparation"); None: no per-rank goodput.
+        self.process_times = process_times
+        self._spent = {"evaluation": 0.0, "checkpoint_save": 0.0}
+        self._between_steps: dict[int, float] = {}  # step: seconds of evaluation and saves after it
         self.stop_agreement = stop_agreement if stop_agreement is not None else StopAgreement()
         self.sampler = (
             SystemMetricsSampler(system_metrics_interval, self._system_point) if system_metrics_interval else None
@@ -136,6 +142,10 @@ class BenchmarkCallback(TrainerCallback):
     def on_time_spent(self, what: str, seconds: float) -> None:
         """``TuningTrainer``'s report: this rank just spent ``seconds`` in an evaluation or a checkpoint save."""
         series = {"evaluation": EVALUATION_TIME, "checkpoint_save": CHECKPOINT_SAVE_TIME}.get(what)
+        if series is not None:
+            self._spent[what] += seconds
+            step = self.global_step or 0
+            self._between_steps[step] = self._between_steps.get(step, 0.0) + seconds
         if series is not None and self._main and self.record is not None:
             now = time.time()
             self._record_unrecorded(now)  # the journal stays in time order
@@ -186,6 +196,7 @@ class BenchmarkCallback(TrainerCallback):
         forward, data_wait, fetch, fetch_share = (
             self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [], [], [])
         )
+        rank_goodput = gather_objects(self._rank_goodput()) if self.process_times is not None else None
         unmeasurable = self._fetch_unmeasurable
         if unmeasurable is None and fetch and None in fetch:
             unmeasurable = NO_FETCH_REPORTS
@@ -198,10 +209,24 @@ class BenchmarkCallback(TrainerCallback):
                 rank_data_fetch_p50=None if unmeasurable else fetch or None,
                 rank_data_fetch_share_p50=None if unmeasurable else fetch_share or None,
                 data_fetch_unmeasurable=unmeasurable,
+                rank_goodput=rank_goodput,
             )
             if self.mirror is not None:  # before the trackers' own on_train_end closes their runs
                 self.mirror(_goodput_points(self.record.goodput(), state.global_step))
         self.close()
+
+    def _rank_goodput(self) -> dict[str, Any]:
+        """This rank's goodput from its process's start to now (train end), from its own clocks."""
+        times = self.process_times
+        resumed = self._first_step > 0 and self._train_entered is not None
+        timed = {
+            "startup": times["startup_end"] - times["start"] if "startup_end" in times else None,
+            **{part: times.get(part) for part in ("trackers_start", "model_load", "data_preparation")},
+            "checkpoint_restore": self._train_start - self._train_entered if resumed else 0.0,
+            **self._spent,
+        }
+        steps = self._rank_times.step_seconds if self._rank_times is not None else {}
+        return rank_goodput(times["start"], time.time(), timed, steps, self._last_warmup_step, self._between_steps)
 
     def _energy(self) -> list[float | None] | None:
         """The GPUs' energy counters now, on the rank that samples them (None elsewhere and without NVML)."""

@@ -291,6 +291,7 @@ def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
         "rank_data_wait_p50": notes.get("rank_data_wait_p50"),
         "rank_data_fetch_p50": fetch,
         "rank_data_fetch_share_p50": notes.get("rank_data_fetch_share_p50"),
+        "rank_goodput": notes.get("rank_goodput"),
         "data_fetch_unmeasurable": notes.get("data_fetch_unmeasurable"),
         "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
         "straggler_rank": rank,

@@ -117,3 +117,31 @@ def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: li
         "parts": parts,
         "not_measured": unmeasured,
     }
+
+
+def rank_goodput(
+    start: float,
+    end: float,
+    timed: dict[str, float | None],
+    steps: dict[int, float],
+    last_warmup_step: int | None,
+    between_steps: dict[int, float],
+) -> dict[str, Any]:
+    """One rank's goodput of its own process, from its start to ``end`` (train end), for ``summary.rank_goodput``:
+    ``timed`` the parts it timed itself (startup, model_load, data_preparation, trackers_start, checkpoint_restore,
+    evaluation, checkpoint_save; None: not measured), ``steps`` its step times (each from the previous step's end),
+    ``between_steps`` the seconds spent in evaluation and saves after each step (inside the next step's time)."""
+    parts: dict[str, float | None] = {part: timed.get(part) for part in PARTS if part not in ("gaps", "leftover")}
+    parts.update(warmup_steps=0.0, productive_steps=0.0, repeated_steps=0.0)
+    for step, seconds in steps.items():
+        own = max(0.0, seconds - between_steps.get(step - 1, 0.0))
+        warmup = last_warmup_step is None or step <= last_warmup_step
+        parts["warmup_steps" if warmup else "productive_steps"] += own
+    wall = end - start
+    parts["gaps"] = 0.0
+    parts["leftover"] = wall - sum(seconds for seconds in parts.values() if seconds)
+    return {
+        "wall_seconds": wall,
+        "productive_fraction": parts["productive_steps"] / wall if wall > 0 else None,
+        "parts": parts,
+    }

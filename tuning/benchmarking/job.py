@@ -28,7 +28,7 @@ from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.data_description import describe_data
 from tuning.benchmarking.dump import write_dump
-from tuning.benchmarking.goodput import STARTUP_END, TRACKERS_START
+from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
@@ -213,6 +213,22 @@ def claim_metrics_path(paths: RunPaths, rank: int) -> int:
     return fd
 
 
+class ProcessTimes(Tracker):
+    """Receives ``train()``'s ``model_load_time`` and ``data_preparation_time`` on every rank, into ``times`` (as
+    goodput's ``model_load`` and ``data_preparation``), for the rank's own goodput."""
+
+    name = "process_times"
+    PARTS = {MODEL_LOAD_TIME: "model_load", DATA_PREPARATION_TIME: "data_preparation"}
+
+    def __init__(self, times: dict[str, float]):
+        super().__init__()
+        self.times = times
+
+    def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
+        if name in self.PARTS:
+            self.times[self.PARTS[name]] = self.times.get(self.PARTS[name], 0.0) + metric
+
+
 def earlier_segments(journal: str) -> list[dict[str, Any]]:
     """The records of the journal a resumed run continues, so that its dump keeps every segment; none (a new journal)
     when there is none or it cannot be read (said in a warning)."""
@@ -236,6 +252,8 @@ class BenchmarkJob:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
         self.constructed = time.time()  # the recipe's first line: the interpreter's start and imports end here
+        # This process's own times, for its rank's goodput (every rank: summary.rank_goodput).
+        self.process_times: dict[str, float] = {"start": self.started, "startup_end": self.constructed}
         self.flags: Any = None
         self.paths: RunPaths | None = None  # set once the metrics path is known to be writable and owned by this run
         self.output_dir: str | None = None
@@ -337,8 +355,10 @@ class BenchmarkJob:
             for tracker in self.mirrored:
                 tracker.get_hf_callback().when_run_info_known(lambda *_, tracker=tracker: self.note_mirrored(tracker))
             self.record.note(**{TRACKERS_START: time.time() - began})
+        self.process_times["trackers_start"] = time.time() - began
         others = [tracker for tracker in trackers if tracker not in self.mirrored]
-        return [*others, *([self.record] if self.rank == 0 else []), *self.mirrored]
+        own_times = ProcessTimes(self.process_times)
+        return [*others, own_times, *([self.record] if self.rank == 0 else []), *self.mirrored]
 
     def callbacks(self, extra: list[TrainerCallback] = ()) -> list[TrainerCallback]:
         """``train(additional_callbacks=...)``: the benchmark's step hooks first (a step's time and number before any
@@ -371,6 +391,7 @@ class BenchmarkJob:
             mirror=mirror if mirrors else None,
             stop_agreement=stop_agreement,
             peak_tflops=flags.peak_tflops,
+            process_times=self.process_times,
         )
         return [self.bench, self.graceful_stop, *extra, self.bench.log_recorder]
 

@@ -21,6 +21,15 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def gather_objects(mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (a collective under torch.distributed: every rank must call it)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        return everyone
+    return [mine]
+
+
 class RankTimes:
     """Forward time and data wait of each optimizer step of this rank's ``model``."""
 
@@ -106,13 +115,7 @@ class RankTimes:
     def gather(self, after_step: int | None) -> tuple[list[float | None], ...]:
         """Every rank's (forward time, data wait, data fetch, data fetch share) medians as four lists in rank order;
         every rank must call it (a collective)."""
-        mine = self.medians(after_step)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            everyone: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, mine)
-        else:
-            everyone = [mine]
-        return tuple(list(figure) for figure in zip(*everyone, strict=True))
+        return tuple(list(figure) for figure in zip(*gather_objects(self.medians(after_step)), strict=True))
 
     def detach(self) -> None:
         for handle in self._handles:

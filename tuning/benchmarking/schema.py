@@ -102,6 +102,12 @@ class Goodput(_Model):
     """part name: why it is null"""
 
 
+class RankGoodput(_Model):
+    wall_seconds: float
+    productive_fraction: Number
+    parts: GoodputParts
+
+
 class Summary(_Model):
     train_runtime: Number
     """seconds from train begin to train end"""
@@ -161,6 +167,9 @@ class Summary(_Model):
     rank_data_fetch_share_p50: list[Number] | None = None
     """per rank: the median of its own fetch time over its own step time, over the steps after the warmup"""
     goodput: Goodput | None = None
+    rank_goodput: list[RankGoodput] | None = None
+    """per rank, in rank order: its own process's goodput from its start to its train end, from its own clocks (its
+    last segment's; no gaps nor repeated steps); null from a recipe that does not time it"""
     """where the wall time went, from the first process's start to the dump (dumps before it lack the key)"""
 
 
