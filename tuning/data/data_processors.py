@@ -28,7 +28,7 @@ from tuning.data.utils import (
     maybe_align_datasets,
     try_concatenate_datasets,
 )
-from tuning.utils.error_logging import UserInputError
+from tuning.utils.error_logging import UserInputError, one_line
 
 logger = logging.getLogger(__name__)
 TRAIN_SPLIT, EVAL_SPLIT = "train", "test"  # datasets' names; a data config's "validation" is "test" here
@@ -98,10 +98,6 @@ def check_data_path(path: str, label: str, builder: str | None = None) -> None:
         _expand(path)
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def load_hub_dataset(path: str, streaming: bool = False, split: str | None = None) -> Dataset | IterableDataset:
     """The ``split`` (default train) of the Hub dataset ``path``; not streamed, it is cached in a directory of this
     run (``new_cache_dir``), removed with the run's other data caches."""
@@ -115,17 +111,17 @@ def load_hub_dataset(path: str, streaming: bool = False, split: str | None = Non
         return datasets.load_dataset(path, **kwargs)
     except FileNotFoundError as exc:  # DatasetNotFoundError among them
         raise InputFileNotFoundError(
-            f"data path {path}: no local file, folder or glob, nor a Hub dataset: {_one_line(exc)}"
+            f"data path {path}: no local file, folder or glob, nor a Hub dataset: {one_line(exc)}"
         ) from exc
     except (ConnectionError, TimeoutError, httpx.TransportError) as exc:
         raise HubUnreachableError(
-            f"Hub dataset {path}: the Hugging Face Hub could not be reached ({type(exc).__name__}: {_one_line(exc)})"
+            f"Hub dataset {path}: the Hugging Face Hub could not be reached ({type(exc).__name__}: {one_line(exc)})"
         ) from None
     except DatasetGenerationError as exc:
         cause = exc.__cause__ or exc
-        raise UnreadableDataError(f"Hub dataset {path} is not readable: {_one_line(cause)}") from exc
+        raise UnreadableDataError(f"Hub dataset {path} is not readable: {one_line(cause)}") from exc
     except ValueError as exc:  # an unknown split, a bad slice
-        raise UserInputError(f"Hub dataset {path}: {_one_line(exc)}") from exc
+        raise UserInputError(f"Hub dataset {path}: {one_line(exc)}") from exc
 
 
 def _json_rows(paths: list[str]):
