@@ -80,10 +80,12 @@ def hub_offline_switch() -> str | None:
 
 
 def check_hub_dataset_id(path: str, label: str) -> None:
-    """Refuse the Hub dataset id ``path`` (of ``label``: a flag, a data config's dataset) when the Hub is offline."""
+    """Refuse the Hub dataset id ``path`` (of ``label``: a flag, a data config's dataset) when the Hub is offline: data
+    found nowhere, so ``InputFileNotFoundError`` (``datasets``' ``DatasetNotFoundError``, as v3.1.0 raises for a
+    training data path that does not exist)."""
     switch = hub_offline_switch()
     if switch:
-        raise UserInputError(
+        raise InputFileNotFoundError(
             f"{label}: {path} is no local file, folder or glob, and the Hugging Face Hub is offline ({switch}), so "
             "it cannot be loaded as a Hub dataset id"
         )
@@ -444,10 +446,13 @@ def check_data_config(config: DataConfig, source: str, handler_names) -> None:
     for dataset in config.datasets:
         label = f"data config {source}: dataset '{dataset.name}'"
         for path in dataset.data_paths:
+            where = f"{label}: key 'data_paths'"
             try:
-                check_data_path(path, f"{label}: key 'data_paths'", dataset.builder)
+                check_data_path(path, where, dataset.builder)
             except InputFileNotFoundError as exc:
-                raise InputFileNotFoundError(f"{label}: key 'data_paths': {exc}") from None
+                if str(exc).startswith(where):  # a Hub id's refusal names where it stands already
+                    raise
+                raise InputFileNotFoundError(f"{where}: {exc}") from None
         for index, handler in enumerate(dataset.data_handlers or []):
             if handler.name not in handler_names:
                 raise UserInputError(
