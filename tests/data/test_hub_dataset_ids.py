@@ -88,8 +88,8 @@ def test_cli_refuses_an_id_offline_before_the_model_loads(
     monkeypatch.setattr("sys.argv", ["sft_trainer.py", *cli_args(unloadable_model, str(tmp_path / "out"), **data)])
     assert sft_trainer.main() == 1
     assert termination_lines(termination_log) == [
-        f"user_error: InputFileNotFoundError: --{flag}: {HUB_ID} is no local file, folder or glob, and the Hugging Face Hub "
-        f"is offline ({switch}=1), so it cannot be loaded as a Hub dataset id"
+        f"user_error: InputFileNotFoundError: --{flag}: {HUB_ID} is no local file, folder or glob, and the Hugging "
+        f"Face Hub is offline ({switch}=1), so it cannot be loaded as a Hub dataset id"
     ]
     assert not (tmp_path / "out").exists()
 

@@ -5,6 +5,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 import base64
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
@@ -665,3 +666,39 @@ def test_a_rerun_into_the_same_output_dir_measures_a_whole_run(tiny_model, tmp_p
         assert series(read_dump(tmp_path / "bench.json"), STEP_TIME)["steps"] == [1, 2]
     assert (tmp_path / "checkpoint-2").is_dir()
     assert not list(tmp_path.glob("*.safetensors"))  # no final model unless --save_model_dir
+
+
+def test_a_resume_with_another_configuration_is_refused_naming_the_difference(bench_train, tiny_model, tmp_path):
+    """A resumed run continues its journal; resumed with other work (another batch size here) it would mix two runs'
+    steps in one dump: refused as a user error naming each difference, the journal left as it was."""
+    import numpy
+    from safetensors.numpy import save_file
+
+    from tuning.benchmarking.job import BenchmarkJob
+    from tuning.errors import UserInputError
+    from tuning.utils.checkpoints import mark_complete
+
+    def start(batch_size: int, **extra) -> BenchmarkJob:
+        argv = [*bench_args(tiny_model, tmp_path, per_device_train_batch_size=batch_size, **extra)]
+        flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, argv)
+        job = BenchmarkJob()
+        try:
+            job.start(flags, args)
+        finally:
+            if job.metrics_path_lock is not None:
+                os.close(job.metrics_path_lock)
+        return job
+
+    start(2).record.journal.close()  # the first segment's start, as a run preempted before its first step leaves it
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    save_file({"w": numpy.zeros(2, dtype=numpy.float32)}, str(checkpoint / "adapter_model.safetensors"))
+    mark_complete(str(checkpoint), 1, 1)
+    journal = tmp_path / "bench.journal.jsonl"
+    before = journal.read_bytes()
+    with pytest.raises(UserInputError, match=r"another configuration \(per_device_train_batch_size 2 → 4\)"):
+        start(4, resume_from_checkpoint="true")
+    assert journal.read_bytes() == before
+    start(2, resume_from_checkpoint="true").record.journal.close()  # the same work resumes
+    assert [record["type"] for record in read_journal(str(journal))].count("start") == 2
