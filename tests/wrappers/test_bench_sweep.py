@@ -4,6 +4,7 @@ real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected 
 
 import csv
 import hashlib
+import importlib.util
 import json
 import shutil
 import signal
@@ -298,15 +299,14 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
 
 
 def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
-    """A flag value sft_trainer's parser rejects: no dump, only the TUNING_ERROR line."""
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"num_train_epochs": ["abc"]})
+    """A bench_train flag value its own check rejects before the dump exists (values the parser rejects are refused
+    before any point runs): no dump, only the TUNING_ERROR line."""
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"stall_timeout": [-1]})
     result = sweep(spec, tmp_path / "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = state_lines(tmp_path / "sweep")
     assert (line["status"], line["category"]) == ("error", "user_error")
-    assert (
-        line["reason"] == "UserInputError: argument --num_train_epochs/--num-train-epochs: invalid float value: 'abc'"
-    )
+    assert line["reason"] == "UserInputError: --stall_timeout must not be negative, got -1.0"
     (row,) = report_rows(tmp_path / "sweep")
     assert row["error_message"] == line["reason"]
 
@@ -503,3 +503,28 @@ def test_interleave_runs_the_repeats_in_rounds(tmp_path):
     lines = result.stdout.strip().splitlines()[:-1]
     order = [(line.split("  ")[0], line.split("_repeat-")[1][0]) for line in lines]
     assert order == [(f"learning_rate={rate}", repeat) for repeat in "012" for rate in ("0.1", "0.2")]
+
+
+@pytest.mark.parametrize(
+    ("axes", "reason"),
+    [
+        (
+            {"learning_rate": [0.1], "per_device_train_batch_size": [2, "two"]},
+            "point learning_rate=0.1 per_device_train_batch_size=two: argument --per_device_train_batch_size"
+            "/--per-device-train-batch-size: invalid int value: 'two'",
+        ),
+        ({"max_step": [1, 2]}, "point max_step=1: unknown flag --max_step; did you mean --max_steps?"),
+        ({"peft_method": ["lora", "alora"]}, "point peft_method=alora: --peft_method alora: aLoRA is not supported"),
+    ],
+)
+def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, axes, reason):
+    """Every point's flags are parsed as bench_train parses them before the first one runs (in-process: the parse is
+    the driver's own; nothing is started, nothing written)."""
+    spec = write_spec(tmp_path / "sweep.yaml", {"max_steps": 1}, axes)
+    module_spec = importlib.util.spec_from_file_location("bench_sweep_under_test", BENCH_SWEEP)
+    bench_sweep = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench_sweep)
+    with pytest.raises(SystemExit) as refused:
+        bench_sweep.main(str(spec), str(tmp_path / "sweep"))
+    assert str(refused.value) == reason or str(refused.value).startswith(reason), refused.value
+    assert not (tmp_path / "sweep").exists()
