@@ -21,6 +21,7 @@ pytest_plugins = ["tests.helpers.fixtures"]
 SHARED_FIXTURES = ("local_grid", "runs_dir", "healthy_jobs", "aim_server", "mlflow_server")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]

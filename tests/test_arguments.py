@@ -309,3 +309,29 @@ def test_a_job_validates_its_arguments_once(tmp_path):
     validate_arguments(args.model_args, args.data_args, args.training_args)  # checked: not read again
     with pytest.raises(UserInputError, match="model.safetensors is not a complete safetensors file"):
         validate_arguments(dataclasses.replace(args.model_args), args.data_args, args.training_args)
+
+
+def test_each_job_keeps_its_own_validation(tmp_path):
+    """The memo travels with a job's arguments, not in a module: a second job validated in the same process (a
+    sweep's points, tests) neither skips its own checks nor makes the first job's arguments checked again."""
+    import numpy
+    from safetensors.numpy import save_file
+
+    from tuning.sft_trainer import validate_arguments
+    from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+
+    jobs = []
+    for name in ("first", "second"):
+        model = tmp_path / name
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+        save_file({"w": numpy.zeros(4, dtype=numpy.float32)}, str(model / "model.safetensors"))
+        argv = [*BASE, "--training_data_path", SAMPLE_TRAIN_PATH, "--response_template", "x"]
+        jobs.append((model, parse_arguments(get_parser(), args=argv[:1] + [str(model)] + argv[2:])))
+    (first_model, first), (second_model, second) = jobs
+    validate_arguments(first.model_args, first.data_args, first.training_args)
+    (second_model / "model.safetensors").write_bytes(b"cut short")
+    with pytest.raises(UserInputError, match="model.safetensors is not a complete safetensors file"):
+        validate_arguments(second.model_args, second.data_args, second.training_args)
+    (first_model / "model.safetensors").write_bytes(b"cut short")
+    validate_arguments(first.model_args, first.data_args, first.training_args)  # its own memo: not read again

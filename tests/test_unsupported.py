@@ -16,7 +16,6 @@ from tests.helpers.training import (
     cli_args,
     load_script,
     make_args,
-    run_python,
     termination_lines,
 )
 from tuning import sft_trainer
@@ -152,12 +151,11 @@ def test_a_job_config_is_refused_alike(bench_train, unloadable_model, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-def test_bench_train_process_refuses_multipack_with_exit_1(unloadable_model, tmp_path):
-    """As a process: before the model loads (an unloadable one), with no dump of a run that never was."""
+def test_bench_train_refuses_multipack_with_exit_1(bench_train, unloadable_model, tmp_path, monkeypatch):
+    """bench_train's main: before the model loads (an unloadable one), with no dump of a run that never was."""
     args = [*cli_args(unloadable_model, str(tmp_path / "out")), "--multipack", "16"]
-    result = run_python(str(BENCH_TRAIN), *args, TERMINATION_LOG_FILE=str(tmp_path / "log"))
-    assert result.returncode == 1, result.stderr[-2000:]
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(tmp_path / "log"))
+    assert bench_train.main(args) == 1
     line = (tmp_path / "log").read_text().strip()
     refusal = "--multipack 16: multipack sampling is not supported by tuning-bench"
     assert line == f"user_error: UserInputError: {refusal}"

@@ -17,7 +17,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_sft_trainer
+from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
 from tuning import sft_trainer
 from tuning.config.acceleration_configs import AttentionAndDistributedPackingConfig, FastMoeConfig
 from tuning.config.configs import ModelArguments, TrainerControllerArguments
@@ -414,29 +414,26 @@ def test_train_rejects_bad_settings_with_upstreams_messages(change, message, tin
 # ---- the command line ----
 
 
-@pytest.mark.slow
-def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path):
+@pytest.mark.slow  # Aim's helper process
+def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path, monkeypatch, capfd):
     output_dir = tmp_path / "out"
-    result = run_sft_trainer(cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim")))
-    assert result.returncode == 0, result.stderr[-3000:]
+    args = cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim"))
+    exit_code, stderr = run_main(args, monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
     assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2, 3]
     assert json.loads((output_dir / "aim_tracker.json").read_text())["run_hash"]
 
 
-@pytest.mark.slow
-def test_cli_gradient_accumulation_steps_zero_is_a_user_error(tiny_model, tmp_path):
+def test_cli_gradient_accumulation_steps_zero_is_a_user_error(tiny_model, tmp_path, monkeypatch, capfd):
     termination_log = tmp_path / "termination-log"
-    result = run_sft_trainer(
-        cli_args(tiny_model, str(tmp_path / "out"), gradient_accumulation_steps=0),
-        TERMINATION_LOG_FILE=str(termination_log),
-    )
-    assert result.returncode == 1, result.stderr[-3000:]
+    args = cli_args(tiny_model, str(tmp_path / "out"), gradient_accumulation_steps=0)
+    exit_code, stderr = run_main(args, monkeypatch, capfd, TERMINATION_LOG_FILE=str(termination_log))
+    assert exit_code == 1, stderr[-3000:]
     assert "gradient_accumulation_steps has to be an integer >= 1" in termination_log.read_text()
     assert termination_log.read_text().startswith("user_error: ")
 
 
-@pytest.mark.slow
-def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path):
+def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path, monkeypatch, capfd, caplog):
     job = {
         "model_name_or_path": tiny_model,
         "training_data_path": SAMPLE_TRAIN_PATH,
@@ -455,9 +452,9 @@ def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path
     }
     config_path = tmp_path / "job.json"
     config_path.write_text(json.dumps(job))
-    result = run_sft_trainer([], SFT_TRAINER_CONFIG_JSON_PATH=str(config_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    warnings = [line for line in result.stderr.splitlines() if "ignoring job config keys" in line]
+    exit_code, stderr = run_main([], monkeypatch, capfd, SFT_TRAINER_CONFIG_JSON_PATH=str(config_path))
+    assert exit_code == 0, stderr[-3000:]
+    warnings = [record.getMessage() for record in caplog.records if "ignoring job config keys" in record.getMessage()]
     assert len(warnings) == 1 and "accelerate_launch_args, launcher_note" in warnings[0]
     assert [r["data"]["step"] for r in training_logs(tmp_path / "out") if r["name"] == "training_loss"] == [1, 2, 3]
 

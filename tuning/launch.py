@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from tuning.prologue import prologue
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import (
     TERMINATION_LINE,
@@ -30,12 +31,13 @@ from tuning.utils.error_logging import (
     ErrorCategory,
     SignalInterrupt,
     UserInputError,
-    _one_line,
     exit_code_for,
     install_early_signal_handlers,
+    one_line,
     run_with_error_reporting,
     write_termination_log,
 )
+from tuning.utils.prologue import prologue as ground_prologue
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -191,9 +193,9 @@ def failures_in_order(
 def termination_message(failures: list[RankFailure]) -> str:
     """The pod's termination log: the root cause's line, then one line per other failed rank while within 4 KiB."""
     root, *others = failures
-    text = _one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1) + "\n"
+    text = one_line(root.line, TERMINATION_LOG_MAX_BYTES - 1) + "\n"
     for failure in others:
-        line = _one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1) + "\n"
+        line = one_line(failure.line, OTHER_RANK_LINE_MAX_BYTES - 1) + "\n"
         if len((text + line).encode()) > K8S_TERMINATION_MESSAGE_MAX_BYTES:
             break
         text += line
@@ -291,9 +293,10 @@ def launch(args: argparse.Namespace, scratch: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tuning.launch`` and the ``tuning-launch`` console script."""
-    install_early_signal_handlers()
+    """``python -m tuning.launch`` and the ``tuning-launch`` console script. The scripts' prologue without the
+    trackers' helpers: the workers start their own."""
     argv = sys.argv[1:] if argv is None else argv
+    ground_prologue(argv)
 
     def launch_job() -> int:
         with tempfile.TemporaryDirectory(prefix="tuning-launch-") as scratch:
@@ -303,11 +306,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sft_trainer_main() -> int:
-    """The ``sft_trainer`` console script: signal handling first, then the trainer's heavy imports."""
-    install_early_signal_handlers()
+    """The ``sft_trainer`` console script: the scripts' prologue first (signal handling, the trackers' helpers), then
+    the trainer's heavy imports."""
+    early_helpers = prologue(sys.argv[1:])
     from tuning.sft_trainer import main as trainer_main
 
-    return trainer_main()
+    return trainer_main(early_helpers)
 
 
 if __name__ == "__main__":

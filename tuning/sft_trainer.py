@@ -19,7 +19,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":
-    from tuning.utils.prologue import prologue
+    from tuning.prologue import prologue
 
     early_helpers = prologue(sys.argv[1:], script=__file__ if __package__ in (None, "") else None)
 
@@ -304,8 +304,8 @@ def _is_number(value: Any, kinds: type | UnionType) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
-# The arguments validate_arguments passed last, and copies of them as they were: checked once per job.
-_validated: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+# The attribute of the training arguments holding what validate_arguments passed with them: checked once per job.
+VALIDATED_ATTRIBUTE = "_tuning_validated"
 
 
 def validate_arguments(
@@ -315,17 +315,18 @@ def validate_arguments(
     additional_data_handlers: dict | None = None,
 ) -> None:
     """Cheap checks that fail in seconds, before the tokenizer or the model is loaded (the data config among them:
-    its file, datasets, paths and handlers, ``additional_data_handlers`` counted). Once per job: the very arguments
-    that passed last, unchanged since, are not checked again (the CLI and bench_train check them before building
-    trackers, then ``train()`` is handed them), so that no file header is read twice."""
-    global _validated
+    its file, datasets, paths and handlers, ``additional_data_handlers`` counted). Once per job: arguments that
+    passed, unchanged since, are not checked again (the CLI and bench_train check them before building trackers,
+    then ``train()`` is handed them), so that no file header is read twice. The memo travels with the job's own
+    ``train_args`` (the very objects that passed, and copies of them as they were), never in this module."""
     arguments = (model_args, data_args, train_args, additional_data_handlers)
-    if _validated is not None:
-        checked, as_checked = _validated
+    if (memo := vars(train_args).get(VALIDATED_ATTRIBUTE)) is not None:
+        checked, as_checked = memo
         if all(a is b for a, b in zip(arguments, checked, strict=True)) and arguments == as_checked:
             return
     _check_arguments(model_args, data_args, train_args, additional_data_handlers)
-    _validated = (arguments, tuple(copy.copy(argument) for argument in arguments))
+    vars(train_args).pop(VALIDATED_ATTRIBUTE, None)  # not into the copies
+    vars(train_args)[VALIDATED_ATTRIBUTE] = (arguments, tuple(copy.copy(argument) for argument in arguments))
 
 
 def _check_arguments(

@@ -208,6 +208,27 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     return tokens
 
 
+def check_point_flags(points: list[Point], bench_train: Path = BENCH_TRAIN) -> None:
+    """Every point's flags as ``bench_train``'s own parser reads them (unknown flags, values of the wrong type, what
+    the trainer refuses), before the first point runs: one bad axis value ends the sweep in seconds, naming the point
+    and the flag, not after the points before it ran. Parsing only: files are checked by each point where it runs (a
+    Ray node's paths need not be the driver's)."""
+    module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    checked = set()
+    for point in points:
+        flags = {**point.flags, "output_dir": "point", "metrics_path": "point.json"}
+        flags.pop("metadata")  # a point's labels, read by bench_train as a JSON string: the same for the parser
+        if (key := json.dumps(flags, sort_keys=True, default=str)) in checked:
+            continue
+        checked.add(key)
+        try:
+            module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(flags))
+        except ValueError as exc:  # the trainer's UserInputError
+            raise SystemExit(f"point {point.label}: {exc}") from None
+
+
 def die_with_parent() -> Callable[[], Any] | None:
     """What the child runs before exec (Linux): SIGTERM when the process that started it dies (a SIGKILLed driver
     or Ray worker), so that no point outlives its sweep. prctl is looked up in the parent: the child only calls it."""
@@ -688,6 +709,7 @@ def main(
     if report_only:
         write_report(sweep_dir, points)
         return 0
+    check_point_flags(points)
     (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec, sweep_dir / "sweep.yaml")
     sweep.lock()

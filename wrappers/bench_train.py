@@ -16,7 +16,7 @@ import sys
 if __name__ == "__main__":
     # First of all, before torch loads: SIGTERM/Ctrl-C handlers (a preempted run still ends as `interrupted`) and the
     # helper processes of the trackers asked for (Aim and MLflow load while this process imports torch).
-    from tuning.utils.prologue import prologue
+    from tuning.prologue import prologue
 
     early_helpers = prologue(sys.argv[1:])
 

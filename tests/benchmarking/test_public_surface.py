@@ -32,7 +32,7 @@ def test_bench_train_uses_only_the_exported_names():
     assert project_imports == {
         ("tuning.benchmarking", "api"),
         ("tuning.benchmarking.api", "flag"),
-        ("tuning.utils.prologue", "prologue"),  # before torch loads
+        ("tuning.prologue", "prologue"),  # before torch loads
     }
     modules = {
         alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
@@ -63,6 +63,8 @@ def test_a_copy_written_against_the_package_itself_still_finds_every_name():
         ("tuning.benchmarking.dump", ("torch", "transformers")),
         ("tuning.utils.tiny_model", ("tuning.data", "torch")),
         ("tuning.trackers import start_helpers", ("torch", "transformers", "aim", "mlflow")),  # before torch loads
+        ("tuning.prologue", ("torch", "transformers", "aim", "mlflow")),
+        ("tuning.utils.prologue", ("torch", "tuning.trackers")),  # the ground floor's part
     ],
 )
 def test_light_modules_import_nothing_heavy(module, unwanted):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
-from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, run_sft_trainer, subprocess_env
+from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, cli_args, run_main, subprocess_env
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.data.formatting import apply_custom_formatting_template, format_file, format_texts
 from tuning.data.loading import iter_records, load_records
@@ -456,7 +456,6 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
 # --- the command line: exit code 1, one termination line naming the culprit ------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make_data", "extra", "line"),
     [
@@ -475,22 +474,21 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
     ],
     ids=["directory", "not-utf8", "template-key-with-space"],
 )
-def test_cli_bad_data_exits_1_with_one_line_naming_it(make_data, extra, line, tiny_model, tmp_path):
+def test_cli_bad_data_exits_1_with_one_line_naming_it(make_data, extra, line, tiny_model, tmp_path, monkeypatch, capfd):
     termination_log = tmp_path / "termination-log"
     args = cli_args(tiny_model, str(tmp_path / "out"), data=make_data(tmp_path), **extra)
-    result = run_sft_trainer(args, TERMINATION_LOG_FILE=str(termination_log))
-    assert result.returncode == 1, result.stderr[-3000:]
+    exit_code, stderr = run_main(args, monkeypatch, capfd, TERMINATION_LOG_FILE=str(termination_log))
+    assert exit_code == 1, stderr[-3000:]
     assert re.fullmatch(line + r"\n", termination_log.read_text())
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in stderr
 
 
-@pytest.mark.slow
-def test_cli_fills_template_keys_with_spaces(tiny_model, tmp_path):
+def test_cli_fills_template_keys_with_spaces(tiny_model, tmp_path, monkeypatch, capfd):
     data = _write(tmp_path / "tweets.jsonl", TWEETS)
     template = "### Text: {{Tweet text}}\n### Response: {{text_label}}"
     args = cli_args(tiny_model, str(tmp_path), data=data, dataset_text_field=None, data_formatter_template=template)
-    result = run_sft_trainer([*args, "--per_device_train_batch_size", "2", "--max_steps", "1"])
-    assert result.returncode == 0, result.stderr[-3000:]
+    exit_code, stderr = run_main([*args, "--per_device_train_batch_size", "2", "--max_steps", "1"], monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
 
 
 def test_special_tokens_dict_of_v3(tiny_model):

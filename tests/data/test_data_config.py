@@ -11,7 +11,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_sft_trainer
+from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data.data_config import load_and_validate_data_config
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler, DataHandlerType
@@ -292,23 +292,25 @@ def test_base64_and_file_chat_templates_are_read(tmp_path):
         load_and_validate_data_config(both)
 
 
-@pytest.mark.slow
-def test_cli_bad_data_config_exits_1_and_data_config_trains(tiny_model, tmp_path):
+def test_cli_bad_data_config_exits_1_and_data_config_trains(tiny_model, tmp_path, monkeypatch, capfd):
     bad = write_config(tmp_path / "bad.yaml", {"datasets": [good_dataset(sampling=2)]})
     flags = {"training_data_path": None, "dataset_text_field": None, "response_template": None}
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "out"), data_config_path=bad, **flags))
-    assert result.returncode == 1 and "key 'sampling'" in result.stderr, result.stderr[-3000:]
+    exit_code, stderr = run_main(
+        cli_args(tiny_model, str(tmp_path / "out"), data_config_path=bad, **flags), monkeypatch, capfd
+    )
+    assert exit_code == 1 and "key 'sampling'" in stderr, stderr[-3000:]
     good = write_config(tmp_path / "good.yaml", {"datasets": [good_dataset()]})
     flags.update(dataset_text_field="output", response_template=RESPONSE_TEMPLATE, max_steps=1)
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "out"), data_config_path=good, **flags))
-    assert result.returncode == 0, result.stderr[-3000:]
+    exit_code, stderr = run_main(
+        cli_args(tiny_model, str(tmp_path / "out"), data_config_path=good, **flags), monkeypatch, capfd
+    )
+    assert exit_code == 0, stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_cli_do_dataprocessing_only_exits_0_with_the_shards(tiny_model, tmp_path):
+def test_cli_do_dataprocessing_only_exits_0_with_the_shards(tiny_model, tmp_path, monkeypatch, capfd):
     flags = {"do_dataprocessing_only": True, "num_train_dataset_shards": 3}
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "out"), **flags))
-    assert result.returncode == 0, result.stderr[-3000:]
+    exit_code, stderr = run_main(cli_args(tiny_model, str(tmp_path / "out"), **flags), monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
     shards = sorted(path.name for path in (tmp_path / "out" / "train_dataset").glob("*.parquet"))
     assert shards == ["ds_00000.parquet", "ds_00001.parquet", "ds_00002.parquet"]
 

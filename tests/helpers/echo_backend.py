@@ -1,6 +1,7 @@
 """A tracker helper backend that keeps every call it gets, for the helper protocol's tests; ``FailingTrack`` fails
 its first ``track``."""
 
+import threading
 from typing import Any
 
 
@@ -25,3 +26,21 @@ class EchoBackend:
 class FailingTrack(EchoBackend):
     def track(self, points: list[list]) -> None:
         raise RuntimeError("the store is read-only")
+
+
+class BlockedTrack(EchoBackend):
+    """A store that stops answering: its first ``track`` waits until ``release`` is set (the helper's kill sets it)."""
+
+    release = threading.Event()
+
+    def track(self, points: list[list]) -> None:
+        self.release.wait(30)
+        super().track(points)
+
+
+class ExitsOnSet(EchoBackend):
+    """A library that takes its process down with it (``os._exit`` inside a call): its first ``set_params`` ends
+    the child without an answer."""
+
+    def set_params(self, name: str, params: dict[str, Any]) -> None:
+        raise SystemExit(3)

@@ -112,6 +112,25 @@ def run_sft_trainer(args: list[str], timeout: float = 300, **env: str) -> subpro
     return run_python(SFT_TRAINER, *args, timeout=timeout, **env)
 
 
+def run_main(args: list[str], monkeypatch, capfd, **env: str) -> tuple[int, str]:
+    """``sft_trainer.main()`` with the command line ``args``, in this process, ``env`` set for it (no job config from
+    this process's environment unless given there): its exit code and what it wrote to stderr. What only a process
+    of its own shows (the script's path handling, the signal handlers before torch loads, the exit status as the
+    shell sees it) is tested once with real processes (``run_sft_trainer``); everything behind ``main()`` is the
+    same here, without paying the CLI's imports for each case."""
+    from tuning.sft_trainer import main
+    from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV
+
+    for name in (CONFIG_PATH_ENV, CONFIG_BASE64_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *map(str, args)])
+    capfd.readouterr()  # what came before is not this run's
+    exit_code = main()
+    return exit_code, capfd.readouterr().err
+
+
 def load_script(path: Path) -> ModuleType:
     """A script imported as a module, for checks below its command line."""
     spec = importlib.util.spec_from_file_location(path.stem, path)

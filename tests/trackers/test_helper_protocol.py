@@ -1,16 +1,20 @@
 """The tracker helper's protocol, in process: a ``HelperChild`` serving an echo backend in a thread over a real
-``multiprocessing`` pipe, driven as the transport drives it. No subprocess, so these run in ``make test-fast``; the
-real helpers (spawned, adopted, killed, against real servers) are test_aim_tracker.py's and test_mlflow_tracker.py's.
+``multiprocessing`` pipe, driven as the transport drives it; then the parent side (``IsolatedCallback`` over its
+``HelperTransport``) against children serving on threads (tests/helpers/thread_helper.py): messages, acknowledgements,
+degradation, the end. No subprocess, so these run in ``make test-fast``; the real helpers (spawned, adopted, killed,
+against real servers) are the two tests marked slow here and test_aim_tracker.py's and test_mlflow_tracker.py's.
 """
 
 import json
 import socket
 import threading
+import time
 from multiprocessing.connection import Pipe
 
 import pytest
 
-from tests.helpers.echo_backend import EchoBackend, FailingTrack
+from tests.helpers.echo_backend import BlockedTrack, EchoBackend, FailingTrack
+from tests.helpers.thread_helper import KILLED_STATUS, thread_helpers
 from tuning.trackers.helper_child import KILLED, HelperChild
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback
@@ -103,6 +107,96 @@ ECHO = "tests.helpers.echo_backend:EchoBackend"
 
 class EchoCallback(IsolatedCallback):
     tracker, label, export_filename = "echo", "Echo", "echo.json"
+    default_backend = ECHO
+
+
+def threaded(backend: str = ECHO, timeout: float = 5.0, **kwargs):
+    """An ``EchoCallback`` whose helper (running ``backend``) serves on a thread; and that helper."""
+    early, children = thread_helpers()
+    early.start(backend)
+    callback = EchoCallback({"repo": "r"}, timeout=timeout, backend=backend, early_helpers=early, **kwargs)
+    assert early.adopt(backend) is None and len(children) == 1  # the callback took it
+    return callback, children[0]
+
+
+def test_a_callback_built_directly_runs_its_class_backend():
+    """Built without the registry, a callback still knows what its helper runs: the backend is handed to it or is
+    its class's, never looked up in the registry."""
+    early, children = thread_helpers()
+    early.start(ECHO)
+    callback = EchoCallback({}, early_helpers=early)
+    callback.close("FINISHED")
+    assert callback.backend == ECHO and callback.degraded_reason is None and children[0].poll() == 0
+
+
+def test_tracked_points_params_and_the_close_reach_the_backend_in_order_and_are_all_acknowledged(tmp_path):
+    callback, child = threaded(export_dir=str(tmp_path))
+    callback.track(1.0, "loss", 1)
+    callback.track(0.5, "loss", 2, context={"subset": "train"})
+    callback.set_params({"lr": 0.1}, "hparams")
+    callback.close("FINISHED")
+    calls = child.backend.calls
+    assert [name for name, _ in calls] == ["open", "track", "set", "close"]
+    assert [point[:3] for point in calls[1][1]] == [[1.0, "loss", 1], [0.5, "loss", 2]]  # batched, in order
+    assert calls[2][1] == ("hparams", {"lr": 0.1}) and calls[3] == ("close", "FINISHED")
+    assert callback.degraded_reason is None and not callback.transport.pending and child.poll() == 0
+    assert callback.run_info["run_id"] == "echo-1" and callback.ready.is_set()
+    assert json.loads((tmp_path / "echo.json").read_text()) == callback.run_info
+
+
+@pytest.mark.parametrize("status", ["FAILED", "KILLED"])
+def test_the_jobs_outcome_is_the_runs_status(status):
+    callback, child = threaded()
+    callback.track(1.0, "loss", 1)
+    callback.close(status)
+    assert child.backend.calls[-1] == ("close", status)
+
+
+def test_a_failing_call_degrades_tracking_naming_it_and_training_goes_on():
+    callback, child = threaded("tests.helpers.echo_backend:FailingTrack")
+    callback.track(1.0, "loss", 1)
+    callback._flush_points()
+    callback.transport.wait_exited()
+    assert callback.degraded_reason == "tracking failed: RuntimeError('the store is read-only')"
+    started = time.monotonic()
+    callback.track(2.0, "loss", 2)  # after degrading: no-ops that neither raise nor wait
+    callback.set_params({"lr": 0.1}, "hparams")
+    callback.close("FINISHED")
+    assert time.monotonic() - started < 1.0 and ("set", ("hparams", {"lr": 0.1})) not in child.backend.calls
+
+
+def test_a_store_that_stops_answering_is_given_up_after_the_timeout_and_its_helper_killed():
+    BlockedTrack.release.clear()
+    callback, child = threaded("tests.helpers.echo_backend:BlockedTrack", timeout=0.3)
+    callback.set_params({"lr": 0.1}, "hparams")  # the run opens
+    while callback.transport.pending:
+        time.sleep(0.01)
+    callback.track(1.0, "loss", 1)
+    callback._flush_points()
+    started = time.monotonic()
+    callback.track(2.0, "loss", 2)  # training never waits for the stuck helper
+    assert time.monotonic() - started < 0.1
+    time.sleep(0.5)
+    assert callback.transport.blocked()
+    assert callback.degraded_reason == "tracking blocked for more than 0.3s"
+    assert child.wait(5) == KILLED_STATUS
+
+
+def test_a_helper_that_exits_before_the_close_degrades_tracking_with_its_exit_status():
+    callback, child = threaded("tests.helpers.echo_backend:ExitsOnSet")
+    callback.set_params({"lr": 0.1}, "hparams")
+    callback.transport.wait_exited()
+    assert callback.degraded_reason == "the Echo helper process exited unexpectedly (exit status 3)"
+    callback.close("FINISHED")  # nothing left to do, and it does not wait
+
+
+def test_a_close_is_the_end_and_the_helper_exits_without_being_degraded():
+    callback, child = threaded()
+    callback.close("FINISHED")
+    callback.transport.wait_exited()
+    assert child.poll() == 0 and callback.degraded_reason is None and not callback.transport.pending
+    callback.track(1.0, "loss", 1)  # after the end: dropped, no error
+    assert [name for name, _ in child.backend.calls] == []  # no run was opened: nothing was tracked
 
 
 @pytest.mark.slow  # a real helper process, though a light one
@@ -117,13 +211,3 @@ def test_a_callback_adopts_the_helper_started_early_and_exports_its_run(tmp_path
     assert callback.degraded_reason is None and callback.run_info["run_id"] == "echo-1"
     assert json.loads((tmp_path / "echo.json").read_text()) == callback.run_info
     assert callback.transport.process.poll() == 0 and not callback.transport.pending
-
-
-@pytest.mark.slow
-def test_a_failing_backend_degrades_tracking_and_names_the_call():
-    callback = EchoCallback({}, backend="tests.helpers.echo_backend:FailingTrack")
-    callback.track(1.0, "loss", 1)
-    callback._flush_points()
-    callback.transport.wait_exited()
-    assert callback.degraded_reason == "tracking failed: RuntimeError('the store is read-only')"
-    callback.close("FINISHED")  # nothing left to do, and it does not wait

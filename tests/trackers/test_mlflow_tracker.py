@@ -17,15 +17,17 @@ import pytest
 from transformers import TrainerCallback
 
 from tests.helpers.aim import read_runs
-from tests.helpers.bench import bench_args, read_dump, series, start_bench
+from tests.helpers.bench import bench_args, read_dump, series
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
 from tests.helpers.training import (
+    BENCH_TRAIN,
     REPO_ROOT,
     SFT_TRAINER,
     Job,
     cli_args,
     free_port,
+    load_script,
     logged_steps,
     subprocess_env,
     succeeded,
@@ -42,6 +44,12 @@ from tuning.utils.error_logging import UserInputError
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
 
 METADATA_FLAG = json.dumps(METADATA)
+
+
+@pytest.fixture(scope="module")
+def bench_train():
+    """bench_train's main, run in this process (its tracker helpers are real processes)."""
+    return load_script(BENCH_TRAIN)
 
 
 @pytest.fixture(scope="module")
@@ -289,13 +297,14 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
     assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
 
 
-def test_bench_train_mirrors_its_series_and_records_the_run_id(tiny_model, mlflow_server, tmp_path):
+def test_bench_train_mirrors_its_series_and_records_the_run_id(bench_train, tiny_model, mlflow_server, tmp_path, capfd):
     metadata = json.dumps({"batch": 4, "sweep": "mlflow-bench"})
     args = bench_args(
         tiny_model, tmp_path, max_steps=6, tracker="mlflow", mlflow_tracking_uri=mlflow_server.url, metadata=metadata
     )
-    stderr = succeeded(start_bench(args))
-    assert DEGRADED_WARNING not in stderr
+    capfd.readouterr()
+    assert bench_train.main(args) == 0
+    assert DEGRADED_WARNING not in capfd.readouterr().err
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "ok" and dump["mlflow_degraded_reason"] is None
     (run,) = search(mlflow_server.url, "params.sweep = 'mlflow-bench' and params.batch = '4'")
@@ -329,9 +338,9 @@ def test_params_alike_once_flattened_are_all_kept_with_one_warning(tmp_path, cap
 
 
 def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_model, tmp_path):
-    """Three jobs create one new store at once: each gets its run and the store stays searchable."""
+    """Two jobs create one new store at once: each gets its run and the store stays searchable."""
     store = tmp_path / "new-store"
-    workdirs = [tmp_path / f"job{index}" for index in range(3)]
+    workdirs = [tmp_path / f"job{index}" for index in range(2)]
     jobs = []
     for index, workdir in enumerate(workdirs):
         args = cli_args(tiny_model, str(workdir), max_steps=2)
@@ -341,7 +350,7 @@ def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_mod
     for job in jobs:
         assert DEGRADED_WARNING not in succeeded(job)
     runs = search(f"sqlite:///{store}/mlflow.db")
-    assert sorted(run.data.params["job"] for run in runs) == ["0", "1", "2"]
+    assert sorted(run.data.params["job"] for run in runs) == ["0", "1"]
     assert {run.info.status for run in runs} == {"FINISHED"}
 
 
@@ -437,13 +446,16 @@ def test_trackers_built_before_one_that_cannot_be_are_closed(tmp_path):
     assert tracker_helpers() <= earlier_helpers
 
 
-def test_bench_train_whose_mlflow_config_is_bad_ends_the_aim_run_it_opened_as_failed(tiny_model, tmp_path):
+def test_bench_train_whose_mlflow_config_is_bad_ends_the_aim_run_it_opened_as_failed(
+    bench_train, tiny_model, tmp_path, capfd
+):
     """bench_train opens each run as it builds its tracker: one that cannot be built fails the job, and the run
     opened before it ends as FAILED, not FINISHED at exit."""
     args = bench_args(tiny_model, tmp_path)
     args += ["--trackers", "aim", "mlflow", "--aim_repo", str(tmp_path / "aim"), "--mlflow_close_timeout", "0"]
-    process = start_bench(args)
-    stderr = process.finish()
-    assert process.returncode == 1 and "--mlflow_close_timeout" in stderr, stderr[-3000:]
+    capfd.readouterr()
+    returncode = bench_train.main(args)
+    stderr = capfd.readouterr().err
+    assert returncode == 1 and "--mlflow_close_timeout" in stderr, stderr[-3000:]
     (run,) = read_runs(tmp_path / "aim")
     assert run["params"]["status"] == "FAILED" and not run["active"]

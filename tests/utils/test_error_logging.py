@@ -28,10 +28,21 @@ from tuning.utils.error_logging import (
     classify,
     error_marker,
     exit_code_for,
+    one_line,
     run_with_error_reporting,
     termination_line,
     write_termination_log,
 )
+
+
+def test_one_line_collapses_whitespace_and_cuts_to_whole_utf8_characters():
+    """The one helper that makes a message fit one line: of a termination log, a stderr marker, a data error."""
+    assert one_line(FileNotFoundError("no\n  such\tfile")) == "no such file"
+    assert one_line("  café\n\nbar ") == "café bar"
+    assert one_line("ab cd", max_bytes=5) == "ab cd"
+    cut = one_line("é" * 10, max_bytes=8)  # two bytes each: two whole characters fit before the ellipsis
+    assert cut == "éé..." and len(cut.encode()) <= 8
+
 
 REPORT_KEYS = {
     "category",

@@ -3,8 +3,12 @@ real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected 
 (tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata."""
 
 import csv
+import fcntl
 import hashlib
+import importlib.util
+import itertools
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -204,9 +208,16 @@ def test_a_data_config_axis_gives_each_point_its_datasets_and_ratios(tiny_model,
     assert again.returncode == 0 and again.stdout.strip().endswith("2 points, 1 to run"), again.stdout
 
 
-def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path):
+def test_the_ray_executor_gives_the_same_table_one_point_at_a_time_from_a_shipped_working_dir(
+    local_grid, tiny_model, tmp_path
+):
+    """The grid on a real local Ray instance, its driver outside the checkout it ships (the task finds bench_train.py
+    in the shipped copy): the same table as the local executor's; on a 2-CPU node without GPUs and without
+    --concurrency, one point at a time (each starts once the one before has stopped)."""
     spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), GRID)
-    result = sweep(spec, tmp_path / "sweep", "--executor", "ray", "--ray_num_cpus", "2")
+    runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
+    flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
+    result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     local = [tuple(r[c] for c in TABLE_COLUMNS) for r in report_rows(local_grid["out"])]
     remote = [tuple(r[c] for c in TABLE_COLUMNS) for r in report_rows(tmp_path / "sweep")]
@@ -214,27 +225,9 @@ def test_the_ray_executor_gives_the_same_table(local_grid, tiny_model, tmp_path)
     points = tmp_path / "sweep" / "points"
     assert len(list(points.glob("*.json"))) == 6  # the dumps, written by the driver from what the tasks returned
     assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
-
-
-def test_the_ray_executor_runs_one_point_at_a_time_on_a_node_without_gpus(tiny_model, tmp_path):
-    """Two 1-CPU points on a 2-CPU node without --concurrency: the second starts once the first has stopped."""
-    out = tmp_path / "sweep"
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_seq_length": [64, 128]})
-    result = sweep(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    dumps = [json.loads((out / line["metrics_path"]).read_text()) for line in state_lines(out)]
-    first, second = sorted(dumps, key=lambda dump: datetime.fromisoformat(dump["start_time"]))
-    assert datetime.fromisoformat(second["start_time"]) >= datetime.fromisoformat(first["stop_time"])
-
-
-def test_a_ray_working_dir_runs_the_shipped_bench_train_from_any_driver_directory(tiny_model, tmp_path):
-    """The driver runs outside the checkout it ships: the task finds bench_train.py in the shipped copy."""
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"max_steps": [1]})
-    runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
-    flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
-    result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [line["status"] for line in state_lines(tmp_path / "sweep")] == ["ok"]
+    dumps = [json.loads((tmp_path / "sweep" / line["metrics_path"]).read_text()) for line in state_lines(points.parent)]
+    spans = sorted((datetime.fromisoformat(d["start_time"]), datetime.fromisoformat(d["stop_time"])) for d in dumps)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
 
 
 def processes_with_env(entry: str) -> list[int]:
@@ -250,38 +243,53 @@ def processes_with_env(entry: str) -> list[int]:
 
 
 def test_a_ray_sweep_stopped_by_sigterm_records_finished_points_and_leaves_nothing_behind(tiny_model, tmp_path):
-    """A first driver SIGKILLed mid-point, then a second one SIGTERMed mid-point, on a real local Ray instance with
-    its own temp dir (short: Ray's sockets live there): exit 143, the finished point recorded once, and neither the
-    Ray processes nor the points' scratch directories outlive them."""
+    """A driver SIGTERMed mid-point, on a real local Ray instance with its own temp dir (short: Ray's sockets live
+    there): exit 143, the finished point recorded once, and neither the Ray processes nor the point's scratch
+    directory outlive it. (What a SIGKILLed driver leaves, its point's scratch directory, the next point on the node
+    removes: test_scratch_directories_nothing_holds_are_removed_by_the_next_point.)"""
     temp = Path(tempfile.mkdtemp(prefix="bs", dir="/tmp"))
     try:
         base = base_flags(tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")
         spec = write_spec(tmp_path / "sweep.yaml", base, {"max_steps": [2, 1000]})
         out, tmpdir = tmp_path / "sweep", f"TMPDIR={temp}"
         command = sweep_command(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
-        log_dir = tmp_path / "driver"
 
-        # Ray's agents notice a SIGKILLed driver's instance gone within a minute; a stopped driver shuts it down.
-        for stop, leftovers_seconds in ((signal.SIGKILL, 120), (signal.SIGTERM, 30)):
-            earlier = set(temp.glob("bench-sweep-*"))  # the first driver's, left once it was SIGKILLed
+        def slow_point_running() -> bool:  # past a step
+            journals = temp.glob("bench-sweep-*/max_steps-1000-*.journal.jsonl")
+            return any(path.stat().st_size for path in journals)
 
-            def slow_point_running(earlier: set[Path] = earlier) -> bool:  # this driver's, past a step
-                journals = temp.glob("bench-sweep-*/max_steps-1000-*.journal.jsonl")
-                return any(path.parent not in earlier and path.stat().st_size for path in journals)
-
-            driver = Job(command, log_dir=log_dir, TMPDIR=str(temp))
-            wait_until(lambda: len(state_lines(out)) == 1 and slow_point_running(), driver, "a finished point", 300)
-            driver.send_signal(stop)
-            stderr = driver.finish(timeout=120)
-            wait_until(
-                lambda: not processes_with_env(tmpdir), None, f"no process left after {stop!r}", leftovers_seconds
-            )
+        driver = Job(command, log_dir=tmp_path / "driver", TMPDIR=str(temp))
+        wait_until(lambda: len(state_lines(out)) == 1 and slow_point_running(), driver, "a finished point", 300)
+        driver.send_signal(signal.SIGTERM)
+        stderr = driver.finish(timeout=120)
+        # A stopped driver shuts its Ray instance down.
+        wait_until(lambda: not processes_with_env(tmpdir), None, "no process left after SIGTERM", 30)
         assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
         assert "stopped by signal 15" in stderr
         assert [(line["axes"], line["status"]) for line in state_lines(out)] == [({"max_steps": 2}, "ok")]
-        assert not list(temp.glob("bench-sweep-*"))  # the killed driver's, by the second run; the second's own
+        assert not list(temp.glob("bench-sweep-*"))
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_scratch_directories_nothing_holds_are_removed_by_the_next_point(tmp_path, monkeypatch):
+    """A SIGKILLed driver takes its Ray task with it and its point ends, leaving the point's scratch directory; the
+    next point on the node removes every one whose lock nothing holds, and keeps those of points still running."""
+    spec = importlib.util.spec_from_file_location("bench_sweep_scratch", BENCH_SWEEP)
+    bench_sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_sweep)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    abandoned, running = (tmp_path / f"{bench_sweep.SCRATCH_PREFIX}{name}" for name in ("abandoned", "running"))
+    for directory in (abandoned, running):
+        directory.mkdir()
+        (directory / "point.journal.jsonl").write_text("{}\n")
+    held = os.open(running, os.O_RDONLY | os.O_DIRECTORY)  # as its task and point hold it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        bench_sweep.remove_abandoned_scratch()
+        assert not abandoned.exists() and (running / "point.journal.jsonl").exists()
+    finally:
+        os.close(held)
 
 
 def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
@@ -298,15 +306,14 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
 
 
 def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
-    """A flag value sft_trainer's parser rejects: no dump, only the TUNING_ERROR line."""
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"num_train_epochs": ["abc"]})
+    """A bench_train flag value its own check rejects before the dump exists (values the parser rejects are refused
+    before any point runs): no dump, only the TUNING_ERROR line."""
+    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"stall_timeout": [-1]})
     result = sweep(spec, tmp_path / "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = state_lines(tmp_path / "sweep")
     assert (line["status"], line["category"]) == ("error", "user_error")
-    assert (
-        line["reason"] == "UserInputError: argument --num_train_epochs/--num-train-epochs: invalid float value: 'abc'"
-    )
+    assert line["reason"] == "UserInputError: --stall_timeout must not be negative, got -1.0"
     (row,) = report_rows(tmp_path / "sweep")
     assert row["error_message"] == line["reason"]
 
@@ -503,3 +510,28 @@ def test_interleave_runs_the_repeats_in_rounds(tmp_path):
     lines = result.stdout.strip().splitlines()[:-1]
     order = [(line.split("  ")[0], line.split("_repeat-")[1][0]) for line in lines]
     assert order == [(f"learning_rate={rate}", repeat) for repeat in "012" for rate in ("0.1", "0.2")]
+
+
+@pytest.mark.parametrize(
+    ("axes", "reason"),
+    [
+        (
+            {"learning_rate": [0.1], "per_device_train_batch_size": [2, "two"]},
+            "point learning_rate=0.1 per_device_train_batch_size=two: argument --per_device_train_batch_size"
+            "/--per-device-train-batch-size: invalid int value: 'two'",
+        ),
+        ({"max_step": [1, 2]}, "point max_step=1: unknown flag --max_step; did you mean --max_steps?"),
+        ({"peft_method": ["lora", "alora"]}, "point peft_method=alora: --peft_method alora: aLoRA is not supported"),
+    ],
+)
+def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, axes, reason):
+    """Every point's flags are parsed as bench_train parses them before the first one runs (in-process: the parse is
+    the driver's own; nothing is started, nothing written)."""
+    spec = write_spec(tmp_path / "sweep.yaml", {"max_steps": 1}, axes)
+    module_spec = importlib.util.spec_from_file_location("bench_sweep_under_test", BENCH_SWEEP)
+    bench_sweep = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench_sweep)
+    with pytest.raises(SystemExit) as refused:
+        bench_sweep.main(str(spec), str(tmp_path / "sweep"))
+    assert str(refused.value) == reason or str(refused.value).startswith(reason), refused.value
+    assert not (tmp_path / "sweep").exists()

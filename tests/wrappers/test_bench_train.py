@@ -5,6 +5,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 import base64
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
@@ -70,8 +71,8 @@ def small_filesystem(tmp_path):
 # ---- runs that end well ----
 
 
-@pytest.mark.slow
-def test_aim_run_with_metadata_file(tiny_model, tmp_path):
+@pytest.mark.slow  # Aim's helper process and its repo
+def test_aim_run_with_metadata_file(bench_train, tiny_model, tmp_path, capfd):
     metadata_file = tmp_path / "meta.yaml"
     metadata_file.write_text("model: tiny-llama\nbatch_size: 4\nhardware:\n  accelerator: cpu\n  cores: 2\n")
     aim_repo = tmp_path / "aim"
@@ -87,8 +88,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
         metadata='{"benchmark_id": "b-7", "nightly": true}',
         callbacks=f"{BENCH_CALLBACKS}:AddsMetric",
     )
-    returncode, _, stderr = run_bench(args)
-    assert returncode == 0, stderr[-3000:]
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
 
     dump = read_dump(tmp_path / "out" / "bench.json")
     assert dump["status"] == "ok" and dump["error"] is None and dump["training_steps"] == 4
@@ -137,8 +137,7 @@ def test_aim_run_with_metadata_file(tiny_model, tmp_path):
     assert build_dump(records, rebuilt_from_journal=True) == {**dump, "rebuilt_from_journal": True}
 
 
-@pytest.mark.slow
-def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
+def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, tmp_path, capfd):
     args = bench_args(
         tiny_model,
         tmp_path,
@@ -150,8 +149,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(tiny_model, tmp_path):
         auto_stop_tolerance=0.5,
         callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
-    returncode, _, stderr = run_bench(args)
-    assert returncode == 0, stderr[-3000:]
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     assert dump["status"] == "stopped" and dump["stop_reason"] == "auto_stop" and dump["error"] is None
     assert 4 <= dump["training_steps"] < 30  # one warmup step, then at least three measured
@@ -327,9 +325,9 @@ def test_sigkilled_aim_run_rebuilds_with_its_run_hash(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_second_run_on_the_same_metrics_path_is_refused(tiny_model, tmp_path):
-    """Two real runs, one --metrics_path: the second is refused before it touches anything; the first's journal and
-    dump stay its own."""
+def test_second_run_on_the_same_metrics_path_is_refused(bench_train, tiny_model, tmp_path, capfd):
+    """Two runs, one --metrics_path (the first a process of its own, the second bench_train's main in this process):
+    the second is refused before it touches anything; the first's journal and dump stay its own."""
     metrics_path = tmp_path / "shared" / "bench.json"
     journal = metrics_path.with_name("bench.journal.jsonl")
     args = bench_args(
@@ -342,7 +340,9 @@ def test_second_run_on_the_same_metrics_path_is_refused(tiny_model, tmp_path):
     first = start_bench(args)
     try:
         wait_for_steps(journal, 2, first)
-        returncode, _, stderr = run_bench(args)
+        capfd.readouterr()
+        returncode = bench_train.main(args)
+        stderr = capfd.readouterr().err
         assert first.poll() is None, "the first run should still be training"
     finally:
         first.send_signal(signal.SIGTERM)
@@ -363,8 +363,8 @@ def test_second_run_on_the_same_metrics_path_is_refused(tiny_model, tmp_path):
     assert build_dump(records) == dump  # the journal is the first run's alone
 
     # Once the first run is over, the path is free again.
-    returncode, _, stderr = run_bench(bench_args(tiny_model, tmp_path / "out", metrics_path=metrics_path, max_steps=1))
-    assert returncode == 0, stderr[-3000:]
+    returncode = bench_train.main(bench_args(tiny_model, tmp_path / "out", metrics_path=metrics_path, max_steps=1))
+    assert returncode == 0, capfd.readouterr().err[-3000:]
     assert read_dump(metrics_path)["status"] == "ok"
 
 
@@ -717,13 +717,47 @@ def test_a_job_config_holds_the_trainer_s_arguments_and_may_hold_the_wrapper_s(b
     assert (flags.auto_stop_min_steps, flags.stall_timeout, flags.skip_warmup_steps) == (3, 9.0, 5)
 
 
-@pytest.mark.slow
-def test_a_rerun_into_the_same_output_dir_measures_a_whole_run(tiny_model, tmp_path):
+def test_a_rerun_into_the_same_output_dir_measures_a_whole_run(bench_train, tiny_model, tmp_path, capfd):
     """sft_trainer resumes from output_dir's last checkpoint (fms-hf-tuning v3.1.0); bench_train only when told."""
     args = bench_args(tiny_model, tmp_path, max_steps=2, save_strategy="steps", save_steps=1, skip_warmup_steps=0)
     for _ in range(2):
-        code, _, stderr = run_bench(args)
-        assert code == 0, stderr[-3000:]
+        assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
         assert series(read_dump(tmp_path / "bench.json"), STEP_TIME)["steps"] == [1, 2]
     assert (tmp_path / "checkpoint-2").is_dir()
     assert not list(tmp_path.glob("*.safetensors"))  # no final model unless --save_model_dir
+
+
+def test_a_resume_with_another_configuration_is_refused_naming_the_difference(bench_train, tiny_model, tmp_path):
+    """A resumed run continues its journal; resumed with other work (another batch size here) it would mix two runs'
+    steps in one dump: refused as a user error naming each difference, the journal left as it was."""
+    import numpy
+    from safetensors.numpy import save_file
+
+    from tuning.benchmarking.job import BenchmarkJob
+    from tuning.errors import UserInputError
+    from tuning.utils.checkpoints import mark_complete
+
+    def start(batch_size: int, **extra) -> BenchmarkJob:
+        argv = [*bench_args(tiny_model, tmp_path, per_device_train_batch_size=batch_size, **extra)]
+        flags, args = bench_train.benchmarking.parse_command_line(bench_train.BenchmarkFlags, argv)
+        job = BenchmarkJob()
+        try:
+            job.start(flags, args)
+        finally:
+            if job.metrics_path_lock is not None:
+                os.close(job.metrics_path_lock)
+        return job
+
+    start(2).record.journal.close()  # the first segment's start, as a run preempted before its first step leaves it
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
+    save_file({"w": numpy.zeros(2, dtype=numpy.float32)}, str(checkpoint / "adapter_model.safetensors"))
+    mark_complete(str(checkpoint), 1, 1)
+    journal = tmp_path / "bench.journal.jsonl"
+    before = journal.read_bytes()
+    with pytest.raises(UserInputError, match=r"another configuration \(per_device_train_batch_size 2 → 4\)"):
+        start(4, resume_from_checkpoint="true")
+    assert journal.read_bytes() == before
+    start(2, resume_from_checkpoint="true").record.journal.close()  # the same work resumes
+    assert [record["type"] for record in read_journal(str(journal))].count("start") == 2

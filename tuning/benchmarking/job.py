@@ -241,6 +241,20 @@ def earlier_segments(journal: str) -> list[dict[str, Any]]:
         return []
 
 
+def configuration_changes(previous: list[dict[str, Any]], config: dict[str, Any]) -> list[str]:
+    """How ``config`` differs from the configuration the journal's last segment ran with (``name was → now``, by
+    name), over the keys both know (a journal written by an older version may lack newer keys); none without one."""
+    starts = [record["config"] for record in previous if record.get("type") == "start" and "config" in record]
+    if not starts:
+        return []
+    earlier = starts[-1]
+    return [
+        f"{name} {json.dumps(earlier[name])} → {json.dumps(config[name])}"
+        for name in sorted(earlier.keys() & config.keys())
+        if earlier[name] != config[name]
+    ]
+
+
 class BenchmarkJob:
     """One run, in the recipe's steps: ``start`` (cheap checks, the metrics path claimed, the journal opened),
     ``annotate``, ``build_trackers``, ``callbacks``, ``training`` (around ``train()``), ``finish`` (the dump), all
@@ -317,6 +331,12 @@ class BenchmarkJob:
             except UserInputError:  # validate_arguments reports it below, into the dump
                 resumes = False
             previous = earlier_segments(journal) if resumes else []
+            if changes := configuration_changes(previous, header["config"]):
+                raise UserInputError(
+                    f"resuming the run journaled in {journal} with another configuration ({'; '.join(changes)}): its "
+                    "segments would mix two runs' work; resume with the flags it ran with, or start a new run (another "
+                    "--output_dir, or --resume_from_checkpoint false)"
+                )
             self.record = RunRecord(Journal(journal, append=bool(previous)), header, previous)
             self.record.note(**{STARTUP_END: self.constructed})
         validate_arguments(args.model_args, args.data_args, train_args)

@@ -9,7 +9,7 @@ the configs travel. A feature that becomes supported loses its row here, and its
 import dataclasses
 from typing import Any, NamedTuple
 
-from tuning.utils.error_logging import UserInputError
+from tuning.errors import UserInputError
 
 # ``Unsupported.value`` when any value but the flag's default asks for the feature.
 ANY_BUT_DEFAULT = "<any but the default>"

@@ -28,7 +28,7 @@ from tuning.data.utils import (
     maybe_align_datasets,
     try_concatenate_datasets,
 )
-from tuning.utils.error_logging import UserInputError
+from tuning.utils.error_logging import UserInputError, one_line
 
 logger = logging.getLogger(__name__)
 TRAIN_SPLIT, EVAL_SPLIT = "train", "test"  # datasets' names; a data config's "validation" is "test" here
@@ -80,10 +80,12 @@ def hub_offline_switch() -> str | None:
 
 
 def check_hub_dataset_id(path: str, label: str) -> None:
-    """Refuse the Hub dataset id ``path`` (of ``label``: a flag, a data config's dataset) when the Hub is offline."""
+    """Refuse the Hub dataset id ``path`` (of ``label``: a flag, a data config's dataset) when the Hub is offline: data
+    found nowhere, so ``InputFileNotFoundError`` (``datasets``' ``DatasetNotFoundError``, as v3.1.0 raises for a
+    training data path that does not exist)."""
     switch = hub_offline_switch()
     if switch:
-        raise UserInputError(
+        raise InputFileNotFoundError(
             f"{label}: {path} is no local file, folder or glob, and the Hugging Face Hub is offline ({switch}), so "
             "it cannot be loaded as a Hub dataset id"
         )
@@ -96,10 +98,6 @@ def check_data_path(path: str, label: str, builder: str | None = None) -> None:
         check_hub_dataset_id(path, label)
     else:
         _expand(path)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def load_hub_dataset(path: str, streaming: bool = False, split: str | None = None) -> Dataset | IterableDataset:
@@ -115,17 +113,17 @@ def load_hub_dataset(path: str, streaming: bool = False, split: str | None = Non
         return datasets.load_dataset(path, **kwargs)
     except FileNotFoundError as exc:  # DatasetNotFoundError among them
         raise InputFileNotFoundError(
-            f"data path {path}: no local file, folder or glob, nor a Hub dataset: {_one_line(exc)}"
+            f"data path {path}: no local file, folder or glob, nor a Hub dataset: {one_line(exc)}"
         ) from exc
     except (ConnectionError, TimeoutError, httpx.TransportError) as exc:
         raise HubUnreachableError(
-            f"Hub dataset {path}: the Hugging Face Hub could not be reached ({type(exc).__name__}: {_one_line(exc)})"
+            f"Hub dataset {path}: the Hugging Face Hub could not be reached ({type(exc).__name__}: {one_line(exc)})"
         ) from None
     except DatasetGenerationError as exc:
         cause = exc.__cause__ or exc
-        raise UnreadableDataError(f"Hub dataset {path} is not readable: {_one_line(cause)}") from exc
+        raise UnreadableDataError(f"Hub dataset {path} is not readable: {one_line(cause)}") from exc
     except ValueError as exc:  # an unknown split, a bad slice
-        raise UserInputError(f"Hub dataset {path}: {_one_line(exc)}") from exc
+        raise UserInputError(f"Hub dataset {path}: {one_line(exc)}") from exc
 
 
 def _json_rows(paths: list[str]):
@@ -448,10 +446,13 @@ def check_data_config(config: DataConfig, source: str, handler_names) -> None:
     for dataset in config.datasets:
         label = f"data config {source}: dataset '{dataset.name}'"
         for path in dataset.data_paths:
+            where = f"{label}: key 'data_paths'"
             try:
-                check_data_path(path, f"{label}: key 'data_paths'", dataset.builder)
+                check_data_path(path, where, dataset.builder)
             except InputFileNotFoundError as exc:
-                raise InputFileNotFoundError(f"{label}: key 'data_paths': {exc}") from None
+                if str(exc).startswith(where):  # a Hub id's refusal names where it stands already
+                    raise
+                raise InputFileNotFoundError(f"{where}: {exc}") from None
         for index, handler in enumerate(dataset.data_handlers or []):
             if handler.name not in handler_names:
                 raise UserInputError(

@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 from tuning.config.tracker_configs import AimConfig, server_url
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker_factory import AIM_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so
@@ -29,6 +30,7 @@ class SafeAimCallback(IsolatedCallback, TrainerCallback):
     ``run_hash_export_dir``, by default the trainer's ``output_dir``)."""
 
     tracker, label, export_filename = "aim", "Aim", RUN_HASH_FILENAME
+    default_backend = AIM_BACKEND
 
     def __init__(
         self,

@@ -59,10 +59,12 @@ def spawn_helper(backend: str) -> Helper:
 
 class EarlyHelpers:
     """Helpers started ahead of their trackers, by backend, oldest first: each waits for the next transport of its
-    backend to adopt it; one never adopted is stopped at exit (its run was never opened)."""
+    backend to adopt it; one never adopted is stopped at exit (its run was never opened). ``spawn`` starts one
+    (``spawn_helper``; the protocol's tests serve the child on a thread instead)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spawn: Callable[[str], Helper] = spawn_helper) -> None:
         self._helpers: dict[str, list[Helper]] = {}
+        self._spawn = spawn
 
     def start(self, backend: str) -> None:
         """Start the helper of ``backend`` now, on global rank 0; one that cannot start is left to the tracker, which
@@ -70,7 +72,7 @@ class EarlyHelpers:
         if not is_main_process():
             return
         try:
-            helper = spawn_helper(backend)
+            helper = self._spawn(backend)
         except OSError:
             return
         if not self._helpers:  # the first one

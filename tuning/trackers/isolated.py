@@ -64,11 +64,13 @@ class IsolatedCallback:
     ``run_info`` is the backend's facts about the run once it exists (also written as JSON to
     ``export_dir/export_filename``); ``degraded_reason`` says why tracking stopped, if it did; ``ready`` is set once
     the helper has imported its library. Only global rank 0 does anything: one run per job. ``backend``: the
-    "module:Class" the helper runs, as the registry names it for the tracker (``get_tracker`` hands it over; looked
-    up by ``tracker`` when not given). ``early_helpers``: where a helper started ahead of this callback may wait.
+    "module:Class" the helper runs, as the registry names it for the tracker (``get_tracker`` hands it over; the
+    class's ``default_backend`` when not given). ``early_helpers``: where a helper started ahead of this callback may
+    wait.
     """
 
     tracker: str  # the tracker's registered name
+    default_backend: str  # the backend its helper runs when none is handed in (a callback built directly)
     label: str  # the library's name, in messages
     export_filename: str  # the file in export_dir receiving run_info
     log_series = staticmethod(log_series)  # a trainer log's numbers as (name, context, value); a backend may rename
@@ -82,11 +84,7 @@ class IsolatedCallback:
         backend: str | None = None,
         early_helpers: EarlyHelpers | None = None,
     ):
-        if backend is None:
-            from tuning.trackers.tracker_factory import helper_backend  # built directly, not by the registry
-
-            backend = helper_backend(self.tracker)
-        self.backend = backend
+        self.backend = backend or self.default_backend
         self.timeout = timeout
         self.export_dir = export_dir
         self.run_info: dict[str, Any] | None = None

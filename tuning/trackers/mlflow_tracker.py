@@ -15,6 +15,7 @@ from transformers import TrainerCallback
 from tuning.config.tracker_configs import MLflowConfig
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker_factory import MLFLOW_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so
@@ -33,6 +34,7 @@ class SafeMlflowCallback(IsolatedCallback, TrainerCallback):
     written to ``run_uri_export_dir``, by default the trainer's ``output_dir``)."""
 
     tracker, label, export_filename = "mlflow", "MLflow", RUN_URI_FILENAME
+    default_backend = MLFLOW_BACKEND
 
     def __init__(
         self,

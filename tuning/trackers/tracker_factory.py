@@ -115,12 +115,6 @@ def _spec(name: str) -> TrackerSpec:
     return spec
 
 
-def helper_backend(name: str) -> str | None:
-    """The backend ("module:Class") the helper process of tracker ``name`` runs; None when it has no helper."""
-    spec = _REGISTRY.get(name)
-    return spec.helper if spec is not None else None
-
-
 def start_helpers(argv: list[str]) -> "EarlyHelpers":
     """Start now the helper processes of the trackers that the command line ``argv`` asks for (``--trackers aim
     mlflow``, ``--tracker=aim``), for those trackers to adopt when built: a script calls it first thing, so that Aim

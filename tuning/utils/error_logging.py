@@ -182,11 +182,14 @@ def _signal_number(exc: BaseException) -> int | None:
     return None if signum is None else int(signum)
 
 
-def _one_line(text: str, max_bytes: int) -> str:
-    """Whitespace (newlines included) collapsed to single spaces, cut to ``max_bytes`` of UTF-8."""
-    line = " ".join(text.split())
+def one_line(text: object, max_bytes: int | None = None) -> str:
+    """``str(text)`` with its whitespace (newlines included) collapsed to single spaces: a message fit for one line
+    of a log or report; cut to ``max_bytes`` of UTF-8 (ending "...") when given."""
+    line = " ".join(str(text).split())
     data = line.encode("utf-8", "replace")
-    return line if len(data) <= max_bytes else data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
+    if max_bytes is None or len(data) <= max_bytes:
+        return line
+    return data[: max_bytes - 3].decode("utf-8", "ignore") + "..."
 
 
 def termination_log_path(log_file: str | None = None) -> str | None:
@@ -204,7 +207,7 @@ def write_termination_log(text: str, log_file: str | None = None, *, replace: bo
     try:
         # One write of a short line in append mode: lines of ranks sharing the file do not interleave.
         with open(path, "w" if replace else "a", encoding="utf-8", errors="replace") as handle:
-            handle.write(text if replace else _one_line(str(text), TERMINATION_LOG_MAX_BYTES - 1) + "\n")
+            handle.write(text if replace else one_line(text, TERMINATION_LOG_MAX_BYTES - 1) + "\n")
     except Exception as exc:
         logger.warning("Could not write the termination log %s: %s", path, exc)
         return None
@@ -269,7 +272,7 @@ def error_marker(report: dict[str, Any]) -> str:
     first_line = _summary(report).splitlines()[0]
     return (
         f"{ERROR_MARKER} category={report['category']} rank={report.get('role') or report['rank']} step={step} "
-        f"exit_code={report['exit_code']} type={_one_line(first_line, _MARKER_MESSAGE_MAX_BYTES)}"
+        f"exit_code={report['exit_code']} type={one_line(first_line, _MARKER_MESSAGE_MAX_BYTES)}"
     )
 
 

@@ -1,0 +1,72 @@
+"""The package's layers run one way: a module imports only from its own floor or the floors below it (docs: the
+layout in README.md's documentation table). Read from the source, every import counted, those inside functions and
+type-checking blocks too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tuning"
+
+# Ground floor first. A module is on the floor of its first matching prefix.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("tuning.errors",),
+    ("tuning.config",),
+    ("tuning.utils",),
+    ("tuning.data", "tuning.trackers", "tuning.trainer"),
+    ("tuning.prologue",),
+    ("tuning.sft_trainer",),
+    ("tuning.benchmarking", "tuning.launch"),
+    ("tuning",),  # the package's face: its lazy names reach every floor
+)
+# Same-floor neighbours that must not lean on each other either.
+APART = (("tuning.data", "tuning.trackers"),)
+
+
+def floor(module: str) -> int:
+    for number, prefixes in enumerate(FLOORS):
+        if any(module == prefix or (prefix != "tuning" and module.startswith(prefix + ".")) for prefix in prefixes):
+            return number
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST, package: str) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolved against the importing package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                names.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                names.add(node.module)
+    return {name for name in names if name.split(".")[0] == "tuning" and name != "tuning"}
+
+
+MODULES = sorted(path for path in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(PACKAGE.parent)))
+def test_imports_run_down_the_floors(path):
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets = imported(ast.parse(path.read_text(encoding="utf-8")), package)
+    upward = sorted(target for target in targets if floor(target) > floor(name))
+    assert not upward, f"{name} (floor {floor(name)}) imports from above: {upward}"
+    for left, right in APART:
+        for mine, theirs in ((left, right), (right, left)):
+            if name.startswith(mine):
+                assert not [t for t in targets if t.startswith(theirs)], f"{name} imports from {theirs}"
+
+
+def test_the_floors_check_sees_an_upward_import():
+    """The check itself: an import from a higher floor is found."""
+    tree = ast.parse("def f():\n    from tuning.trackers import start_helpers\n")
+    assert floor(next(iter(imported(tree, "tuning.utils")))) > floor("tuning.utils.prologue")
