@@ -32,6 +32,7 @@ from tuning.data.data_processors import (
     get_datapreprocessor,
     is_hub_dataset_id,
     load_data_path,
+    ranks_in_turn,
 )
 from tuning.data.formatting import format_file, text_value
 from tuning.data.loading import iter_records
@@ -387,11 +388,12 @@ def prepare_with_cache(
         started = time.perf_counter()
         rows = _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers)
         return rows, prepared_cache.Preparation("bypass", seconds=time.perf_counter() - started)
-    return prepared_cache.load_or_build(
-        prepared_cache.resolve_cache_dir(getattr(data_args, "data_cache_dir", None)),
-        lambda: prepared_cache.cache_key(data_args, train_args, tokenizer, max_length, additional_data_handlers),
-        lambda: _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers),
-    )
+    with ranks_in_turn():  # under torchrun the main process builds the entry, the other ranks then read it
+        return prepared_cache.load_or_build(
+            prepared_cache.resolve_cache_dir(getattr(data_args, "data_cache_dir", None)),
+            lambda: prepared_cache.cache_key(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+            lambda: _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+        )
 
 
 def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None):
