@@ -19,8 +19,9 @@ from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, make_args, subp
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data import masking, prepared_cache
 from tuning.data.cache import PREFIX
-from tuning.data.setup_dataprocessor import prepare_with_cache
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 from tuning.sft_trainer import train
+from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 
@@ -160,7 +161,7 @@ import sys, time
 import datasets
 from transformers import AutoTokenizer
 from tuning.config.configs import DataArguments, TrainingArguments
-from tuning.data.setup_dataprocessor import prepare_with_cache
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 
 model, data, cache, hold = sys.argv[1:5]
 save = datasets.Dataset.save_to_disk
@@ -208,3 +209,8 @@ def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tin
     stored = datasets.load_from_disk(str(entries(cache)[0] / "train"))
     assert trainer.train_dataset["labels"][:5] == stored["labels"][:5]
     assert [entry.name for entry in entries(cache)] == [lines[0][1]]
+
+
+def test_dataset_num_proc_below_one_is_refused_before_the_model_loads(data):
+    with pytest.raises(UserInputError, match="--dataset_num_proc must be a whole number of processes, at least 1"):
+        check_data_arguments(DataArguments(training_data_path=data, dataset_num_proc=0))

@@ -33,7 +33,7 @@ import datasets
 from filelock import FileLock
 
 from tuning.data.cache import new_cache_dir, remove_orphaned_caches
-from tuning.data.data_config import load_and_validate_data_config
+from tuning.data.data_config import DataConfig, load_and_validate_data_config
 from tuning.data.data_processors import _expand, is_hub_dataset_id
 
 logger = logging.getLogger(__name__)
@@ -136,10 +136,9 @@ def _handler_identity(handler: Any) -> dict[str, Any]:
     return {"code_sha256": _sha256(code), "fields": fields}
 
 
-def _data_paths(data_args) -> list[str] | None:
+def _data_paths(data_args, config: DataConfig | None) -> list[str] | None:
     """The data paths the run reads (None: one is a Hub dataset id, whose revision is not known offline)."""
-    if data_args.data_config_path:
-        config = load_and_validate_data_config(data_args.data_config_path)
+    if config is not None:
         paths = [path for dataset in config.datasets for path in dataset.data_paths]
     else:
         paths = [path for path in (data_args.training_data_path, data_args.validation_data_path) if path]
@@ -154,14 +153,12 @@ _NOT_IN_KEY = {"data_cache_dir", "dataset_num_proc", "num_train_dataset_shards",
 
 def cache_key(data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None) -> dict | None:
     """The key's parts, or None when the rows cannot be keyed (a Hub dataset id, streaming): not cached."""
-    paths = _data_paths(data_args)
-    if paths is None:
+    parsed = load_and_validate_data_config(data_args.data_config_path) if data_args.data_config_path else None
+    paths = _data_paths(data_args, parsed)
+    if paths is None or (parsed is not None and parsed.dataprocessor.streaming):
         return None
     config = None
-    if data_args.data_config_path:
-        parsed = load_and_validate_data_config(data_args.data_config_path)
-        if parsed.dataprocessor.streaming:
-            return None
+    if parsed is not None:
         config = {
             "sha256": _sha256(Path(data_args.data_config_path).read_bytes()),
             "parsed": json.dumps(dataclasses.asdict(parsed), sort_keys=True, default=str),
