@@ -178,13 +178,20 @@ def tokenize_and_mask(
                 cache_dir,
             )
         texts = first
+    # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
+    rows = functools.partial(_rows, texts, tokenizer, max_length, response_template, source, instruction_template)
+    return _generate(rows, _FEATURES, cache_dir, WRITER_BATCH_ROWS)
+
+
+def _generate(generator, features: datasets.Features, cache_dir: str, writer_batch_size: int) -> Dataset:
+    """``generator``'s rows as an Arrow dataset in ``cache_dir``; our errors raised while reading come out unwrapped
+    by ``datasets``."""
     try:
         return Dataset.from_generator(
-            # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
-            functools.partial(_rows, texts, tokenizer, max_length, response_template, source, instruction_template),
-            features=_FEATURES,
+            generator,
+            features=features,
             cache_dir=cache_dir,
-            writer_batch_size=WRITER_BATCH_ROWS,
+            writer_batch_size=writer_batch_size,
             # A fresh directory holds nothing to reuse: a random fingerprint spares hashing the texts and tokenizer.
             fingerprint=uuid.uuid4().hex,
         )
@@ -236,18 +243,7 @@ def _tokenize_in_processes(
 ) -> Dataset:
     """``tokenize_and_mask`` on ``num_proc`` processes: the texts go to an Arrow file (read once, a batch at a
     time), which ``datasets`` splits into contiguous shards, one per process, joined back in order."""
-    try:
-        text_rows = Dataset.from_generator(
-            functools.partial(_text_rows, texts),
-            features=_TEXT_FEATURES,
-            cache_dir=cache_dir,
-            writer_batch_size=BATCH_TEXTS,
-            fingerprint=uuid.uuid4().hex,
-        )
-    except DatasetGenerationError as exc:
-        if isinstance(exc.__cause__, UserInputError):
-            raise exc.__cause__ from None
-        raise
+    text_rows = _generate(functools.partial(_text_rows, texts), _TEXT_FEATURES, cache_dir, BATCH_TEXTS)
     rows = text_rows.map(
         _tokenize_batch,
         fn_kwargs={
