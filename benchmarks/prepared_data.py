@@ -63,10 +63,11 @@ def write_data(path: Path, rows: int) -> None:
             handle.write(json.dumps(record) + "\n")
 
 
-def status_bytes(pid: int, *fields: str) -> dict[str, int]:
-    """The ``kB`` fields of ``/proc/PID/status`` in bytes; empty once the process is gone."""
+def status_bytes(pid: int, *fields: str, name: str = "status") -> dict[str, int]:
+    """The ``kB`` fields of ``/proc/PID/status`` (or of another file there, ``name``: ``smaps_rollup``'s ``Pss`` and
+    ``Pss_Anon`` divide shared pages among their sharers) in bytes; empty once the process is gone."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        with open(f"/proc/{pid}/{name}", encoding="ascii") as handle:
             lines = [line.split() for line in handle]
     except OSError:
         return {}
@@ -86,17 +87,6 @@ def write_data_config(path: Path, data: Path) -> None:
     path.write_text(json.dumps(config), encoding="utf-8")
 
 
-def rollup_bytes(pid: int, *fields: str) -> dict[str, int]:
-    """The ``kB`` fields of ``/proc/PID/smaps_rollup`` (``Pss``, ``Pss_Anon``: shared pages divided among their
-    sharers) in bytes; empty once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as handle:
-            lines = [line.split() for line in handle]
-    except OSError:
-        return {}
-    return {parts[0].rstrip(":"): int(parts[1]) * 1024 for parts in lines if parts and parts[0].rstrip(":") in fields}
-
-
 def tree_memory(pid: int) -> dict[str, int]:
     """Rank 0's ``VmRSS`` and ``RssAnon``, and ``Pss``/``Pss_Anon`` summed over the process and its children (the
     tokenising workers of ``--dataset_num_proc``, forked: their RSS counts the pages they share with it again)."""
@@ -108,7 +98,7 @@ def tree_memory(pid: int) -> dict[str, int]:
         pass
     total = {"VmRSS": 0, "RssAnon": 0, "Pss": 0, "Pss_Anon": 0, **status_bytes(pid, "VmRSS", "RssAnon")}
     for one in pids:
-        for name, value in rollup_bytes(one, "Pss", "Pss_Anon").items():
+        for name, value in status_bytes(one, "Pss", "Pss_Anon", name="smaps_rollup").items():
             total[name] += value
     return total
 

@@ -132,7 +132,7 @@ def _handler_identity(handler: Any) -> dict[str, Any]:
         code = inspect.getsource(function)
     except (OSError, TypeError):
         code = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', repr(function))}"
-    fields = {name: str(value) for name, value in vars(handler).items() if name != "op"} if vars(handler) else {}
+    fields = {name: str(value) for name, value in getattr(handler, "__dict__", {}).items() if name != "op"}
     return {"code_sha256": _sha256(code), "fields": fields}
 
 
