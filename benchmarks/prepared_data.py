@@ -14,13 +14,18 @@ Arms: ``plain`` runs the plain flags (``--training_data_path``, ``--dataset_text
 same file through ``--data_config_path`` with v3.1.0's ``apply_custom_jinja_template`` handler (``datasets``' ``map``
 over the Arrow copy the line-numbered reader writes), the general path; ``before`` runs the plain flags with the
 ``tuning/sft_trainer.py`` of another checkout (``--before``, e.g. a ``git worktree`` of an older commit), in this
-Python environment.
+Python environment. ``processes_2`` runs the plain flags tokenising on two processes (``--dataset_num_proc 2``);
+``cache_miss`` fills an emptied processed-data cache (``--data_cache_dir WORKDIR/cache``) and ``cache_hit`` reads it
+(give them in that order). The other arms run with the cache off and one tokenising process. RSS and anonymous
+memory are the training process's; PSS (shared pages divided among their sharers) is summed over it and its children,
+the tokenising workers, whose RSS would count the pages they share with it again.
 """
 
 import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -58,10 +63,11 @@ def write_data(path: Path, rows: int) -> None:
             handle.write(json.dumps(record) + "\n")
 
 
-def status_bytes(pid: int, *fields: str) -> dict[str, int]:
-    """The ``kB`` fields of ``/proc/PID/status`` in bytes; empty once the process is gone."""
+def status_bytes(pid: int, *fields: str, name: str = "status") -> dict[str, int]:
+    """The ``kB`` fields of ``/proc/PID/status`` (or of another file there, ``name``: ``smaps_rollup``'s ``Pss`` and
+    ``Pss_Anon`` divide shared pages among their sharers) in bytes; empty once the process is gone."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        with open(f"/proc/{pid}/{name}", encoding="ascii") as handle:
             lines = [line.split() for line in handle]
     except OSError:
         return {}
@@ -81,10 +87,43 @@ def write_data_config(path: Path, data: Path) -> None:
     path.write_text(json.dumps(config), encoding="utf-8")
 
 
+def tree_memory(pid: int) -> dict[str, int]:
+    """Rank 0's ``VmRSS`` and ``RssAnon``, and ``Pss``/``Pss_Anon`` summed over the process and its children (the
+    tokenising workers of ``--dataset_num_proc``, forked: their RSS counts the pages they share with it again)."""
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+            pids += [int(child) for child in handle.read().split()]
+    except OSError:
+        pass
+    total = {"VmRSS": 0, "RssAnon": 0, "Pss": 0, "Pss_Anon": 0, **status_bytes(pid, "VmRSS", "RssAnon")}
+    for one in pids:
+        for name, value in status_bytes(one, "Pss", "Pss_Anon", name="smaps_rollup").items():
+            total[name] += value
+    return total
+
+
+def data_preparation_seconds(output_dir: Path) -> float | None:
+    """The run's ``data_preparation_time`` from its ``training_logs.jsonl`` (None before the field existed)."""
+    try:
+        lines = (output_dir / "training_logs.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    values = [json.loads(line)["data"]["value"] for line in lines if '"data_preparation_time"' in line]
+    return values[-1] if values else None
+
+
 def run(
-    checkout: Path, model: str, data: Path, output_dir: Path, max_steps: int, data_config: Path | None = None
+    checkout: Path,
+    model: str,
+    data: Path,
+    output_dir: Path,
+    max_steps: int,
+    data_config: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict:
-    """One ``sft_trainer.py`` process of ``checkout`` on ``data`` (through ``data_config`` when given), measured."""
+    """One ``sft_trainer.py`` process of ``checkout`` on ``data`` (through ``data_config`` when given, with the
+    ``extra`` flags), measured."""
     source = ("--data_config_path", str(data_config)) if data_config else ("--training_data_path", str(data))
     command = [
         sys.executable,
@@ -92,20 +131,21 @@ def run(
         *("--model_name_or_path", model, *source, "--output_dir", str(output_dir)),
         *("--dataset_text_field", "output", "--response_template", "\n### Response:", "--max_seq_length", "128"),
         *("--max_steps", str(max_steps), "--per_device_train_batch_size", "4", "--save_strategy", "no"),
-        *("--torch_dtype", "float32", "--use_flash_attn", "False"),
+        *("--torch_dtype", "float32", "--use_flash_attn", "False", *extra),
     ]
     env = {**os.environ, "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     stderr_path = output_dir / "stderr.txt"
+    shutil.rmtree(output_dir, ignore_errors=True)
     output_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(stderr_path, "w", encoding="utf-8") as stderr:
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        peaks = {"VmRSS": 0, "RssAnon": 0}
+        peaks = {"VmRSS": 0, "RssAnon": 0, "Pss": 0, "Pss_Anon": 0}
         while True:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
                 break
-            for name, value in status_bytes(process.pid, *peaks).items():
+            for name, value in tree_memory(process.pid).items():
                 peaks[name] = max(peaks[name], value)
             time.sleep(0.1)
     seconds = time.monotonic() - start
@@ -117,11 +157,22 @@ def run(
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "peak_rss": peaks["VmRSS"],
         "peak_anon": peaks["RssAnon"],
+        "peak_pss": peaks["Pss"],
+        "peak_pss_anon": peaks["Pss_Anon"],
         "trl_passes": any(name in log for name in TRL_PASSES),
+        "data_seconds": data_preparation_seconds(output_dir),
     }
 
 
-ARMS = ("before", "plain", "data_config")
+ARMS = ("before", "plain", "data_config", "processes_2", "cache_miss", "cache_hit")
+# Our arms' flags: the processed-data cache off and one tokenising process unless the arm is about them.
+ARM_FLAGS = {
+    "plain": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
+    "data_config": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
+    "processes_2": ("--data_cache_dir", "none", "--dataset_num_proc", "2"),
+    "cache_miss": ("--dataset_num_proc", "1"),  # + --data_cache_dir WORKDIR/cache, emptied first
+    "cache_hit": ("--dataset_num_proc", "1"),  # + the same cache, as cache_miss left it
+}
 
 
 def main() -> None:
@@ -149,16 +200,27 @@ def main() -> None:
     data_config = workdir / f"data-{args.rows}.json"
     write_data_config(data_config, data)
     megabytes = data.stat().st_size / 1e6
-    print("| rows | file MB | round | arm | wall s | CPU s | peak RSS MB | peak anonymous MB | TRL passes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| rows | file MB | round | arm | data preparation s | wall s | CPU s | peak RSS MB | peak anonymous MB "
+        "| peak PSS MB, with workers | peak anonymous PSS MB, with workers | TRL passes |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    cache = workdir / "cache"
     for round_index in range(args.rounds):
         for arm in arms[round_index % len(arms) :] + arms[: round_index % len(arms)]:
             checkout = args.before if arm == "before" else REPO_ROOT
             config = data_config if arm == "data_config" else None
-            result = run(checkout, str(model), data, workdir / "out", args.max_steps, config)
+            extra = ARM_FLAGS.get(arm, ())
+            if arm.startswith("cache_"):
+                if arm == "cache_miss":
+                    shutil.rmtree(cache, ignore_errors=True)
+                extra = (*extra, "--data_cache_dir", str(cache))
+            result = run(checkout, str(model), data, workdir / "out", args.max_steps, config, extra)
+            prepared = "" if result["data_seconds"] is None else f"{result['data_seconds']:.1f}"
             print(
-                f"| {args.rows} | {megabytes:.0f} | {round_index + 1} | {arm} | {result['seconds']:.1f} "
+                f"| {args.rows} | {megabytes:.0f} | {round_index + 1} | {arm} | {prepared} | {result['seconds']:.1f} "
                 f"| {result['cpu_seconds']:.1f} | {result['peak_rss'] / 1e6:.0f} | {result['peak_anon'] / 1e6:.0f} "
+                f"| {result['peak_pss'] / 1e6:.0f} | {result['peak_pss_anon'] / 1e6:.0f} "
                 f"| {'yes' if result['trl_passes'] else 'no'} |",
                 flush=True,
             )

@@ -12,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tiny model's math is too small to gain from threads, which only contend with each other: in-process
 # training runs single-threaded, as the child jobs do (subprocess_env), unless the caller sets its own.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The processed-data cache (--data_cache_dir) is off unless a test names its own directory: tests never read or fill
+# the user's cache, nor each other's entries.
+os.environ["TUNING_DATA_CACHE_DIR"] = "none"
 
 pytest_plugins = ["tests.helpers.fixtures"]
 

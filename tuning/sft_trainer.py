@@ -54,7 +54,7 @@ from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, T
 from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.data_handlers import DataHandler
-from tuning.data.setup_dataprocessor import check_data_arguments, prepare_training_datasets
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
@@ -564,13 +564,14 @@ def _train(
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
-    prepared = prepare_training_datasets(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+    prepared, preparation = prepare_with_cache(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+    for tracker in trackers:
+        tracker.track(time.time() - data_start, "data_preparation_time")
+        tracker.set_params(preparation.as_dict(), "data_cache")
     if prepared is None:  # --do_dataprocessing_only: the processed data is in output_dir
         logger.info("only data processing was asked for: the datasets are in %s", train_args.output_dir)
         return None, None, None
     train_dataset, eval_dataset = prepared
-    for tracker in trackers:
-        tracker.track(time.time() - data_start, "data_preparation_time")
 
     checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
     for folder, problem in skipped:

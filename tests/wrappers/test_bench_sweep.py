@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in m
 
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
 GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2, 4]}
+BATCH = "per_device_train_batch_size"
 TABLE_COLUMNS = ("run", "max_seq_length", "per_device_train_batch_size", "status", "error_category", "training_steps")
 
 
@@ -109,7 +110,13 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sweep-local")
     out, aim_repo = tmp / "sweep", tmp / "aim"
     data_config = write_data_config(tmp / "tweets.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
-    base = base_flags(tiny_model, trackers=["file_logger", "aim"], aim_repo=str(aim_repo), data_config_path=data_config)
+    base = base_flags(
+        tiny_model,
+        trackers=["file_logger", "aim"],
+        aim_repo=str(aim_repo),
+        data_config_path=data_config,
+        data_cache_dir=str(tmp / "data-cache"),  # the points of one max_seq_length share one processed-data entry
+    )
     spec = write_spec(tmp / "sweep.yaml", without_training_data(base), GRID)
     driver = Job(sweep_command(spec, out, "--concurrency", "2"), tmp / "driver-logs")
     wait_until(lambda: len(state_lines(out)) >= 2, driver, "two finished points", timeout=600)
@@ -118,7 +125,15 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     before = state_lines(out)
     rerun = sweep(spec, out)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    return {"out": out, "aim": aim_repo, "spec": spec, "before": before, "rerun": rerun, "data_config": data_config}
+    return {
+        "out": out,
+        "aim": aim_repo,
+        "spec": spec,
+        "before": before,
+        "rerun": rerun,
+        "data_config": data_config,
+        "data_cache": tmp / "data-cache",
+    }
 
 
 def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
@@ -135,13 +150,23 @@ def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
         assert dump["metadata"] == {"benchmark": "sweep-test", **dict(zip(GRID, axes, strict=True))}
         assert dump["data"]["data_config_path"] == local_grid["data_config"]
         assert [dataset["name"] for dataset in dump["data"]["datasets"]] == ["tweets"]
+        assert dump["data"]["cache"]["status"] in ("hit", "miss") and dump["summary"]["data_preparation_time"] > 0
         dumps[axes] = dump
+    # One entry per max_seq_length, built by one point and read by the others (a rerun point reads it too).
+    keys = {seq: {dumps[seq, batch]["data"]["cache"]["key"] for batch in GRID[BATCH]} for seq in GRID["max_seq_length"]}
+    assert all(len(found) == 1 for found in keys.values()) and len({*keys[64], *keys[128]}) == 2
+    assert sorted(meta.parent.name for meta in local_grid["data_cache"].glob("*/meta.json")) == sorted(
+        {*keys[64], *keys[128]}
+    )
+    for seq in GRID["max_seq_length"]:
+        statuses = [dumps[seq, batch]["data"]["cache"]["status"] for batch in GRID[BATCH]]
+        assert statuses.count("hit") >= len(statuses) - 1, statuses
 
     rows = report_rows(out)
     assert list(rows[0])[:4] == ["run", *GRID, "status"]  # the axes are the report's label columns
     assert sorted((int(r["max_seq_length"]), int(r["per_device_train_batch_size"])) for r in rows) == sorted(lines)
     for r in rows:
-        assert r["status"] == "ok" and float(r["tokens_per_second"]) > 0
+        assert r["status"] == "ok" and float(r["tokens_per_second"]) > 0 and float(r["data_preparation_time_s"]) > 0
         assert r["run"] == lines[int(r["max_seq_length"]), int(r["per_device_train_batch_size"])]["point"]
     assert (out / "report" / "report.md").read_text().count("| ok |") == 6
 

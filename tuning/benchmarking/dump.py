@@ -42,6 +42,7 @@ GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
 DATA_FETCH_SHARE = "data_fetch_share"  # rank 0's own data-loader fetch time of a step over the step's time
+DATA_CACHE = "data_cache"  # train()'s params: how its rows were prepared (tuning.data.prepared_cache.Preparation)
 # How much longer than the other ranks' median a rank's own time per step (forward + data fetch) must be for the dump
 # to name it the straggler.
 STRAGGLER_MIN_EXCESS = 0.10
@@ -411,6 +412,7 @@ def _summary(
     return {
         "train_runtime": sum(spans_run) if spans_run else None,
         "model_load_time": load_times[-1] if load_times else None,
+        "data_preparation_time": _last(_values(series, DATA_PREPARATION_TIME)),
         "tokens_per_second": tokens_per_second,
         "samples_per_second": _rate(_per_step(series, STEP_SAMPLES), step_times, steps),
         "step_time_p50": step_deciles[4] if step_deciles else None,
@@ -467,6 +469,18 @@ def _segment_entry(
     }
 
 
+def _last(values: list[float]) -> float | None:
+    return values[-1] if values else None
+
+
+def _data(notes: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``data`` description, with ``cache``: how the last segment's rows were prepared."""
+    data = notes.get("data")
+    if data is None or DATA_CACHE not in notes:
+        return data
+    return {**data, "cache": notes[DATA_CACHE]}
+
+
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     header, notes, series = run.header, run.notes, run.metrics()
     step_times, tokens = _per_step(series, STEP_TIME), _per_step(series, STEP_TOKENS)
@@ -494,7 +508,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
         "config": header.get("config"),
-        "data": notes.get("data"),
+        "data": _data(notes),
         "host": header["host"],
         "rank": header["rank"],
         "world_size": header["world_size"],

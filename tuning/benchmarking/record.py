@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Any
 
-from tuning.benchmarking.dump import SCHEMA_VERSION, RunData, dump_of
+from tuning.benchmarking.dump import DATA_CACHE, SCHEMA_VERSION, RunData, dump_of
 from tuning.benchmarking.journal import Journal, Point
 from tuning.trackers import Tracker
 
@@ -75,6 +75,11 @@ class RunRecord(Tracker):
 
     def track(self, metric: float, name: str, stage: str = "additional_metrics") -> None:
         self.record(name, metric, context={"subset": stage})
+
+    def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
+        """``train()``'s ``data_cache`` (how the rows were prepared: the dump's ``data.cache``) is noted."""
+        if name == DATA_CACHE:
+            self.note(data_cache=params)
 
     def finish(
         self,

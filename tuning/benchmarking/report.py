@@ -273,6 +273,8 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
         "model_load_time_s": summary.get("model_load_time"),
+        "data_preparation_time_s": summary.get("data_preparation_time"),
+        "data_cache": ((dump.get("data") or {}).get("cache") or {}).get("status") if dump else None,
         "training_steps": dump["training_steps"] if dump else None,
         "resumed_from_step": summary.get("resumed_from_step"),
         "goodput": (summary.get("goodput") or {}).get("productive_fraction"),

@@ -112,6 +112,8 @@ class Summary(_Model):
     train_runtime: Number
     """seconds from train begin to train end"""
     model_load_time: Number
+    data_preparation_time: Number = None
+    """seconds train() took to prepare the training rows (from the processed-data cache on a hit)"""
     tokens_per_second: Number
     """non-padding tokens of all ranks per second of step time"""
     samples_per_second: Number
@@ -248,6 +250,19 @@ class DataSet(_Model):
     """its data handlers' names, in the order they run"""
 
 
+class DataCache(_Model):
+    """How the run's rows were prepared: the processed-data cache (--data_cache_dir)."""
+
+    status: Literal["hit", "miss", "off", "bypass"]
+    """hit: read from the cache; miss: built and stored; off: --data_cache_dir none; bypass: not cacheable (a Hub
+    dataset id, streaming, --do_dataprocessing_only)"""
+    key: str | None
+    """the entry's key: the sha256 of its parts (data files, arguments, tokenizer, code...)"""
+    cache_dir: str | None
+    seconds: Number
+    """the data preparation time"""
+
+
 class DataDescription(_Model):
     """The data a run trained on: its data config, or the one the plain flags make."""
 
@@ -262,6 +277,8 @@ class DataDescription(_Model):
     chat_template: ChatTemplate | None
     """null: the tokenizer's own template, if any"""
     datasets: list[DataSet]
+    cache: DataCache | None = None
+    """how the rows were prepared; absent in a dump of a run that failed before"""
 
 
 class Dump(_Model):

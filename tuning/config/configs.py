@@ -87,6 +87,18 @@ class DataArguments:
         default=1, metadata={"help": "Parquet shards of --do_dataprocessing_only's train data."}
     )
     num_eval_dataset_shards: int = field(default=1, metadata={"help": "Parquet shards of its validation data."})
+    # tuning-bench's own (docs/cli-and-api.md).
+    data_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Processed-data cache: runs preparing the same rows share them (default "
+            "$TUNING_DATA_CACHE_DIR, else tuning-bench/prepared-data beside the datasets cache; 'none': off)."
+        },
+    )
+    dataset_num_proc: int | None = field(
+        default=None,
+        metadata={"help": "Processes tokenising the data (default: the cores this process may use, at most 8)."},
+    )
     # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).
     dataset_image_field: str | None = field(default=None, metadata={"help": "Not supported: vision models."})
 

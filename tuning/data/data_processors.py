@@ -7,6 +7,8 @@ however the run ends); Parquet, Arrow, CSV and text files, folders and globs thr
 cached in such a directory too; a Hugging Face Hub dataset id (a path that names nothing here, ``is_hub_dataset_id``)
 through ``datasets.load_dataset(id)``, as v3.1.0 takes it, cached in such a directory as well."""
 
+import contextlib
+import contextvars
 import functools
 import glob
 import logging
@@ -209,6 +211,26 @@ def _slice(dataset: Dataset, split: str) -> Dataset:
     absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
     start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
     return dataset.select(range(start, stop))
+
+
+_in_turn: contextvars.ContextVar[bool] = contextvars.ContextVar("ranks_in_turn", default=False)
+
+
+@contextlib.contextmanager
+def ranks_in_turn():
+    """Under torchrun, the main process runs the body first, then the other ranks (which read what it cached); the
+    outermost call orders them, nested calls run as they are (each rank meets the same barriers)."""
+    if _in_turn.get():
+        yield
+        return
+    from accelerate.state import PartialState
+
+    token = _in_turn.set(True)
+    try:
+        with PartialState().main_process_first():
+            yield
+    finally:
+        _in_turn.reset(token)
 
 
 class DataPreProcessor:
@@ -419,9 +441,7 @@ class DataPreProcessor:
     def process_dataset_configs(self, dataset_configs: list[DataSetConfig]):
         """``(train_dataset, eval_dataset, sampling_weights)``; the main process goes first under torchrun, so that
         the other ranks read what it cached."""
-        from accelerate.state import PartialState
-
-        with PartialState().main_process_first():
+        with ranks_in_turn():
             return self._process_dataset_configs(dataset_configs)
 
 

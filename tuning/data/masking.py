@@ -8,7 +8,9 @@ not by the data.
 """
 
 import functools
+import itertools
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -29,7 +31,21 @@ _FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
 )
 
+# Below this many texts one process tokenises: starting more costs more than they gain.
+PARALLEL_MIN_TEXTS = 20_000
+MAX_DEFAULT_PROCESSES = 8
+_TEXT_FEATURES = datasets.Features({"text": datasets.Value("string")})
+
 logger = logging.getLogger(__name__)
+
+
+def default_num_proc() -> int:
+    """The cores this process may use (its CPU affinity), at most ``MAX_DEFAULT_PROCESSES``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_PROCESSES))
 
 
 def _response_spans(text: str, response_template: str, instruction_template: str | None) -> list[tuple[int, int]]:
@@ -85,6 +101,24 @@ def _batches(texts: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
+def _check_skipped(without_template: int, total: int, source: str, response_template: str | None) -> None:
+    """Refuse data where no text has its response; warn of the texts skipped for lacking it."""
+    if without_template == total:
+        raise UserInputError(
+            f"response template {response_template!r} occurs in none of the {total} examples of {source} "
+            "(or every response was truncated away by max_seq_length)"
+        )
+    if without_template:
+        logger.warning(
+            "%d of %d examples of %s lack the response template %r (or lost their response to truncation); "
+            "they are skipped",
+            without_template,
+            total,
+            source,
+            response_template,
+        )
+
+
 def _rows(
     texts: Iterable[str],
     tokenizer,
@@ -110,20 +144,7 @@ def _rows(
                     continue
             yield {"input_ids": input_ids, "labels": labels}
         total += len(batch)
-    if without_template == total:
-        raise UserInputError(
-            f"response template {response_template!r} occurs in none of the {total} examples of {source} "
-            "(or every response was truncated away by max_seq_length)"
-        )
-    if without_template:
-        logger.warning(
-            "%d of %d examples of %s lack the response template %r (or lost their response to truncation); "
-            "they are skipped",
-            without_template,
-            total,
-            source,
-            response_template,
-        )
+    _check_skipped(without_template, total, source, response_template)
 
 
 def tokenize_and_mask(
@@ -133,19 +154,44 @@ def tokenize_and_mask(
     response_template: str | None,
     source: str = "data",
     instruction_template: str | None = None,
+    num_proc: int | None = None,
 ) -> Dataset:
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
     drop texts lacking it. With an instruction template too (chat turns), only the spans from each response template
     to the next instruction template are trained. Our errors raised while reading ``texts`` come out unwrapped by
-    ``datasets``."""
+    ``datasets``. ``num_proc`` processes tokenise (default ``default_num_proc``) once there are
+    ``PARALLEL_MIN_TEXTS`` texts: the same rows, in the same order, as one process makes."""
     cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
+    num_proc = default_num_proc() if num_proc is None else num_proc
+    if num_proc > 1:
+        texts = iter(texts)
+        first = list(itertools.islice(texts, PARALLEL_MIN_TEXTS))
+        if len(first) == PARALLEL_MIN_TEXTS:  # enough to gain from more processes than one
+            return _tokenize_in_processes(
+                itertools.chain(first, texts),
+                tokenizer,
+                max_length,
+                response_template,
+                source,
+                instruction_template,
+                num_proc,
+                cache_dir,
+            )
+        texts = first
+    # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
+    rows = functools.partial(_rows, texts, tokenizer, max_length, response_template, source, instruction_template)
+    return _generate(rows, _FEATURES, cache_dir, WRITER_BATCH_ROWS)
+
+
+def _generate(generator, features: datasets.Features, cache_dir: str, writer_batch_size: int) -> Dataset:
+    """``generator``'s rows as an Arrow dataset in ``cache_dir``; our errors raised while reading come out unwrapped
+    by ``datasets``."""
     try:
         return Dataset.from_generator(
-            # Bound here, not passed as gen_kwargs, which datasets would split into shards where it finds lists.
-            functools.partial(_rows, texts, tokenizer, max_length, response_template, source, instruction_template),
-            features=_FEATURES,
+            generator,
+            features=features,
             cache_dir=cache_dir,
-            writer_batch_size=WRITER_BATCH_ROWS,
+            writer_batch_size=writer_batch_size,
             # A fresh directory holds nothing to reuse: a random fingerprint spares hashing the texts and tokenizer.
             fingerprint=uuid.uuid4().hex,
         )
@@ -153,3 +199,72 @@ def tokenize_and_mask(
         if isinstance(exc.__cause__, UserInputError):
             raise exc.__cause__ from None
         raise
+
+
+def _text_rows(texts: Iterable[str]) -> Iterator[dict[str, str]]:
+    for text in texts:
+        yield {"text": text}
+
+
+def _tokenize_batch(
+    batch: dict[str, list], tokenizer, max_length: int, response_template: str | None, instruction_template
+) -> dict[str, list]:
+    """One batch of texts as rows; a text without its response gets empty ``input_ids`` (dropped afterwards)."""
+    texts = batch["text"]
+    encoded = tokenizer(
+        texts, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
+    )
+    rows = {"input_ids": [], "labels": []}
+    for index, text in enumerate(texts):
+        input_ids = encoded["input_ids"][index]
+        labels = input_ids
+        if response_template is not None:
+            labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
+            if labels is None:
+                input_ids = labels = []
+        rows["input_ids"].append(input_ids)
+        rows["labels"].append(labels)
+    return rows
+
+
+def _has_tokens(row: dict) -> bool:
+    return len(row["input_ids"]) > 0
+
+
+def _tokenize_in_processes(
+    texts: Iterable[str],
+    tokenizer,
+    max_length: int,
+    response_template: str | None,
+    source: str,
+    instruction_template: str | None,
+    num_proc: int,
+    cache_dir: str,
+) -> Dataset:
+    """``tokenize_and_mask`` on ``num_proc`` processes: the texts go to an Arrow file (read once, a batch at a
+    time), which ``datasets`` splits into contiguous shards, one per process, joined back in order."""
+    text_rows = _generate(functools.partial(_text_rows, texts), _TEXT_FEATURES, cache_dir, BATCH_TEXTS)
+    rows = text_rows.map(
+        _tokenize_batch,
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "max_length": max_length,
+            "response_template": response_template,
+            "instruction_template": instruction_template,
+        },
+        batched=True,
+        batch_size=BATCH_TEXTS,
+        writer_batch_size=WRITER_BATCH_ROWS,
+        remove_columns=["text"],
+        features=_FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=uuid.uuid4().hex,
+        desc=f"tokenising {source}",
+    )
+    total = len(rows)
+    if response_template is None:
+        return rows
+    kept = rows.filter(_has_tokens, num_proc=num_proc, new_fingerprint=uuid.uuid4().hex)
+    without_template = total - len(kept)
+    _check_skipped(without_template, total, source, response_template)
+    return kept

@@ -1,8 +1,8 @@
 """From data flags to training rows, fms-hf-tuning v3.1.0's entry points: ``process_dataargs`` runs a data config
 (``--data_config_path``) or the data config the plain flags make (``_process_raw_data_args``, as v3.1.0 builds it);
-``prepare_training_datasets`` is what ``train()`` calls: it ends every dataset as ``input_ids``/``labels`` rows,
-tokenising text columns with loss masking (``tuning.data.masking``) and trimming pretokenised rows to the maximum
-length.
+``prepare_training_datasets`` (``prepare_with_cache``, which ``train()`` calls, through the processed-data cache)
+ends every dataset as ``input_ids``/``labels`` rows, tokenising text columns with loss masking
+(``tuning.data.masking``) and trimming pretokenised rows to the maximum length.
 
 A run from the plain flags on JSON or JSON lines files with ``--dataset_text_field`` or
 ``--data_formatter_template`` takes the streaming reader straight to the tokeniser (``tuning.data.formatting``): the
@@ -10,10 +10,12 @@ same rows as the ``apply_custom_jinja_template`` handler would make, with errors
 and memory bounded by a batch whatever the file's size."""
 
 import logging
+import time
 from pathlib import Path
 
 from datasets import Dataset, IterableDataset
 
+from tuning.data import prepared_cache
 from tuning.data.data_config import (
     DataConfig,
     DataHandlerConfig,
@@ -30,6 +32,7 @@ from tuning.data.data_processors import (
     get_datapreprocessor,
     is_hub_dataset_id,
     load_data_path,
+    ranks_in_turn,
 )
 from tuning.data.formatting import format_file, text_value
 from tuning.data.loading import iter_records
@@ -341,6 +344,7 @@ def to_training_rows(dataset, data_args, tokenizer, max_length: int, field: str 
         data_args.response_template,
         source=source,
         instruction_template=data_args.instruction_template,
+        num_proc=getattr(data_args, "dataset_num_proc", None),
     )
 
 
@@ -370,7 +374,29 @@ def prepare_training_datasets(
 ):
     """``(train_rows, eval_rows)`` for the trainer (eval None without validation data), or None after writing the
     processed datasets with ``--do_dataprocessing_only``."""
+    return prepare_with_cache(data_args, train_args, tokenizer, max_length, additional_data_handlers)[0]
+
+
+def prepare_with_cache(
+    data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None = None
+) -> tuple[tuple | None, prepared_cache.Preparation]:
+    """``prepare_training_datasets``' result, from the processed-data cache (``--data_cache_dir``,
+    ``tuning.data.prepared_cache``) when an earlier run prepared the same rows, and how it came (the dump's
+    ``data.cache``)."""
     _apply_chat_template(tokenizer, data_args.chat_template)
+    if data_args.do_dataprocessing_only:
+        started = time.perf_counter()
+        rows = _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+        return rows, prepared_cache.Preparation("bypass", seconds=time.perf_counter() - started)
+    with ranks_in_turn():  # under torchrun the main process builds the entry, the other ranks then read it
+        return prepared_cache.load_or_build(
+            prepared_cache.resolve_cache_dir(getattr(data_args, "data_cache_dir", None)),
+            lambda: prepared_cache.cache_key(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+            lambda: _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+        )
+
+
+def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None):
     if _is_plain_json_text_run(data_args) and not data_args.do_dataprocessing_only:
         if data_args.dataset_text_field and data_args.data_formatter_template:
             raise UserInputError("dataset_text_field and data_formatter_template are mutually exclusive options")
@@ -380,7 +406,16 @@ def prepare_training_datasets(
                 rows.append(None)
                 continue
             texts = _formatted_texts(_expand(path), tokenizer.eos_token, data_args)
-            rows.append(tokenize_and_mask(texts, tokenizer, max_length, data_args.response_template, source=path))
+            rows.append(
+                tokenize_and_mask(
+                    texts,
+                    tokenizer,
+                    max_length,
+                    data_args.response_template,
+                    source=path,
+                    num_proc=getattr(data_args, "dataset_num_proc", None),
+                )
+            )
         if train_args.eval_strategy != "no" and rows[1] is None:
             raise UserInputError(
                 f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
@@ -401,6 +436,9 @@ def prepare_training_datasets(
 def check_data_arguments(data_args, additional_data_handlers: dict | None = None, packing: bool = False) -> None:
     """The data checks that need no tokenizer or model: the data config parses and names existing data and known
     handlers; or the plain flags name existing data and make sense together."""
+    num_proc = getattr(data_args, "dataset_num_proc", None)
+    if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
+        raise UserInputError(f"--dataset_num_proc must be a whole number of processes, at least 1: got {num_proc!r}")
     if data_args.data_config_path:
         if data_args.training_data_path or data_args.validation_data_path:
             raise UserInputError(

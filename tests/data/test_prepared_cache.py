@@ -1,0 +1,216 @@
+"""The processed-data cache (--data_cache_dir) and tokenising on several processes (--dataset_num_proc): a hit for
+the same work, a miss for each part of the key changed, concurrent builders and a killed one (real processes, real
+SIGKILL), eviction by size, 'none'. In-process through prepare_with_cache, on a temporary cache directory."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, make_args, subprocess_env
+from tuning.config.configs import DataArguments, TrainingArguments
+from tuning.data import masking, prepared_cache
+from tuning.data.cache import PREFIX
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
+from tuning.sft_trainer import train
+from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture
+def data(tmp_path) -> str:
+    return str(shutil.copy(SAMPLE_TRAIN_PATH, tmp_path / "train.jsonl"))
+
+
+def data_args(data: str, cache: Path | str, **fields) -> DataArguments:
+    flags = {"dataset_text_field": "output", "response_template": RESPONSE_TEMPLATE, **fields}
+    return DataArguments(training_data_path=data, data_cache_dir=str(cache), **flags)
+
+
+def prepare(arguments: DataArguments, tokenizer, max_length: int = 64, **training):
+    train_args = TrainingArguments(output_dir="unused", report_to="none", **training)
+    (rows, _), preparation = prepare_with_cache(arguments, train_args, tokenizer, max_length)
+    return rows, preparation
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(meta.parent for meta in cache.glob(f"*/{prepared_cache.META_FILE}"))
+
+
+def test_a_hit_for_the_same_work_and_a_miss_for_each_part_of_the_key_changed(data, tokenizer, tmp_path):
+    cache = tmp_path / "cache"
+    built, first = prepare(data_args(data, cache), tokenizer)
+    uncached, off = prepare(data_args(data, "none"), tokenizer)
+    assert (first.status, off.status) == ("miss", "off")
+    again, second = prepare(data_args(data, cache), tokenizer)
+    assert (second.status, second.key) == ("hit", first.key)
+    assert again["labels"] == built["labels"] == uncached["labels"] and again["input_ids"] == uncached["input_ids"]
+
+    keys = {first.key}
+
+    def changed(arguments: DataArguments, tokenizer=tokenizer, max_length: int = 64):
+        rows, preparation = prepare(arguments, tokenizer, max_length)
+        assert preparation.status == "miss" and preparation.key not in keys
+        keys.add(preparation.key)
+        return rows
+
+    assert max(len(row) for row in changed(data_args(data, cache), max_length=16)["input_ids"]) == 16
+    template = "### Input: {{input}}\n\n### Response: {{response}} (edited)"
+    edited = changed(data_args(data, cache, dataset_text_field=None, data_formatter_template=template))
+    assert "(edited)" in tokenizer.decode(edited[0]["input_ids"])
+    other_tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    other_tokenizer.add_tokens(["Input"])  # another vocabulary
+    changed(data_args(data, cache), tokenizer=other_tokenizer)
+    changed(data_args(data, cache, chat_template="{{ messages }}"))  # the chat template is the tokenizer's too
+
+    # The same size and mtime, other bytes: a miss, and the new rows.
+    status = os.stat(data)
+    text = Path(data).read_text()
+    Path(data).write_text(text.replace("21 plus 10 is 31.", "21 plus 10 is 13."))
+    os.utime(data, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(data).st_size == status.st_size
+    assert "is 13." in tokenizer.decode(changed(data_args(data, cache))[0]["input_ids"])
+    assert len(entries(cache)) == len(keys)
+
+
+def test_another_handler_argument_is_a_miss(tokenizer, tmp_path):
+    cache = tmp_path / "cache"
+
+    def config(template: str) -> str:
+        handler = {
+            "name": "apply_custom_jinja_template",
+            "arguments": {
+                "remove_columns": "all",
+                "batched": False,
+                "fn_kwargs": {"formatted_text_column_name": "output", "template": template},
+            },
+        }
+        path = tmp_path / "data_config.yaml"
+        dataset = {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH], "data_handlers": [handler]}
+        path.write_text(yaml.safe_dump({"datasets": [dataset]}))
+        return str(path)
+
+    arguments = DataArguments(
+        data_config_path=config("{{ element['output'] }}"),
+        dataset_text_field="output",
+        response_template=RESPONSE_TEMPLATE,
+        data_cache_dir=str(cache),
+    )
+    _, first = prepare(arguments, tokenizer)
+    _, hit = prepare(arguments, tokenizer)
+    arguments.data_config_path = config("{{ element['output'] }} more")
+    rows, other = prepare(arguments, tokenizer)
+    assert (first.status, hit.status, other.status) == ("miss", "hit", "miss") and other.key != first.key
+    assert "more" in tokenizer.decode(rows[0]["input_ids"])
+
+
+def test_none_caches_nothing_and_the_default_comes_from_the_environment(data, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv(prepared_cache.CACHE_DIR_ENV, str(tmp_path / "default"))
+    _, preparation = prepare(data_args(data, "none"), tokenizer)
+    assert preparation.status == "off" and not (tmp_path / "default").exists()
+    _, preparation = prepare(
+        DataArguments(training_data_path=data, dataset_text_field="output", response_template=RESPONSE_TEMPLATE),
+        tokenizer,
+    )
+    assert preparation.status == "miss" and len(entries(tmp_path / "default")) == 1
+
+
+def test_least_recently_used_entries_go_beyond_the_size_limit(data, tokenizer, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    keys = [prepare(data_args(data, cache), tokenizer, max_length)[1].key for max_length in (16, 32, 48)]
+    sizes = {
+        entry.name: json.loads((entry / prepared_cache.META_FILE).read_text())["bytes"] for entry in entries(cache)
+    }
+    assert sorted(sizes) == sorted(keys)
+    for age, key in enumerate(keys):  # 16 is the least recently used, then 32...
+        os.utime(cache / key / prepared_cache.META_FILE, (1000 + age, 1000 + age))
+    assert prepare(data_args(data, cache), tokenizer, 16)[1].status == "hit"  # ...but a hit makes 16 the latest
+    monkeypatch.setenv(prepared_cache.MAX_SIZE_ENV, str((sizes[keys[0]] + sizes[keys[2]] + 1) / (1 << 30)))
+    _, newest = prepare(data_args(data, cache), tokenizer, 64)  # a fourth entry: 32 then 48 go
+    assert [entry.name for entry in entries(cache)] == sorted([keys[0], newest.key])
+
+
+def test_several_processes_tokenise_the_same_rows_in_the_same_order(tokenizer, monkeypatch):
+    texts = [f"### Input: question {index}\n\n### Response: answer {index * 7}" for index in range(300)]
+    texts[5::7] = ["no template here"] * len(texts[5::7])
+    monkeypatch.setattr(masking, "PARALLEL_MIN_TEXTS", 100)
+    one = masking.tokenize_and_mask(texts, tokenizer, 32, RESPONSE_TEMPLATE, num_proc=1)
+    two = masking.tokenize_and_mask(iter(texts), tokenizer, 32, RESPONSE_TEMPLATE, num_proc=2)
+    assert len(one) == 300 - len(texts[5::7]) and one.to_dict() == two.to_dict()
+    unmasked = masking.tokenize_and_mask(texts, tokenizer, 32, None, num_proc=2)
+    assert len(unmasked) == 300 and unmasked["labels"] == unmasked["input_ids"]
+
+
+# --- processes: concurrent builders, a killed one, a real training run on the entry -----------------------------
+
+BUILDER = """
+import sys, time
+import datasets
+from transformers import AutoTokenizer
+from tuning.config.configs import DataArguments, TrainingArguments
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
+
+model, data, cache, hold = sys.argv[1:5]
+save = datasets.Dataset.save_to_disk
+def slow_save(self, *args, **kwargs):  # the entry half-written: long enough to be killed, or waited for
+    save(self, *args, **kwargs)
+    print("written", flush=True)
+    time.sleep(float(hold))
+datasets.Dataset.save_to_disk = slow_save
+arguments = DataArguments(
+    training_data_path=data, dataset_text_field="output", response_template="\\n### Response:", data_cache_dir=cache
+)
+tokenizer = AutoTokenizer.from_pretrained(model)
+(rows, _), how = prepare_with_cache(arguments, TrainingArguments(output_dir="unused"), tokenizer, 64)
+print(how.status, how.key, hash(str(rows["labels"])), flush=True)
+"""
+
+
+def builder(tiny_model: str, data: str, cache: Path, hold: float) -> subprocess.Popen:
+    argv = [sys.executable, "-c", BUILDER, tiny_model, data, str(cache), str(hold)]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, text=True, env=subprocess_env(PYTHONHASHSEED="0"), cwd=REPO_ROOT
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tiny_model, data, tokenizer, tmp_path):
+    cache = tmp_path / "cache"
+    killed = builder(tiny_model, data, cache, hold=120)
+    assert killed.stdout.readline() == "written\n"  # its rows are on disk, not yet published
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert entries(cache) == [] and len(list(cache.glob(f"{PREFIX}*"))) == 1
+
+    first, second = (builder(tiny_model, data, cache, hold=3) for _ in range(2))
+    lines = [process.communicate(timeout=300)[0].splitlines()[-1].split() for process in (first, second)]
+    assert sorted(line[0] for line in lines) == ["hit", "miss"]  # one built while the other waited, then read it
+    assert lines[0][1:] == lines[1][1:]  # one key, the same labels
+    assert [entry.name for entry in entries(cache)] == [lines[0][1]]
+    assert list(cache.glob(f"{PREFIX}*")) == []  # the killed builder's private directory: removed by the next
+
+    # A run trains on the entry: train() reads it (a hit) and its rows are the entry's.
+    model_args, _, train_args = make_args(tiny_model, str(tmp_path / "out"), "", max_steps=1, max_seq_length=64)
+    arguments = data_args(data, cache)
+    trainer, _, _ = train(model_args, arguments, train_args)
+    stored = datasets.load_from_disk(str(entries(cache)[0] / "train"))
+    assert trainer.train_dataset["labels"][:5] == stored["labels"][:5]
+    assert [entry.name for entry in entries(cache)] == [lines[0][1]]
+
+
+def test_dataset_num_proc_below_one_is_refused_before_the_model_loads(data):
+    with pytest.raises(UserInputError, match="--dataset_num_proc must be a whole number of processes, at least 1"):
+        check_data_arguments(DataArguments(training_data_path=data, dataset_num_proc=0))
