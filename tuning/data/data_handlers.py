@@ -383,6 +383,8 @@ _READ_FROM_KWARGS: dict[str, set[str] | None] = {
     "apply_tokenizer_chat_template": {"tokenizer_kwargs"},
     "tokenize": {"tokenizer_kwargs"},
     "prepare_multimodal_data_processor": None,
+    # fms-hf-tuning 3.2's own data configs pass it; the handler leaves token rows, so it names nothing.
+    "tokenize_and_apply_chat_template_with_masking": {"formatted_text_column_name"},
 }
 _PASSED_BY_THE_PROCESSOR = {"tokenizer", "processor"}
 _COLUMN_ARGUMENTS = {

@@ -276,7 +276,12 @@ def load_data_path(path: str, builder: str | None = None, streaming: bool = Fals
 
 def _slice(dataset: Dataset, split: str) -> Dataset:
     """``train[:N]``-style slices (``datasets``' split syntax) of a loaded dataset."""
-    absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
+    try:
+        absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
+    except (ValueError, KeyError) as exc:
+        raise UserInputError(
+            f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
+        ) from None
     start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
     return dataset.select(range(start, stop))
 
@@ -333,9 +338,8 @@ class DataPreProcessor:
             raise ValueError("Either datafile or datasetconfig must be set")
         if datafile:
             return load_data_path(datafile, streaming=False, split=splitName)
-        loaded = [
-            load_data_path(path, datasetconfig.builder, streaming, splitName) for path in datasetconfig.data_paths
-        ]
+        split = datasetconfig.dataset_split_name or splitName
+        loaded = [load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths]
         return try_concatenate_datasets(loaded)
 
     def split_dataset(self, dataset_config: DataSetConfig, dataset):
@@ -363,7 +367,10 @@ class DataPreProcessor:
                 "train or validation 1.0, or set streaming to false"
             )
         parts = dataset.train_test_split(
-            train_size=train_size or None, test_size=eval_size or None, shuffle=True, seed=self.processor_config.seed
+            train_size=train_size or None,
+            test_size=eval_size or None,
+            shuffle=dataset_config.shuffle is not False,
+            seed=self.processor_config.seed,
         )
         if not train_size:
             del parts[TRAIN_SPLIT]
