@@ -297,7 +297,11 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
             needed = row["runs_needed"]
             samples = "steps" if row["interval"] == WITHIN_RUN else "runs"
             count = needed if needed <= stats.MAX_RUNS_NEEDED else f"> {stats.MAX_RUNS_NEEDED}"
-            note += f"; about {count} {samples} a side would likely decide"
+            if samples == "runs" and min(row["baseline_runs"], row["candidate_runs"]) < 2:
+                # One run a side has no spread to estimate from: the count is the test's floor, not an estimate.
+                note += f"; at least {count} runs a side needed (the minimum; one run gives no spread to estimate from)"
+            else:
+                note += f"; about {count} {samples} a side would likely decide"
         cells = [
             row["point"],
             f"{row['baseline_runs']}/{row['candidate_runs']}",
