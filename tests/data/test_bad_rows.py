@@ -94,6 +94,16 @@ def test_a_bad_input_output_row_names_file_row_and_field(tokenizer, tmp_path, na
     assert "tokenize_and_apply_input_masking" in message
 
 
+def chat_config(tmp_path: Path, path: str, template: str) -> str:
+    """A data config training the chat file ``path`` with the masking chat handler and ``template``."""
+    handler = {"name": "tokenize_and_apply_chat_template_with_masking", "arguments": {"remove_columns": "all"}}
+    config = {
+        "dataprocessor": {"chat_template": template},
+        "datasets": [{"name": "chat", "data_paths": [path], "data_handlers": [handler]}],
+    }
+    return write_config(tmp_path / "c.yaml", config)
+
+
 @pytest.mark.parametrize(
     ("turn", "field"),
     [
@@ -105,13 +115,8 @@ def test_a_bad_input_output_row_names_file_row_and_field(tokenizer, tmp_path, na
 def test_a_bad_chat_turn_names_file_line_and_turn(tokenizer, tmp_path, turn, field):
     good = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
     path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": good}, {"messages": [turn, good[1]]}])
-    handler = {"name": "tokenize_and_apply_chat_template_with_masking", "arguments": {"remove_columns": "all"}}
-    config = {
-        "dataprocessor": {"chat_template": CHAT_TEMPLATE},
-        "datasets": [{"name": "chat", "data_paths": [path], "data_handlers": [handler]}],
-    }
     with pytest.raises(UserInputError, match=f"dataset 'chat': {re.escape(path)} line 2: field '{field}"):
-        prepare(tokenizer, tmp_path, data_config_path=write_config(tmp_path / "c.yaml", config))
+        prepare(tokenizer, tmp_path, data_config_path=chat_config(tmp_path, path, CHAT_TEMPLATE))
 
 
 def test_a_chat_template_without_a_generation_prompt_is_refused(tokenizer, tmp_path):
@@ -120,13 +125,8 @@ def test_a_chat_template_without_a_generation_prompt_is_refused(tokenizer, tmp_p
         [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}],
     )
     template = "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
-    handler = {"name": "tokenize_and_apply_chat_template_with_masking", "arguments": {"remove_columns": "all"}}
-    config = {
-        "dataprocessor": {"chat_template": template},
-        "datasets": [{"name": "chat", "data_paths": [path], "data_handlers": [handler]}],
-    }
     with pytest.raises(UserInputError, match=r"no generation prompt .* prefix '<\|assistant\|>\\n' would be trained"):
-        prepare(tokenizer, tmp_path, data_config_path=write_config(tmp_path / "c.yaml", config))
+        prepare(tokenizer, tmp_path, data_config_path=chat_config(tmp_path, path, template))
 
 
 @pytest.mark.parametrize(
