@@ -50,13 +50,13 @@ def _needs_weights(model_dir: Path) -> bool:
 def build_random_weights(model_dir: Path) -> None:
     """Random weights (seeded) for the causal LM that ``model_dir/config.json`` describes."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-    save_file(tensors, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
+    # save_model writes a tied weight once (3.2's tiny models tie their embeddings), as transformers saves it.
+    save_model(model, str(model_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
 def prepare(upstream: Path, workdir: Path) -> None:

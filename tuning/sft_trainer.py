@@ -48,6 +48,7 @@ from tuning.config.peft_config import (
     LoraConfig,
     Mxfp4Config,
     PromptTuningConfig,
+    check_lora_targets,
     to_peft_config,
 )
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
@@ -469,6 +470,7 @@ def train(
         attention_and_distributed_packing_config=attention_and_distributed_packing_config,
         fast_moe_config=fast_moe_config,
     )
+    check_lora_targets(peft_config, model_args.model_name_or_path)
     handlers = additional_data_handlers
     if handlers is not None and (
         not isinstance(handlers, dict)

@@ -20,7 +20,8 @@ def test_it_is_flat_json_with_every_listed_argument():
     assert json.loads(json.dumps(config)) == config
     assert all(not isinstance(value, dict) for name, value in config.items() if name != "fsdp_config")
     listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
-    assert set(config) == listed | {"peft_method", "world_size", "data_config_sha256"}
+    measured = {"peft_method", "world_size", "data_config_sha256", "attn_implementation", "effective_max_seq_length"}
+    assert set(config) == listed | measured
     assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
     assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
 
@@ -91,3 +92,21 @@ def test_a_data_config_edited_under_the_same_path_is_another_configuration(tmp_p
     after = run_configuration(parse_arguments(get_parser(), args=flags), 1)
     assert after["data_config_path"] == before["data_config_path"] and after != before
     assert config_of()["data_config_sha256"] is None
+
+
+def test_it_records_the_attention_and_sequence_length_the_run_gets(tiny_model):
+    """What the model runs, beside what was asked: sdpa without --use_flash_attn (whose implementation flag then
+    changes nothing, so is null) and where flash-attn cannot run (no CUDA here); --max_seq_length capped by the
+    tokenizer's model_max_length (the tiny model's 512), null when the tokenizer's files cannot be read."""
+    flags = ["--model_name_or_path", tiny_model, "--max_seq_length", "4096"]
+    plain = config_of(*flags, "--use_flash_attn", "False")
+    assert (plain["attn_implementation"], plain["use_flash_attn"], plain["flash_attn_implementation"]) == (
+        "sdpa",
+        False,
+        None,
+    )
+    assert (plain["max_seq_length"], plain["effective_max_seq_length"]) == (4096, 512)
+    asked = config_of(*flags, "--use_flash_attn", "True")
+    assert (asked["attn_implementation"], asked["flash_attn_implementation"]) == ("sdpa", "flash_attention_2")
+    assert config_of("--max_seq_length", "128")["effective_max_seq_length"] is None  # model "m": nothing to read
+    assert config_of(*flags[:2], "--max_seq_length", "128")["effective_max_seq_length"] == 128

@@ -471,8 +471,14 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
             r"user_error: InputKeyError: template key\(s\) \['Tweet txt'\] not in record 0 \(line 1\) of .*tweets.jsonl"
             r" \(keys: .*\)",
         ),
+        (
+            lambda d: _write(d / "qa.csv", "input,output\nWhat is 2 plus 2?,Four.\nAnd 3 plus 3?,\n"),
+            {"dataset_text_field": None, "response_template": None},
+            r"user_error: UserInputError: dataset 'training_data': .*qa.csv row 2: field 'output' is null or missing, "
+            r"not a string \(data handler tokenize_and_apply_input_masking\)",
+        ),
     ],
-    ids=["directory", "not-utf8", "template-key-with-space"],
+    ids=["directory", "not-utf8", "template-key-with-space", "csv-empty-cell"],
 )
 def test_cli_bad_data_exits_1_with_one_line_naming_it(make_data, extra, line, tiny_model, tmp_path, monkeypatch, capfd):
     termination_log = tmp_path / "termination-log"

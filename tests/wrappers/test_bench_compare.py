@@ -141,6 +141,7 @@ def test_one_run_a_side_is_inconclusive_unless_within_run_is_asked_for(bench_com
     row = rows["batch=1"]
     assert row["verdict"] == "inconclusive" and row["ci_low"] == "" and code == 0
     assert "one sample on a side (n=1/1)" in row["note"] and "--within_run" in row["note"]
+    assert "at least 4 runs a side: the minimum the test needs (no spread to size it)" in out
     assert run_compare(bench_compare, tmp_path, capsys, strict=True)[0] == 3
     code, rows, out = run_compare(bench_compare, tmp_path, capsys, within_run=True)
     row = rows["batch=1"]

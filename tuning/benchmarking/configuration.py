@@ -11,11 +11,16 @@ work. Torch-free.
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Any
 
 PEFT_METHOD = "peft_method"
 WORLD_SIZE = "world_size"
 DATA_CONFIG_SHA256 = "data_config_sha256"
+# What the run gets, beside what was asked: the attention implementation the model is loaded with, and the sequence
+# length once the tokenizer's model_max_length caps --max_seq_length (null when the tokenizer's files cannot be read).
+ATTENTION_IMPLEMENTATION = "attn_implementation"
+EFFECTIVE_MAX_SEQ_LENGTH = "effective_max_seq_length"
 # Argument names by where ``parse_arguments``' values hold them. "lora" and "pt": only when that is the PEFT method.
 CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "model_args": (
@@ -93,6 +98,7 @@ _ONLY_WITH = {
     "eval_steps": lambda config: config["eval_strategy"] == "steps",
     "per_device_eval_batch_size": lambda config: config["eval_strategy"] != "no",
     "save_steps": lambda config: config["save_strategy"] == "steps",
+    "flash_attn_implementation": lambda config: bool(config["use_flash_attn"]),
 }
 
 
@@ -119,7 +125,41 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     for name, matters in _ONLY_WITH.items():
         if not matters(config):
             config[name] = None
+    config[ATTENTION_IMPLEMENTATION] = attention_implementation(args.model_args)
+    config[EFFECTIVE_MAX_SEQ_LENGTH] = effective_max_seq_length(args.model_args, args.training_args.max_seq_length)
     return dict(sorted(config.items()))
+
+
+def attention_implementation(model_args: Any) -> str:
+    """The attention implementation ``train()`` loads the model with: sdpa unless flash attention is asked for and
+    can run here (then ``--flash_attn_implementation``)."""
+    if not model_args.use_flash_attn:
+        return "sdpa"
+    from tuning.sft_trainer import _attention_implementation  # needs torch: only when flash attention is asked for
+
+    return _attention_implementation(model_args, quiet=True)
+
+
+def effective_max_seq_length(model_args: Any, max_seq_length: int) -> int | None:
+    """``max_seq_length`` capped by the tokenizer's ``model_max_length``, as ``train()`` caps it; None when the
+    tokenizer's ``tokenizer_config.json`` is neither in a local folder nor in the Hugging Face cache."""
+    source = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    path = os.path.join(source, "tokenizer_config.json") if source else None
+    if path and not os.path.isfile(path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(source, "tokenizer_config.json")
+        except ValueError:  # not a repository id
+            path = None
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            limit = json.load(handle).get("model_max_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return max_seq_length if not isinstance(limit, int | float) else min(max_seq_length, int(limit))
 
 
 def file_sha256(path: str | None) -> str | None:

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted")
 SPLIT_NAMES = ("train", "validation")
-_DATASET_KEYS = {"name", "data_paths", "builder", "sampling", "data_handlers", "split"}
+_DATASET_KEYS = {"name", "data_paths", "builder", "sampling", "data_handlers", "split", "dataset_split_name", "shuffle"}
 _PROCESSOR_KEYS = {
     "type",
     "sampling_stopping_strategy",
@@ -50,6 +50,10 @@ class DataSetConfig:
     sampling: float | None = None
     data_handlers: list[DataHandlerConfig] | None = None
     split: dict[str, float] | None = None
+    # fms-hf-tuning 3.2's: the split of the data to load (a Hub dataset's split name, or a slice such as train[:50%];
+    # local files have one split, train), and whether a train/validation split shuffles the rows first.
+    dataset_split_name: str | None = None
+    shuffle: bool | None = True
 
 
 @dataclass
@@ -150,6 +154,17 @@ def _dataset_config(raw: Any, where: _Where, index: int) -> DataSetConfig:
         if not 0 < total <= 1.0 + 1e-9:
             raise where.fail(f"train + validation must be in (0, 1], got {total}", label, "split")
         config.split = {key: float(value) for key, value in split.items()}
+    split_name = raw.get("dataset_split_name")
+    if split_name is not None:
+        if not isinstance(split_name, str) or not split_name.strip():
+            raise where.fail(
+                f"a split name (train, or a slice: train[:50%]), got {split_name!r}", label, "dataset_split_name"
+            )
+        config.dataset_split_name = split_name
+    shuffle = raw.get("shuffle", True)
+    if not isinstance(shuffle, bool):
+        raise where.fail(f"shuffle: {shuffle!r} should be a bool", label, "shuffle")
+    config.shuffle = shuffle
     return config
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
+from tuning.data.formatting import value_kind
 from tuning.utils.error_logging import InputKeyError, UserInputError
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,69 @@ class DataHandler:
         return f"DataHandler(op={name}, handler_type={kind}, allows_batching={self.allows_batching})"
 
 
+class RowError(UserInputError):
+    """A row a handler cannot use (a field missing, null, or of the wrong kind). The message names the field; the
+    data processor adds where the row is (file and line, or row number) before it reaches the user. ``batch_row``
+    is the row's place in the batch when the handler took a batch."""
+
+    batch_row: int | None = None
+
+
+def row_text(element: dict, column: str, batch_row: int | None = None) -> str:
+    """``element[column]`` when it is a string, else a ``RowError`` saying what it is."""
+    value = element.get(column)
+    if isinstance(value, str):
+        return value
+    problem = f"field '{column}' is " + ("null or missing" if value is None else value_kind(value))
+    error = RowError(f"{problem}, not a string")
+    error.batch_row = batch_row
+    raise error
+
+
+def check_conversation(messages: Any, column: str) -> list:
+    """A conversation: a non-empty list of turns, each with a string ``role`` and a ``content`` that is a string or
+    a list of parts (mappings); else a ``RowError`` naming the turn and its field."""
+    if not isinstance(messages, list) or not messages:
+        kind = "empty" if isinstance(messages, list) else value_kind(messages)
+        raise RowError(f"field '{column}' is {kind}, not a list of turns")
+    for index, turn in enumerate(messages):
+        where = f"field '{column}[{index}]'"
+        if not isinstance(turn, dict):
+            raise RowError(f"{where} is {value_kind(turn)}, not a turn (a mapping with role and content)")
+        if not isinstance(turn.get("role"), str):
+            raise RowError(f"{where}.role is {value_kind(turn.get('role'))}, not a string")
+        content = turn.get("content")
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(part, dict) for part in content)
+        ):
+            raise RowError(f"{where}.content is {value_kind(content)}, not a string or a list of parts")
+    return messages
+
+
+def check_tokenized_row(element: dict, vocab_size: int | None = None, **kwargs) -> None:
+    """A pretokenized row: ``input_ids`` a list of token ids (below ``vocab_size``), ``labels`` (when given) and
+    ``attention_mask`` (when given) lists of the same length, each label a token id or -100. Rows that disagree would
+    be padded out of line in a batch (training on the wrong tokens) or fail at the first step."""
+    input_ids = element.get("input_ids")
+    if not isinstance(input_ids, list) or not input_ids:
+        kind = "empty" if isinstance(input_ids, list) else value_kind(input_ids)
+        raise RowError(f"field 'input_ids' is {kind}, not a list of token ids")
+    for name in ("labels", "attention_mask"):
+        values = element.get(name)
+        if values is not None and (not isinstance(values, list) or len(values) != len(input_ids)):
+            what = f"{len(values)} items long" if isinstance(values, list) else value_kind(values)
+            raise RowError(f"field '{name}' is {what}, input_ids {len(input_ids)}: they must be equally long")
+    limit = vocab_size if vocab_size else float("inf")
+    for name, allowed in (("input_ids", ()), ("labels", (IGNORE_INDEX,))):
+        for position, token in enumerate(element.get(name) or []):
+            if not isinstance(token, int) or not (0 <= token < limit or token in allowed):
+                raise RowError(
+                    f"field '{name}[{position}]' is {token!r}, not a token id of the vocabulary (0 to {vocab_size - 1})"
+                    if vocab_size
+                    else f"field '{name}[{position}]' is {token!r}, not a token id"
+                )
+
+
 def _tokenizer(kwargs: dict):
     if "tokenizer" not in kwargs:
         raise RuntimeError("the data processor passes the tokenizer to map handlers; none was given")
@@ -78,7 +142,7 @@ def tokenize_and_apply_input_masking(
             f"the dataset has no column(s) {missing} (keys: {sorted(element)}); without --dataset_text_field or "
             "--data_formatter_template the data needs input and output columns"
         )
-    prompt, response = element[input_column_name], element[output_column_name]
+    prompt, response = row_text(element, input_column_name), row_text(element, output_column_name)
     joiner = "" if prompt.endswith((" ", "\n", "\t")) or response.startswith((" ", "\n", "\t")) else " "
     text = prompt + joiner + response + (tokenizer.eos_token if add_eos_token else "")
     tokenizer_kwargs = kwargs.get("tokenizer_kwargs", {})
@@ -160,7 +224,7 @@ def apply_tokenizer_chat_template(
             raise InputKeyError(
                 f"conversation column '{conversation_column_name}' is not in the data (keys: {sorted(element)})"
             )
-        conversation = element[conversation_column_name]
+        conversation = check_conversation(element[conversation_column_name], conversation_column_name)
     else:
         return {formatted_text_column_name: _render(lambda: _render_whole_record(tokenizer, element))}
     text = _render(lambda: tokenizer.apply_chat_template(conversation, tokenize=False, **_conversation_extras(element)))
@@ -172,9 +236,15 @@ def tokenize(
 ):
     """Tokenise the column ``text_column_name`` (batched or not); ``fn_kwargs["tokenizer_kwargs"]`` go along."""
     tokenizer = _tokenizer(kwargs)
-    return tokenizer(
-        element[text_column_name], truncation=truncation, max_length=max_length, **kwargs.get("tokenizer_kwargs", {})
-    )
+    if text_column_name not in element:
+        raise InputKeyError(f"text column '{text_column_name}' is not in the data (keys: {sorted(element)})")
+    texts = element[text_column_name]
+    if isinstance(texts, list):  # a batch
+        for index in range(len(texts)):
+            row_text({text_column_name: texts[index]}, text_column_name, index)
+    else:
+        row_text(element, text_column_name)
+    return tokenizer(texts, truncation=truncation, max_length=max_length, **kwargs.get("tokenizer_kwargs", {}))
 
 
 def duplicate_columns(element: dict, existing_column_name: str, new_column_name: str, **kwargs) -> dict:
@@ -217,6 +287,32 @@ def _chat_ids(tokenizer, messages: list, max_seq_length: int | None, generation_
     return list(encoded)
 
 
+def _check_generation_prompt(tokenizer) -> None:
+    """Refuse a chat template that ignores ``add_generation_prompt`` yet opens the assistant's turn with a prefix:
+    the masking could not find the prefix, and the model would be trained on it."""
+    template = tokenizer.chat_template
+    if template is None or template in _CHECKED_TEMPLATES:
+        return
+    user = [{"role": "user", "content": "U"}]
+    plain = _render(lambda: tokenizer.apply_chat_template(user, tokenize=False))
+    prompted = _render(lambda: tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True))
+    whole = _render(
+        lambda: tokenizer.apply_chat_template(user + [{"role": "assistant", "content": _PROBE}], tokenize=False)
+    )
+    if plain == prompted and whole.startswith(plain) and _PROBE in whole[len(plain) :]:
+        prefix = whole[len(plain) : whole.index(_PROBE, len(plain))]
+        if prefix.strip():
+            raise UserInputError(
+                f"the chat template renders no generation prompt (add_generation_prompt), so the assistant prefix "
+                f"{prefix!r} would be trained on: use a template that renders it when add_generation_prompt is true"
+            )
+    _CHECKED_TEMPLATES.add(template)
+
+
+_CHECKED_TEMPLATES: set[str] = set()
+_PROBE = "QZXJ"  # an assistant reply no template's own text contains
+
+
 def tokenize_and_apply_chat_template_with_masking(
     element: dict, max_seq_length: int | None = None, conversation_column: str = "messages", **kwargs
 ) -> dict:
@@ -229,6 +325,8 @@ def tokenize_and_apply_chat_template_with_masking(
     messages = element[conversation_column]
     if not messages:
         raise UserInputError(f"Contents of the column {conversation_column} must not be empty.")
+    check_conversation(messages, conversation_column)
+    _check_generation_prompt(tokenizer)
     extras = _conversation_extras(element)
     input_ids = _chat_ids(tokenizer, messages, max_seq_length, False, extras)
     labels = list(input_ids)
@@ -277,3 +375,88 @@ AVAILABLE_DATA_HANDLERS = {
         prepare_multimodal_data_processor, DataHandlerType.MAP, False, "Processing multimodal data"
     ),
 }
+
+# What the built-in handlers read from ``**kwargs`` besides the tokenizer and processor the data processor passes;
+# None: anything (the handler's keyword arguments are open). Handlers from elsewhere with ``**kwargs`` are open too.
+_READ_FROM_KWARGS: dict[str, set[str] | None] = {
+    "tokenize_and_apply_input_masking": {"tokenizer_kwargs"},
+    "apply_tokenizer_chat_template": {"tokenizer_kwargs"},
+    "tokenize": {"tokenizer_kwargs"},
+    "prepare_multimodal_data_processor": None,
+    # fms-hf-tuning 3.2's own data configs pass it; the handler leaves token rows, so it names nothing.
+    "tokenize_and_apply_chat_template_with_masking": {"formatted_text_column_name"},
+}
+_PASSED_BY_THE_PROCESSOR = {"tokenizer", "processor"}
+_COLUMN_ARGUMENTS = {
+    DataHandlerType.REMOVE: {"column_names"},
+    DataHandlerType.SELECT: {"column_names"},
+    DataHandlerType.RENAME: {"column_mapping"},
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _call_arguments(handler_type: DataHandlerType) -> frozenset[str]:
+    """The keyword arguments of ``datasets``' ``map``/``filter`` (of a dataset or a streaming one)."""
+    import inspect
+
+    from datasets import Dataset, IterableDataset
+
+    method = "filter" if handler_type is DataHandlerType.FILTER else "map"
+    names = set()
+    for kind in (Dataset, IterableDataset):
+        names |= set(inspect.signature(getattr(kind, method)).parameters)
+    return frozenset(names - {"self", "function"})
+
+
+def _op_arguments(op: Callable) -> tuple[set[str] | None, set[str]]:
+    """The ``fn_kwargs`` names ``op`` accepts (None: any) and those it requires."""
+    import inspect
+
+    parameters = list(inspect.signature(op).parameters.values())[1:]  # the first is the row (or batch)
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {p.name for p in parameters if p.name in named and p.default is p.empty} - _PASSED_BY_THE_PROCESSOR
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return named, required
+    name = getattr(op, "__name__", "")
+    if (
+        getattr(op, "__module__", None) != __name__
+        or name not in _READ_FROM_KWARGS
+        and name not in AVAILABLE_DATA_HANDLERS
+    ):
+        return None, required
+    extra = _READ_FROM_KWARGS.get(name, set())
+    return (None if extra is None else named | extra | _PASSED_BY_THE_PROCESSOR), required
+
+
+def _closest(name: str, valid) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+    return f"did you mean '{match[0]}'? " if match else ""
+
+
+def handler_argument_problem(handler: DataHandler, arguments: dict | None) -> str | None:
+    """What is wrong with a data config's ``arguments`` for ``handler`` (an unknown argument, with the closest valid
+    name; a required one missing), or None."""
+    arguments = arguments or {}
+    if handler.handler_type in _COLUMN_ARGUMENTS:
+        valid = _COLUMN_ARGUMENTS[handler.handler_type]
+    else:
+        valid = _call_arguments(handler.handler_type)
+    for key in arguments:
+        if key not in valid:
+            return f"unknown argument '{key}': {_closest(key, valid) or f'it takes {sorted(valid)}'}"
+    if handler.op is None or handler.handler_type not in (DataHandlerType.MAP, DataHandlerType.FILTER):
+        return None
+    fn_kwargs = arguments.get("fn_kwargs") or {}
+    if not isinstance(fn_kwargs, dict):
+        return f"fn_kwargs must be a mapping, got {fn_kwargs!r}"
+    accepted, required = _op_arguments(handler.op)
+    if accepted is not None:
+        for key in fn_kwargs:
+            if key not in accepted:
+                known = sorted(accepted - _PASSED_BY_THE_PROCESSOR)
+                return f"unknown fn_kwargs '{key}': {_closest(key, known)}it takes {known}"
+    if missing := sorted(required - set(fn_kwargs)):
+        return f"fn_kwargs {missing} required"
+    return None

@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 
 import datasets
 import pyarrow
@@ -22,7 +23,14 @@ from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
 from tuning.data.cache import new_cache_dir
 from tuning.data.data_config import DataConfig, DataPreProcessorConfig, DataSetConfig
-from tuning.data.data_handlers import AVAILABLE_DATA_HANDLERS, DataHandler, DataHandlerType
+from tuning.data.data_handlers import (
+    AVAILABLE_DATA_HANDLERS,
+    DataHandler,
+    DataHandlerType,
+    RowError,
+    check_tokenized_row,
+    handler_argument_problem,
+)
 from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
 from tuning.data.utils import (
     DATA_FILE_BUILDERS,
@@ -129,9 +137,69 @@ def load_hub_dataset(path: str, streaming: bool = False, split: str | None = Non
 
 
 def _json_rows(paths: list[str]):
+    """The records of ``paths``, each with the first record's keys (a key a record lacks is null, as ``datasets``'
+    own JSON builder reads it): the handlers then name the field and the row."""
+    keys = None
     for path in paths:
         for _, record in iter_records(path):
+            if keys is None:
+                keys = list(record)
+            elif len(record) != len(keys) or any(key not in record for key in keys):
+                record = {key: record.get(key) for key in keys}
             yield record
+
+
+def _without_nulls(value):
+    """``value`` with null entries of mappings left out, at any depth: a field a record lacks and a null one compare
+    alike, as the loaded rows hold them."""
+    if isinstance(value, Mapping):  # a dict, or the lazy row datasets hands a handler
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def locate_row(paths: list[str], builder: str | None, row: dict) -> str | None:
+    """Where ``row`` is in its data files: ``FILE line N`` (JSON lines), ``FILE record I (line N)`` (a JSON array) or
+    ``FILE row N`` (Parquet, CSV, Arrow; counted from 1, a CSV header not counted); None when not found (a Hub
+    dataset, or a row an earlier handler changed). Read again only when a row is bad, so it costs nothing otherwise."""
+    wanted = _without_nulls(row)
+    for path in paths:
+        if builder is None and is_hub_dataset_id(path):
+            continue
+        for file in _expand(path):
+            kind = builder or get_loader_for_filepath(file)
+            if kind == JSON_BUILDER:
+                for index, (line, record) in enumerate(iter_records(file)):
+                    if _without_nulls(record) == wanted:
+                        with open(file, "rb") as handle:
+                            array = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+                        return f"{file} record {index} (line {line})" if array else f"{file} line {line}"
+                continue
+            streamed = datasets.load_dataset(kind, data_files=[file], split=TRAIN_SPLIT, streaming=True)
+            for number, record in enumerate(streamed, 1):
+                if _without_nulls(record) == wanted:
+                    return f"{file} row {number}"
+    return None
+
+
+class RowChecked:
+    """A handler's op that turns its ``RowError`` into a user error naming the dataset, the file and the row (its
+    line for JSON lines, its row number for other files, else its index in the dataset) and the field."""
+
+    def __init__(self, op, dataset: DataSetConfig, handler: str, with_indices: bool):
+        self.op, self.dataset, self.handler, self.with_indices = op, dataset, handler, with_indices
+
+    def __call__(self, element, index, **fn_kwargs):
+        try:
+            return self.op(element, index, **fn_kwargs) if self.with_indices else self.op(element, **fn_kwargs)
+        except RowError as exc:
+            row = element
+            if exc.batch_row is not None:
+                row = {key: values[exc.batch_row] for key, values in element.items()}
+                index = index[exc.batch_row]
+            where = locate_row(self.dataset.data_paths, self.dataset.builder, row) or f"row {index}"
+            raise UserInputError(f"dataset '{self.dataset.name}': {where}: {exc} ({self.handler})") from None
 
 
 def load_json_files(paths: list[str], streaming: bool = False) -> Dataset | IterableDataset:
@@ -208,7 +276,12 @@ def load_data_path(path: str, builder: str | None = None, streaming: bool = Fals
 
 def _slice(dataset: Dataset, split: str) -> Dataset:
     """``train[:N]``-style slices (``datasets``' split syntax) of a loaded dataset."""
-    absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
+    try:
+        absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
+    except (ValueError, KeyError) as exc:
+        raise UserInputError(
+            f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
+        ) from None
     start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
     return dataset.select(range(start, stop))
 
@@ -285,9 +358,8 @@ class DataPreProcessor:
             raise ValueError("Either datafile or datasetconfig must be set")
         if datafile:
             return load_data_path(datafile, streaming=False, split=splitName)
-        loaded = [
-            load_data_path(path, datasetconfig.builder, streaming, splitName) for path in datasetconfig.data_paths
-        ]
+        split = datasetconfig.dataset_split_name or splitName
+        loaded = [load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths]
         return try_concatenate_datasets(loaded)
 
     def split_dataset(self, dataset_config: DataSetConfig, dataset):
@@ -315,7 +387,10 @@ class DataPreProcessor:
                 "train or validation 1.0, or set streaming to false"
             )
         parts = dataset.train_test_split(
-            train_size=train_size or None, test_size=eval_size or None, shuffle=True, seed=self.processor_config.seed
+            train_size=train_size or None,
+            test_size=eval_size or None,
+            shuffle=dataset_config.shuffle is not False,
+            seed=self.processor_config.seed,
         )
         if not train_size:
             del parts[TRAIN_SPLIT]
@@ -323,10 +398,18 @@ class DataPreProcessor:
             del parts[EVAL_SPLIT]
         return parts
 
-    def _execute_data_handlers(self, raw_datasets, data_handler_config, datasetName: str):  # noqa: N803
+    def _execute_data_handlers(
+        self,
+        raw_datasets,
+        data_handler_config,
+        datasetName: str,  # noqa: N803
+        dataset_config: DataSetConfig | None = None,
+    ):
         name = data_handler_config.name
         kwargs = dict(data_handler_config.arguments or {})
         handler = self._get_registered_datahandler(name)
+        if problem := handler_argument_problem(handler, kwargs):
+            raise UserInputError(f"dataset {datasetName}: data handler {name}: {problem}")
         streaming = isinstance(raw_datasets, IterableDatasetDict)
         if kwargs.get("batched") and not handler.allows_batching:
             raise UserInputError(f"dataset {datasetName}: data handler {name} does not take batched=True")
@@ -354,8 +437,11 @@ class DataPreProcessor:
         fn_kwargs = dict(kwargs.pop("fn_kwargs", None) or {})
         if not streaming:
             kwargs.setdefault("desc", handler.desc)
+        dataset_config = dataset_config or DataSetConfig(name=datasetName, data_paths=[])
+        op = RowChecked(handler.op, dataset_config, f"data handler {name}", bool(kwargs.get("with_indices")))
+        kwargs["with_indices"] = True
         if kind is DataHandlerType.FILTER:
-            return raw_datasets.filter(handler.op, fn_kwargs=fn_kwargs, **kwargs)
+            return raw_datasets.filter(op, fn_kwargs=fn_kwargs, **kwargs)
         if kind is not DataHandlerType.MAP:
             raise UserInputError(f"data handler {name} has an unknown type {kind}")
         fn_kwargs["tokenizer"] = self.tokenizer
@@ -371,8 +457,16 @@ class DataPreProcessor:
                         "'all' cannot apply; list the columns"
                     )
                 split_kwargs["remove_columns"] = dataset.column_names
-            processed[split] = dataset.map(handler.op, fn_kwargs=fn_kwargs, **split_kwargs)
+            processed[split] = dataset.map(op, fn_kwargs=fn_kwargs, **split_kwargs)
         return IterableDatasetDict(processed) if streaming else DatasetDict(processed)
+
+    def _check_tokenized_rows(self, raw: DatasetDict, config: DataSetConfig) -> None:
+        """Pretokenized data (an ``input_ids`` column), checked row by row before use (``check_tokenized_row``)."""
+        vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
+        check = RowChecked(check_tokenized_row, config, "pretokenized rows", False)
+        for dataset in raw.values():
+            if "input_ids" in (dataset.column_names or []):
+                dataset.map(check, with_indices=True, fn_kwargs={"vocab_size": vocab_size}, desc="Checking token rows")
 
     def _prepare_processed_datasets(self, dataset_configs: list[DataSetConfig]) -> list[tuple[DataSetConfig, dict]]:
         if not dataset_configs:
@@ -390,8 +484,10 @@ class DataPreProcessor:
                 for split, dataset in loaded.items():
                     if split in (TRAIN_SPLIT, EVAL_SPLIT):
                         raw[split] = dataset
+            if not streaming:
+                self._check_tokenized_rows(raw, config)
             for handler_config in config.data_handlers or []:
-                raw = self._execute_data_handlers(raw, handler_config, config.name)
+                raw = self._execute_data_handlers(raw, handler_config, config.name, config)
             processed.append((config, raw))
         return processed
 
@@ -461,8 +557,9 @@ def get_datapreprocessor(
 
 def check_data_config(config: DataConfig, source: str, handler_names) -> None:
     """What can be checked before the model loads: each data path exists (or a glob matches, or it is a Hub dataset
-    id and the Hub is online), each handler is registered, and sampling ratios are given for all datasets or none,
-    summing to 1."""
+    id and the Hub is online), each handler is registered (``handler_names``; when a mapping of names to handlers,
+    its arguments are known to it and none it needs is missing), and sampling ratios are given for all datasets or
+    none, summing to 1."""
     for dataset in config.datasets:
         label = f"data config {source}: dataset '{dataset.name}'"
         for path in dataset.data_paths:
@@ -479,6 +576,9 @@ def check_data_config(config: DataConfig, source: str, handler_names) -> None:
                     f"{label}: key 'data_handlers[{index}]': unknown handler '{handler.name}'; known: "
                     + ", ".join(sorted(handler_names))
                 )
+            known = handler_names.get(handler.name) if isinstance(handler_names, Mapping) else None
+            if known is not None and (problem := handler_argument_problem(known, handler.arguments)):
+                raise UserInputError(f"{label}: key 'data_handlers[{index}]': handler '{handler.name}': {problem}")
     training = [d for d in config.datasets if not d.split or d.split.get("train", 0) > 0]
     ratios = [d.sampling for d in training if d.sampling]
     if ratios and len(ratios) != len(training):

@@ -21,14 +21,18 @@ _JINJA_EXPRESSION = re.compile(r"[\[\]().|'\"]|^\s*element\s*$")
 _KINDS = {type(None): "null", bool: "a boolean", list: "a list", dict: "an object"}
 
 
+def value_kind(value: Any) -> str:
+    """What ``value`` is, in words for an error: null, a boolean, a list, an object, int..."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
 def text_value(value: Any, what: str, where: str) -> str:
     """``value`` as training text when it is a string or a number; otherwise a user error naming ``what``."""
     if isinstance(value, str):
         return value
     if isinstance(value, Number) and not isinstance(value, bool):
         return str(value)
-    kind = _KINDS.get(type(value), type(value).__name__)
-    raise UserInputError(f"{what} in {where} is {kind}, not text (a string or a number)")
+    raise UserInputError(f"{what} in {where} is {value_kind(value)}, not text (a string or a number)")
 
 
 class TextFormatter:

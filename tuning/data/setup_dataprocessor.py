@@ -287,6 +287,10 @@ def process_dataargs(
             "--validation_data_path (or a validation split) or set --eval_strategy no"
         )
     if data_args.do_dataprocessing_only:
+        if train_dataset is not None and "input_ids" in (train_dataset.column_names or []):
+            train_dataset = trainable_rows(train_dataset, max_seq_length, "the training data")
+        if eval_dataset is not None and "input_ids" in (eval_dataset.column_names or []):
+            eval_dataset = trainable_rows(eval_dataset, max_seq_length, "the validation data")
         _dump(data_args, train_args, train_dataset, eval_dataset)
         return train_dataset, eval_dataset, None, None, None, None
     tokenized = is_pretokenized_dataset(train_dataset or eval_dataset)
@@ -321,8 +325,42 @@ def _trim(row: dict, max_length: int) -> dict:
     return {"input_ids": input_ids, "labels": labels}
 
 
-def _keeps_a_label(row: dict) -> bool:
-    return any(label != IGNORE_INDEX for label in row["labels"])
+def _keeps_a_label(row: dict, max_length: int) -> bool:
+    return any(label != IGNORE_INDEX for label in row["labels"][:max_length])
+
+
+def _prompt_length(row: dict) -> int:
+    """Tokens before the first one trained on (all of them when none is)."""
+    labels = row["labels"] if row.get("labels") is not None else row["input_ids"]
+    return next((index for index, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+
+
+def trainable_rows(rows, max_length: int, source: str, untrimmed=None):
+    """The tokenised ``rows`` that keep a label within ``max_length`` tokens. None kept is a user error saying how
+    many rows lost every label and how long the longest prompt is (from ``untrimmed``, the rows before they were
+    cut); some dropped, one warning with the count."""
+    if "labels" not in (rows.column_names or []):
+        return rows
+    kept = rows.filter(_keeps_a_label, fn_kwargs={"max_length": max_length}, desc="Dropping rows without labels")
+    if isinstance(rows, IterableDataset):
+        return kept
+    dropped = len(rows) - len(kept)
+    if dropped and not len(kept):
+        longest = max(_prompt_length(row) for row in (untrimmed if untrimmed is not None else rows))
+        raise UserInputError(
+            f"all {dropped} rows of {source} lost every label to truncation at --max_seq_length {max_length}: the "
+            f"longest prompt takes {longest} tokens{' or more' if longest >= max_length else ''}; raise "
+            "--max_seq_length or shorten the prompts"
+        )
+    if dropped:
+        logger.warning(
+            "%d of %d rows of %s lost every label to truncation at --max_seq_length %d: they are not trained on",
+            dropped,
+            len(rows),
+            source,
+            max_length,
+        )
+    return kept
 
 
 def to_training_rows(dataset, data_args, tokenizer, max_length: int, field: str | None, source: str):
@@ -334,7 +372,7 @@ def to_training_rows(dataset, data_args, tokenizer, max_length: int, field: str 
     if "input_ids" in columns:
         extra = sorted(columns - set(TRAINING_COLUMNS))
         rows = dataset.map(_trim, fn_kwargs={"max_length": max_length}, remove_columns=extra or None)
-        return rows.filter(_keeps_a_label)
+        return trainable_rows(rows, max_length, source, dataset)
     if field is None:
         field = data_args.dataset_text_field or "text"
     return tokenize_and_mask(
@@ -446,9 +484,9 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
                 "list the data in the data config"
             )
         config = load_and_validate_data_config(data_args.data_config_path)
-        names = set(get_datapreprocessor(DataPreProcessorConfig(), None).registered_handlers)
-        names |= set(additional_data_handlers or {})
-        check_data_config(config, data_args.data_config_path, names)
+        handlers = dict(get_datapreprocessor(DataPreProcessorConfig(), None).registered_handlers)
+        handlers.update(additional_data_handlers or {})
+        check_data_config(config, data_args.data_config_path, handlers)
         return
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path), or --data_config_path, is required")
