@@ -4,7 +4,7 @@
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-PEFT_METHODS = ("lora", "pt", "none", "alora")  # alora parses, and is refused as unsupported
+PEFT_METHODS = ("lora", "pt", "none", "alora")  # alora: LoRA with peft's alora_invocation_tokens
 QUANTIZATION_METHODS = ("mxfp4", "none")  # mxfp4 parses, and is refused as unsupported
 
 
@@ -59,7 +59,8 @@ def to_peft_config(config: LoraConfig | PromptTuningConfig, tokenizer_name_or_pa
     task = peft.TaskType.CAUSAL_LM
     if isinstance(config, LoraConfig):
         targets = "all-linear" if config.target_modules == ["all-linear"] else config.target_modules
-        return peft.LoraConfig(**{**vars(config), "target_modules": targets}, task_type=task)
+        fields = {name: value for name, value in vars(config).items() if name != "alora_invocation_string"}
+        return peft.LoraConfig(**{**fields, "target_modules": targets}, task_type=task)
     init = peft.PromptTuningInit[config.prompt_tuning_init.upper()]
     return peft.PromptTuningConfig(
         **{**vars(config), "prompt_tuning_init": init}, tokenizer_name_or_path=tokenizer_name_or_path, task_type=task
