@@ -102,7 +102,7 @@ def load_settings(
 ) -> LoadSettings:
     """Check the acceleration flags against the model (its config only: no weights are read) and the PEFT method,
     raising ``UserInputError`` for a combination that cannot train; return how the model loads."""
-    settings = LoadSettings()
+    settings = LoadSettings(quantization=run_description(quantized_lora_config, fast_moe_config)["quantization"])
     fast_moe = getattr(fast_moe_config, "fast_moe", None)
     if fast_moe is not None:
         _fast_moe_settings(settings, fast_moe, model_name_or_path, cache_dir)
@@ -125,14 +125,27 @@ def load_settings(
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch_dtype,
         )
-        settings.quantization = f"bitsandbytes-{bnb.quant_type}"
-    if gptq is not None:  # the checkpoint's own quantization_config says GPTQ: transformers loads it so
-        settings.quantization = "gptq"
+    # --auto_gptq: the checkpoint's own quantization_config says GPTQ, and transformers loads it so.
     fused = getattr(fusedops_kernels_config, "fused_lora", None)
     fast = getattr(fusedops_kernels_config, "fast_kernels", None)
     if (fused is not None and fused.fused_lora) or (fast is not None and any(vars(fast).values())):
         settings.keywords["use_kernels"] = True
     return settings
+
+
+def run_description(quantized_lora_config: Any, fast_moe_config: Any) -> dict[str, Any]:
+    """What the acceleration flags make a run load, for the dump's ``config`` (torch-free): ``experts_implementation``
+    (grouped_mm with ``--fast_moe``, null: the model's default), ``ep_degree`` (null without ``--fast_moe``) and
+    ``quantization`` (``bitsandbytes-nf4``, ``bitsandbytes-fp4``, ``gptq`` or null)."""
+    fast_moe = getattr(fast_moe_config, "fast_moe", None)
+    bnb = getattr(quantized_lora_config, "bnb_qlora", None)
+    gptq = getattr(quantized_lora_config, "auto_gptq", None)
+    quantization = f"bitsandbytes-{bnb.quant_type}" if bnb is not None else "gptq" if gptq is not None else None
+    return {
+        "experts_implementation": FAST_EXPERTS_IMPLEMENTATION if fast_moe is not None else None,
+        "ep_degree": fast_moe.ep_degree if fast_moe is not None else None,
+        "quantization": quantization,
+    }
 
 
 def _is_lora(peft_config: Any) -> bool:
