@@ -246,6 +246,8 @@ def parse_arguments_by_type(
         if not flags.alora_invocation_string:
             raise UserInputError("--peft_method alora needs --alora_invocation_string (the text that activates it)")
         tune_config.alora_invocation_string = flags.alora_invocation_string
+    elif flags.alora_invocation_string is not None:
+        logger.warning("ignoring --alora_invocation_string: only for --peft_method alora; this run has %s", peft_method)
     _warn_unused_peft_flags("lora" if peft_method == "alora" else peft_method, lora_config, prompt_config)
 
     for name in ("response_template", "data_formatter_template", "chat_template", "instruction_template"):

@@ -58,7 +58,7 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         missing=acceleration.kernels_missing,
         example=("True", "True", "True"),
     ),
-    Unsupported("multipack sampling", "multipack", "attention_and_distributed_packing_config"),
+    Unsupported("multipack sampling", "multipack", "attention_and_distributed_packing_config", example=("16",)),
     Unsupported("MXFP4 quantized models", "quantization_method", PLAIN_FLAGS, "mxfp4"),
     Unsupported("MXFP4 quantized models", "dequantize", "quantization_config"),
     Unsupported("the trainer controller", "trainer_controller_config_file", "trainer_controller_args"),
