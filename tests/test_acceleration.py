@@ -28,14 +28,9 @@ from tuning.config.acceleration_configs import FastMoeConfig, QuantizedLoraConfi
 from tuning.config.peft_config import LoraConfig
 from tuning.utils.acceleration import QLORA_EXTRA
 from tuning.utils.error_logging import UserInputError
-from tuning.utils.tiny_model import build_tiny_hybrid, build_tiny_moe
+from tuning.utils.tiny_model import build_tiny_hybrid
 
-EXPERTS = 4
-
-
-@pytest.fixture(scope="module")
-def tiny_moe(tmp_path_factory) -> str:
-    return build_tiny_moe(str(tmp_path_factory.mktemp("tiny-moe")), num_experts=EXPERTS)
+EXPERTS = 4  # the tiny_moe fixture's
 
 
 def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safetensors(tiny_moe, sample_train, tmp_path):
