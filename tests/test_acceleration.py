@@ -71,6 +71,19 @@ def test_fast_moe_degree_must_divide_experts_and_world_size(tiny_moe, sample_tra
     assert not (tmp_path / "out").exists()  # before the data or the model
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--bnb_qlora", "int8"], "--bnb_qlora int8: quant_type can only be either 'nf4' or 'fp4'"),
+        (["--fast_moe", "0"], "--fast_moe 0: the expert-parallel degree is at least 1"),
+        (["--fast_moe", "many"], "--fast_moe many: Truthy value expected"),
+    ],
+)
+def test_a_bad_flag_value_is_refused_naming_the_flag(flag, message, tiny_moe, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sft_trainer.parse_arguments(sft_trainer.get_parser(), args=[*cli_args(tiny_moe, str(tmp_path)), *flag])
+
+
 def test_fast_moe_on_a_dense_model_is_a_user_error(tiny_model, sample_train, tmp_path):
     with pytest.raises(UserInputError, match="is no mixture-of-experts model"):
         sft_trainer.train(*make_args(tiny_model, str(tmp_path / "out"), sample_train), fast_moe_config=FastMoeConfig(1))

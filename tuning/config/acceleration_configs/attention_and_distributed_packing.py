@@ -46,7 +46,7 @@ class AttentionAndDistributedPackingConfig:
     def __post_init__(self):
         if self.padding_free is not None and not is_dataclass(self.padding_free):
             self.padding_free = PaddingFree(*_as_list(self.padding_free))
-        self.multipack = nested(MultiPack, self.multipack)
+        self.multipack = nested(MultiPack, self.multipack, "multipack")
 
     @property
     def is_padding_free(self) -> bool:

@@ -31,4 +31,4 @@ class FastMoeConfig:
     )
 
     def __post_init__(self):
-        self.fast_moe = nested(FastMoe, self.fast_moe)
+        self.fast_moe = nested(FastMoe, self.fast_moe, "fast_moe")

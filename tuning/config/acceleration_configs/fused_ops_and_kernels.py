@@ -39,5 +39,5 @@ class FusedOpsAndKernelsConfig:
     )
 
     def __post_init__(self):
-        self.fused_lora = nested(FusedLoraConfig, self.fused_lora)
-        self.fast_kernels = nested(FastKernelsConfig, self.fast_kernels)
+        self.fused_lora = nested(FusedLoraConfig, self.fused_lora, "fused_lora")
+        self.fast_kernels = nested(FastKernelsConfig, self.fast_kernels, "fast_kernels")

@@ -44,5 +44,5 @@ class QuantizedLoraConfig:
     )
 
     def __post_init__(self):
-        self.auto_gptq = nested(AutoGPTQLoraConfig, self.auto_gptq)
-        self.bnb_qlora = nested(BNBQLoraConfig, self.bnb_qlora)
+        self.auto_gptq = nested(AutoGPTQLoraConfig, self.auto_gptq, "auto_gptq")
+        self.bnb_qlora = nested(BNBQLoraConfig, self.bnb_qlora, "bnb_qlora")

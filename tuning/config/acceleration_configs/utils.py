@@ -2,6 +2,7 @@
 
 import dataclasses
 import typing
+from argparse import ArgumentTypeError
 from dataclasses import field
 from typing import Any
 
@@ -27,16 +28,19 @@ def bool_or_int(value: Any) -> int | bool:
     return int(text) if text.isdigit() else string_to_bool(text)
 
 
-def nested(cls: type, values: Any) -> Any:
+def nested(cls: type, values: Any, flag: str) -> Any:
     """``values`` (a flag's strings, a job config's list or scalar, or the dataclass itself) as an instance of the
-    v3.1.0 dataclass ``cls``, each value read as its field's type; None stays None. Raises ValueError as v3.1.0's
-    dataclasses do for a value they refuse."""
+    v3.1.0 dataclass ``cls``, each value read as its field's type; None stays None. A value it refuses raises
+    ValueError naming ``--flag`` and the values, with v3.1.0's reason."""
     if values is None or isinstance(values, cls):
         return values
     values = list(values) if isinstance(values, list | tuple) else [values]
     hints = typing.get_type_hints(cls)
     specs = [spec for spec in dataclasses.fields(cls) if spec.init][: len(values)]
-    return cls(*(_cast(hints[spec.name], value) for spec, value in zip(specs, values, strict=False)))
+    try:
+        return cls(*(_cast(hints[spec.name], value) for spec, value in zip(specs, values, strict=False)))
+    except (ValueError, ArgumentTypeError) as exc:
+        raise ValueError(f"--{flag} {' '.join(map(str, values))}: {exc}") from exc
 
 
 def _cast(kind: Any, value: Any) -> Any:
