@@ -6,11 +6,12 @@ import json
 import re
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from tests.helpers.training import (
     SFT_TRAINER,
@@ -24,9 +25,9 @@ from tests.helpers.training import (
     wait_for_steps,
 )
 from tuning import sft_trainer
-from tuning.config.acceleration_configs import FastMoeConfig, QuantizedLoraConfig
+from tuning.config.acceleration_configs import FastMoeConfig, FusedOpsAndKernelsConfig, QuantizedLoraConfig
 from tuning.config.peft_config import LoraConfig
-from tuning.utils.acceleration import QLORA_EXTRA
+from tuning.utils.acceleration import QLORA_EXTRA, load_settings
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import build_tiny_hybrid
 
@@ -129,6 +130,26 @@ def test_qlora_without_bitsandbytes_is_refused_naming_the_extra(tiny_model, samp
             LoraConfig(),
             quantized_lora_config=QuantizedLoraConfig(bnb_qlora=["nf4"]),
         )
+
+
+def test_gptq_and_kernels_load_settings_where_they_run(tiny_model, tmp_path):
+    """What a GPU machine with gptqmodel and kernels does with ``--auto_gptq``, ``--fused_lora`` and
+    ``--fast_kernels`` (here the refusal rule stops them first, for want of a GPU): checked against the model's
+    config, and handed to ``from_pretrained``."""
+    config = json.loads((Path(tiny_model) / "config.json").read_text())
+    gptq_model = tmp_path / "gptq"
+    gptq_model.mkdir()
+    (gptq_model / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    parser = HfArgumentParser((QuantizedLoraConfig, FusedOpsAndKernelsConfig))
+    quantized, kernels = parser.parse_args_into_dataclasses(
+        ["--auto_gptq", "triton_v2", "--fused_lora", "auto_gptq", "True", "--fast_kernels", "True", "True", "True"]
+    )
+    settings = load_settings(str(gptq_model), None, LoraConfig(), torch.float32, quantized, kernels)
+    assert (settings.quantization, settings.keywords) == ("gptq", {"use_kernels": True})
+    with pytest.raises(UserInputError, match="--auto_gptq: .* is no GPTQ-quantised checkpoint"):
+        load_settings(tiny_model, None, LoraConfig(), torch.float32, quantized, kernels)
+    with pytest.raises(UserInputError, match="`--fused_lora` must be accompanied by a quantized base layer"):
+        load_settings(str(gptq_model), None, LoraConfig(), torch.float32, QuantizedLoraConfig(), kernels)
 
 
 def test_alora_from_the_command_line_trains_with_its_invocation_tokens(tiny_model, sample_train, tmp_path):

@@ -125,9 +125,16 @@ def load_settings(
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch_dtype,
         )
-    # --auto_gptq: the checkpoint's own quantization_config says GPTQ, and transformers loads it so.
+    if gptq is not None:  # the checkpoint's own quantization_config says GPTQ, and transformers loads it so
+        _check_gptq_checkpoint(model_name_or_path, cache_dir)
     fused = getattr(fusedops_kernels_config, "fused_lora", None)
     fast = getattr(fusedops_kernels_config, "fast_kernels", None)
+    base_layer = getattr(fused, "base_layer", None)
+    if base_layer is not None and {"auto_gptq": gptq, "bitsandbytes": bnb}[base_layer] is None:
+        raise UserInputError(  # v3.1.0's words
+            f"--fused_lora {base_layer} True: `--fused_lora` must be accompanied by a quantized base layer "
+            "`--auto_gptq` or `--bitsandbytes`: the one it names"
+        )
     if (fused is not None and fused.fused_lora) or (fast is not None and any(vars(fast).values())):
         settings.keywords["use_kernels"] = True
     return settings
@@ -146,6 +153,25 @@ def run_description(quantized_lora_config: Any, fast_moe_config: Any) -> dict[st
         "ep_degree": fast_moe.ep_degree if fast_moe is not None else None,
         "quantization": quantization,
     }
+
+
+def _check_gptq_checkpoint(model_name_or_path: str, cache_dir: str | None) -> None:
+    """``--auto_gptq`` trains LoRA on a checkpoint quantised by GPTQ already (v3.1.0's ``from_quantized``)."""
+    from transformers import AutoConfig
+
+    quantization = getattr(
+        AutoConfig.from_pretrained(model_name_or_path, cache_dir=cache_dir), "quantization_config", None
+    )
+    method = (
+        quantization.get("quant_method")
+        if isinstance(quantization, dict)
+        else getattr(quantization, "quant_method", None)
+    )
+    if str(getattr(method, "value", method)).lower() != "gptq":
+        raise UserInputError(
+            f"--auto_gptq: {model_name_or_path} is no GPTQ-quantised checkpoint (its config's quantization_config "
+            "has no quant_method gptq); --auto_gptq trains LoRA on one"
+        )
 
 
 def _is_lora(peft_config: Any) -> bool:
