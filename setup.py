@@ -27,6 +27,7 @@ setup(
         "mlflow": ["mlflow>=3.17,<4"],
         "nvml": ["nvidia-ml-py>=12"],
         "plots": ["matplotlib>=3.7"],
+        "qlora": ["bitsandbytes>=0.50,<0.51"],  # --bnb_qlora (4-bit base model; runs on CPU too)
         "ray": ["ray==2.60.0"],
         "dev": [
             "pytest>=8,<9.2",  # 9.2 moved the node id that pytest-xdist 3.8 suffixes for --dist loadgroup: groups split
@@ -39,6 +40,7 @@ setup(
             "ray==2.60.0",
             "py-spy>=0.4",  # benchmarks/overhead.py's profiled runs
             "scipy>=1.10",  # tests/benchmarking/test_statistics.py checks the statistics against it
+            "bitsandbytes>=0.50,<0.51",  # the qlora extra: tests train QLoRA
         ],
     },
     entry_points={

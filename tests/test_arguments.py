@@ -246,8 +246,6 @@ def test_comma_separated_trackers_get_a_hint(monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "culprit"),
     [
-        (["--peft_method", "alora", "--alora_invocation_string", "<x>"], "--peft_method alora"),
-        (["--alora_invocation_string", "<x>"], "aLoRA is not supported"),
         (["--quantization_method", "mxfp4"], "--quantization_method mxfp4: MXFP4 quantized models is not supported"),
         (["--dequantize", "False"], "--dequantize False: MXFP4 quantized models is not supported"),
     ],
@@ -255,6 +253,14 @@ def test_comma_separated_trackers_get_a_hint(monkeypatch):
 def test_unsupported_peft_and_quantization_methods_are_refused_by_name(argv, culprit, monkeypatch):
     with pytest.raises(UserInputError, match=culprit):
         parse(BASE + argv, monkeypatch)
+
+
+def test_alora_parses_as_v3_into_a_lora_config_with_its_invocation_string(monkeypatch, caplog):
+    args = parse([*BASE, "--peft_method", "alora", "--alora_invocation_string", "<x>", "--r", "4"], monkeypatch)
+    assert isinstance(args.tune_config, LoraConfig) and args.tune_config.r == 4
+    assert args.tune_config.alora_invocation_string == "<x>"
+    assert parse([*BASE, "--alora_invocation_string", "<x>"], monkeypatch).tune_config is None
+    assert "ignoring --alora_invocation_string: only for --peft_method alora" in caplog.text
 
 
 def test_module_aliases_of_v3(monkeypatch):
@@ -267,8 +273,7 @@ def test_module_aliases_of_v3(monkeypatch):
     configs = [LoraConfig(), PromptTuningConfig()]
     update_config(configs, **{"LoraConfig.r": 2, "num_virtual_tokens": 5})
     assert configs[0].r == 2 and configs[1].num_virtual_tokens == 5
-    with pytest.raises(UserInputError, match="aLoRA is not supported"):
-        create_tuning_config("alora")
+    assert isinstance(create_tuning_config("alora", r=2), LoraConfig)  # as v3.1.0: aLoRA is LoRA's dataclass
     for caught in (AssertionError, UserInputError):  # v3.1.0's exception type, and a user fault here
         with pytest.raises(caught, match="peft config hello not defined"):
             create_tuning_config("hello", foo="x")

@@ -38,8 +38,17 @@ def run_wrapper(argv: list[str], **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_ado_style_wrapper_trains_with_its_own_aim_callback(tiny_model, tmp_path):
-    config = dict(job(tiny_model, str(tmp_path / "out")), include_tokens_per_second=True, dataset_kwargs={"a": 1})
+def test_ado_style_wrapper_trains_with_its_own_aim_callback(tiny_moe, tmp_path):
+    """Also ado's ``fast_moe`` parameter (a list, as ado writes it) on a tiny MoE, handed to ``train()`` as
+    ``fast_moe_config``: its checkpoint gets fast MoE's ``safetensors-N`` folder."""
+    config = dict(
+        job(tiny_moe, str(tmp_path / "out")),
+        include_tokens_per_second=True,
+        dataset_kwargs={"a": 1},
+        fast_moe=[1],
+        save_strategy="steps",
+        save_steps=3,
+    )
     info_path = tmp_path / "aim_info.json"
     result = run_wrapper(
         ["--aim_repo", str(tmp_path / "aim"), "--info_path", str(info_path), *ADO_EXTRAS],
@@ -58,6 +67,7 @@ def test_ado_style_wrapper_trains_with_its_own_aim_callback(tiny_model, tmp_path
     for name in ("aim_tracker.json", "aimstack_tracker.json"):  # v3.1.0's name and the 2.x one
         assert not (tmp_path / "out" / name).exists()  # no tracker of ours beside ado's callback
     assert not (tmp_path / "termination-log").exists()
+    assert (tmp_path / "out" / "checkpoint-3" / "safetensors-3" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

@@ -368,8 +368,8 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
         ({"callbacks": [], "additional_callbacks": []}, "not both"),
         ({"exp_metadata": "deadbeef"}, "exp metadata passed should be a dict with valid json"),
         ({"trainer_controller_args": object()}, "trainer_controller_args: the trainer controller is not supported"),
-        ({"quantized_lora_config": object()}, "quantized_lora_config: fms-acceleration's quantized LoRA"),
-        ({"fusedops_kernels_config": object()}, "fusedops_kernels_config: fms-acceleration's fused ops"),
+        ({"quantized_lora_config": object()}, "quantized_lora_config: GPTQ LoRA and QLoRA is not supported"),
+        ({"fusedops_kernels_config": object()}, "fusedops_kernels_config: fast loss, RMS norm and RoPE kernels and"),
         ({"quantization_config": Mxfp4Config()}, "quantization_config: MXFP4 quantized models is not supported"),
         (
             {"trainer_controller_args": TrainerControllerArguments("rules.yaml")},
@@ -379,7 +379,7 @@ def test_trackers_none_means_no_training_logs(tiny_model, sample_train, tmp_path
             {"attention_and_distributed_packing_config": AttentionAndDistributedPackingConfig(multipack=["16"])},
             "--multipack 16: multipack sampling is not supported",
         ),
-        ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, "--fast_moe 1: fms-acceleration's fast MoE"),
+        ({"fast_moe_config": FastMoeConfig(fast_moe=["1"])}, "--fast_moe: .* is no mixture-of-experts model"),
         (
             {"additional_data_handlers": {"mine": object()}},
             r"Handler should be of type tuning.data_handler.DataHandler, and name of str",

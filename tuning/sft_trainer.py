@@ -65,6 +65,13 @@ from tuning.trackers.tracker_factory import (
     external_tracker_config_classes,
     hf_callbacks,
 )
+from tuning.utils.acceleration import (
+    LoadSettings,
+    expert_counts,
+    load_settings,
+    local_experts,
+    name_expert_count,
+)
 from tuning.utils.checkpoints import checkpoint_problem, newest_complete_checkpoint, trained_steps
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
@@ -159,7 +166,11 @@ def get_parser(*wrapper_dataclasses: type) -> HfArgumentParser:
     parser.add_argument(
         "--quantization_method", type=str.lower, choices=QUANTIZATION_METHODS, default=None, help="Not supported."
     )
-    parser.add_argument("--alora_invocation_string", default=None, help="Not supported: aLoRA.")
+    parser.add_argument(
+        "--alora_invocation_string",
+        default=None,
+        help="--peft_method alora: the text whose tokens activate the adapter (peft's alora_invocation_tokens).",
+    )
     parser.add_argument("--exp_metadata", default=None, help="JSON object recorded as the run's searchable params.")
     return parser
 
@@ -231,8 +242,14 @@ def parse_arguments_by_type(
         fast_moe_config=parsed[FastMoeConfig],
         **{PLAIN_FLAGS: argparse.Namespace(**{**vars(flags), "peft_method": peft_method})},
     )
-    tune_config = {"lora": lora_config, "pt": prompt_config}.get(peft_method)
-    _warn_unused_peft_flags(peft_method, lora_config, prompt_config)
+    tune_config = {"lora": lora_config, "alora": lora_config, "pt": prompt_config}.get(peft_method)
+    if peft_method == "alora":  # as v3.1.0: the string rides on the LoRA config; train() turns it into tokens
+        if not flags.alora_invocation_string:
+            raise UserInputError("--peft_method alora needs --alora_invocation_string (the text that activates it)")
+        tune_config.alora_invocation_string = flags.alora_invocation_string
+    elif flags.alora_invocation_string is not None:
+        logger.warning("ignoring --alora_invocation_string: only for --peft_method alora; this run has %s", peft_method)
+    _warn_unused_peft_flags("lora" if peft_method == "alora" else peft_method, lora_config, prompt_config)
 
     for name in ("response_template", "data_formatter_template", "chat_template", "instruction_template"):
         if value := getattr(data_args, name):  # a \\n typed inside shell double quotes means a newline
@@ -492,6 +509,15 @@ def train(
     validate_arguments(
         model_args, data_args, train_args, additional_data_handlers
     )  # once: not again after the CLI's or bench_train's
+    load = load_settings(
+        model_args.model_name_or_path,
+        train_args.cache_dir,
+        peft_config,
+        get_torch_dtype(model_args.torch_dtype),
+        quantized_lora_config,
+        fusedops_kernels_config,
+        fast_moe_config,
+    )
     padding_free = attention_and_distributed_packing_config is not None and (
         attention_and_distributed_packing_config.is_padding_free
     )
@@ -499,10 +525,10 @@ def train(
         check_padding_free(model_args, train_args, peft_config)
     run = (model_args, data_args, train_args, peft_config, exp_metadata)
     if trackers is not None:  # the caller's: it closes them
-        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers)
+        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
     trackers = build_trackers(train_args.trackers, tracker_configs)
     with closed_on_failure(trackers):
-        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers)
+        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
 
 
 def check_padding_free(model_args: ModelArguments, train_args: TrainingArguments, peft_config: Any) -> None:
@@ -540,8 +566,10 @@ def _train(
     additional_callbacks: list[TrainerCallback],
     padding_free: bool,
     additional_data_handlers: dict | None = None,
+    load: LoadSettings | None = None,
 ) -> tuple[Any, dict[str, Any], None]:
-    """``train()`` once its arguments are checked and its trackers built."""
+    """``train()`` once its arguments are checked and its trackers built; ``load``: the acceleration flags'
+    ``from_pretrained`` keywords."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tuning.trainer import TuningTrainer
@@ -583,13 +611,27 @@ def _train(
         resumed_from_step = trained_steps(checkpoint)
         logger.warning("resuming from %s (global step %d)", os.path.basename(checkpoint), resumed_from_step)
 
+    load = load or LoadSettings()
+    # Experts sharded at load time: transformers cannot load a checkpoint into the sharded model, so a resumed run
+    # loads it from the checkpoint itself (a whole Hugging Face model: fast MoE checkpoints hold only the model).
+    weights_from = checkpoint if checkpoint is not None and load.sharded and peft_config is None else None
     load_start = time.time()
     model = AutoModelForCausalLM.from_pretrained(
-        model_args.model_name_or_path,
+        weights_from or model_args.model_name_or_path,
         dtype=get_torch_dtype(model_args.torch_dtype),
         attn_implementation=_attention_implementation(model_args),
         cache_dir=train_args.cache_dir,
+        **load.keywords,
     )
+    name_expert_count(model)
+    if load.sharded:
+        logger.warning(
+            "--fast_moe %d: rank %s holds %s of the %d experts of each layer",
+            load.ep_degree,
+            os.environ.get("RANK", "0"),
+            local_experts(model),
+            expert_counts(model.config)[0],
+        )
     embedding_size = model.get_input_embeddings().weight.shape[0]
     added_tokens_info = {"num_new_tokens": added_tokens, "new_embedding_size": embedding_size}
     if added_tokens or len(tokenizer) > embedding_size:  # a tokenizer (chat data's) with tokens the model lacks
@@ -602,13 +644,22 @@ def _train(
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
+    peft_config = with_alora_invocation_tokens(peft_config, tokenizer)
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
         peft_config = to_peft_config(peft_config, model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     if added_tokens_info["num_new_tokens"] > 0:
         peft_config = with_new_token_rows_trained(peft_config, model)
+    sft_config = _to_sft_config(train_args, max_length, padding_free)
+    if load.sharded and sft_config.save_strategy != "no" and not sft_config.save_only_model:
+        logger.warning(
+            "--fast_moe %d: checkpoints hold the model only (transformers cannot checkpoint an optimizer sharded at "
+            "load time); a resumed run restarts the optimizer's state",
+            load.ep_degree,
+        )
+        sft_config.save_only_model = True
     trainer = TuningTrainer(
         model=model,
-        args=_to_sft_config(train_args, max_length, padding_free),
+        args=sft_config,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
@@ -616,6 +667,8 @@ def _train(
         callbacks=trainer_callbacks,
         save_on_preemption=train_args.save_on_preemption,
         reduce_loss_sum=train_args.enable_reduce_loss_sum,
+        weights_from_checkpoint=weights_from,
+        safetensors_folders=load.experts_implementation is not None,  # fast MoE, as fms-hf-tuning 3.2
     )
     # As fms-hf-tuning 3.2: each rank its own random stream (dropout masks), once the trainer is built.
     set_seed(train_args.seed, device_specific=True)
@@ -627,6 +680,20 @@ def _train(
         "resumed_from_step": resumed_from_step,
     }
     return trainer, info, None
+
+
+def with_alora_invocation_tokens(peft_config: Any, tokenizer) -> Any:
+    """v3.1.0's aLoRA: a LoRA config carrying ``alora_invocation_string`` (``--peft_method alora``) gets the string's
+    tokens as peft's ``alora_invocation_tokens`` (a copy: the caller's config stays as given)."""
+    text = getattr(peft_config, "alora_invocation_string", None)
+    if text is None:
+        return peft_config
+    tokens = tokenizer.encode(text, add_special_tokens=False) if text else []
+    if not tokens:
+        raise UserInputError(f"--alora_invocation_string {text!r}: produces no tokens with this tokenizer")
+    peft_config = copy.copy(peft_config)
+    peft_config.alora_invocation_tokens = tokens
+    return peft_config
 
 
 def with_new_token_rows_trained(peft_config: Any, model) -> Any:

@@ -13,8 +13,21 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import SFTTrainer
 
-from tuning.utils.checkpoints import mark_complete, mark_writing, remove_unfinished
+from tuning.utils.checkpoints import STATUS_FILE, mark_complete, mark_writing, remove_unfinished
 from tuning.utils.graceful_stop import GracefulStopCallback
+
+_NOT_MODEL_FILES = (STATUS_FILE, "trainer_state.json")
+
+
+def link_model_files(checkpoint: str, folder: str) -> None:
+    """Hard-link ``checkpoint``'s model, config and tokenizer files (its safetensors and JSON files but its status
+    and trainer state) into ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(checkpoint):
+        source, target = os.path.join(checkpoint, name), os.path.join(folder, name)
+        if name.endswith((".safetensors", ".json")) and name not in _NOT_MODEL_FILES and not os.path.exists(target):
+            os.link(source, target)
+
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss (prompt, padding), as transformers and TRL mark them
 
@@ -33,15 +46,32 @@ class TuningTrainer(SFTTrainer):
     ``save_on_preemption``: a ``GracefulStopCallback`` among the callbacks writes a checkpoint of the step it stops at
     (unless ``save_strategy`` is ``no``). Evaluations and checkpoint saves are timed for the callbacks.
 
+    ``safetensors_folders``: fms-hf-tuning 3.2's layout for fast MoE checkpoints, each ``checkpoint-N`` also holding
+    ``safetensors-N``, a loadable Hugging Face model: hard links to the checkpoint's own model and tokenizer files
+    (its weights already are one), so no second copy is written.
+
+    ``weights_from_checkpoint``: the checkpoint the model was loaded from (experts sharded at load time), whose
+    weights a resume therefore does not load again.
+
     ``reduce_loss_sum`` is ``--enable_reduce_loss_sum``, v3.1.0's experimental loss: the cross entropy of each
     micro-batch summed over its label tokens instead of averaged, then divided by the gradient accumulation steps by
     the Trainer (as v3.1.0's ``SumLossSFTTrainer`` has it), so that every token weighs the same whatever the number of
     label tokens in its micro-batch.
     """
 
-    def __init__(self, *args, save_on_preemption: bool = True, reduce_loss_sum: bool = False, **kwargs):
+    def __init__(
+        self,
+        *args,
+        save_on_preemption: bool = True,
+        reduce_loss_sum: bool = False,
+        weights_from_checkpoint: str | None = None,
+        safetensors_folders: bool = False,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.reduce_loss_sum = reduce_loss_sum
+        self.weights_from_checkpoint = weights_from_checkpoint
+        self.safetensors_folders = safetensors_folders
         if reduce_loss_sum:
             self.loss_is_scaled_for_ga = False  # the Trainer divides the summed loss by the accumulation steps
         for callback in self.callback_handler.callbacks:
@@ -91,11 +121,23 @@ class TuningTrainer(SFTTrainer):
             self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every rank's part is on disk
         if self.args.should_save:
+            if self.safetensors_folders:
+                link_model_files(checkpoint, os.path.join(checkpoint, f"safetensors-{self.state.global_step}"))
             mark_complete(checkpoint, self.state.global_step, self.args.world_size)
             remove_unfinished(self.args.output_dir)
             rotate_checkpoints(
                 self.args.output_dir, limit, best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True
             )
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """transformers' loading of a resumed checkpoint's weights, skipped when the model was loaded from that very
+        checkpoint (``weights_from_checkpoint``: a model sharded at load time, which transformers cannot load
+        into). Overridden as ``_save_checkpoint`` is: transformers offers no public hook for it."""
+        if self.weights_from_checkpoint is not None and os.path.samefile(
+            self.weights_from_checkpoint, resume_from_checkpoint
+        ):
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self.reduce_loss_sum:

@@ -21,7 +21,8 @@ def test_it_is_flat_json_with_every_listed_argument():
     assert all(not isinstance(value, dict) for name, value in config.items() if name != "fsdp_config")
     listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
     measured = {"peft_method", "world_size", "data_config_sha256", "attn_implementation", "effective_max_seq_length"}
-    assert set(config) == listed | measured
+    loaded = {"experts_implementation", "ep_degree", "quantization"}  # what the acceleration flags load
+    assert set(config) == listed | measured | loaded
     assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
     assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
 
@@ -54,6 +55,10 @@ def test_what_only_names_or_places_a_run_leaves_it_equal(noise):
         (["--save_strategy", "steps", "--save_steps", "2"], "save_steps"),
         (["--instruction_template", "<|user|>"], "instruction_template"),
         (["--do_dataprocessing_only", "True"], "do_dataprocessing_only"),
+        (["--fast_moe", "1"], "experts_implementation"),
+        (["--fast_moe", "2"], "ep_degree"),
+        (["--peft_method", "lora", "--bnb_qlora", "nf4"], "quantization"),
+        (["--peft_method", "alora", "--alora_invocation_string", "<x>"], "peft_method"),
     ],
 )
 def test_what_changes_the_work_makes_it_differ(flags, key):
@@ -110,3 +115,11 @@ def test_it_records_the_attention_and_sequence_length_the_run_gets(tiny_model):
     assert (asked["attn_implementation"], asked["flash_attn_implementation"]) == ("sdpa", "flash_attention_2")
     assert config_of("--max_seq_length", "128")["effective_max_seq_length"] is None  # model "m": nothing to read
     assert config_of(*flags[:2], "--max_seq_length", "128")["effective_max_seq_length"] == 128
+
+
+def test_it_names_what_the_acceleration_flags_load():
+    assert config_of("--fast_moe", "2").items() >= {"experts_implementation": "grouped_mm", "ep_degree": 2}.items()
+    assert config_of("--fast_moe", "True")["ep_degree"] == 1
+    assert config_of("--peft_method", "lora", "--bnb_qlora", "fp4")["quantization"] == "bitsandbytes-fp4"
+    plain = config_of()
+    assert (plain["experts_implementation"], plain["ep_degree"], plain["quantization"]) == (None, None, None)

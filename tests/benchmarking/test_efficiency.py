@@ -21,6 +21,7 @@ from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import validate_dump
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.config.peft_config import LoraConfig, to_peft_config
+from tuning.utils.tiny_model import build_tiny_moe
 
 HEADER = {
     "experiment": "e",
@@ -46,6 +47,20 @@ def test_full_fine_tuning_flops_are_six_per_weight_plus_attention(tiny_model):
     }
     assert config_parameter_counts(AutoConfig.from_pretrained(tiny_model)) == counts  # from the config alone
     assert flops_per_token(counts, 30.0) == 6 * weights + attention_flops(30.0)
+
+
+def test_a_mixture_of_experts_counts_the_routed_experts_only(tmp_path):
+    """The tiny GraniteMoe (hidden 64, 2 layers, 4 experts of width 64, 2 routed per token), counted by hand: per
+    layer q 64x64, k and v 64x32, o 64x64, the router 64x4, two norms; the experts' gate/up 4x128x64 and down 4x64x64
+    at 2/4 of their number; a final norm and the untied head."""
+    model = AutoModelForCausalLM.from_pretrained(
+        build_tiny_moe(str(tmp_path / "moe"), num_experts=4, experts_per_token=2)
+    )
+    dense = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 64 * 4 + 2 * 64
+    experts = 4 * 128 * 64 + 4 * 64 * 64
+    expected = 2 * (dense + experts * 2 // 4) + 64 + 64 * model.config.vocab_size
+    assert parameter_counts(model)["trained_matmul_parameters"] == expected
+    assert config_parameter_counts(model.config) == parameter_counts(model)
 
 
 def test_lora_flops_leave_out_the_frozen_weights_gradients(tiny_model):

@@ -4,7 +4,7 @@ session, and the shipped sample data; and, for every test, no stop signal left n
 import pytest
 
 from tuning.utils.error_logging import record_stop_signal
-from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model, build_tiny_moe
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +18,12 @@ def no_stop_signal_left_behind():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory) -> str:
+    """A tiny GraniteMoe: 4 experts per layer, 2 routed per token."""
+    return build_tiny_moe(str(tmp_path_factory.mktemp("tiny-moe")), num_experts=4, experts_per_token=2)
 
 
 @pytest.fixture(scope="session")

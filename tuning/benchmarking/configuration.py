@@ -14,6 +14,8 @@ import json
 import os
 from typing import Any
 
+from tuning.utils.acceleration import run_description
+
 PEFT_METHOD = "peft_method"
 WORLD_SIZE = "world_size"
 DATA_CONFIG_SHA256 = "data_config_sha256"
@@ -83,8 +85,8 @@ CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
         "target_parameters",
     ),
     "pt": ("num_virtual_tokens",),
-    # fms-acceleration's flags: refused today (tuning.config.unsupported); here so that a run which uses one once it
-    # is supported says so, and dumps from before and after it compare on the same keys.
+    # fms-acceleration's flags as given (v3.1.0's parsed dataclasses, by their fields' values); run_configuration
+    # adds what they make the run load (tuning.utils.acceleration.run_description).
     "quantized_lora_config": ("auto_gptq", "bnb_qlora"),
     "fusedops_kernels_config": ("fused_lora", "fast_kernels"),
     "attention_and_distributed_packing_config": ("padding_free", "multipack"),
@@ -111,6 +113,7 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
     if tune_config is not None and peft_method == "none":
         peft_method = type(tune_config).__name__  # a peft library config handed to train() by a caller
+    alora = peft_method == "lora" and bool(getattr(tune_config, "alora_invocation_string", None))
     config: dict[str, Any] = {
         PEFT_METHOD: peft_method,
         WORLD_SIZE: world_size,
@@ -122,6 +125,12 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
             continue
         for name in names:
             config[name] = _json_value(getattr(holder, name, None))
+    # What the acceleration flags make the run load (grouped_mm experts, expert-parallel degree, quantisation), so
+    # that runs of other kernels or layouts never compare as the same configuration.
+    config.update(run_description(args.quantized_lora_config, args.fast_moe_config))
+    if alora:  # aLoRA: LoRA's shape plus the text that activates it
+        config[PEFT_METHOD] = "alora"
+        config["alora_invocation_string"] = tune_config.alora_invocation_string
     for name, matters in _ONLY_WITH.items():
         if not matters(config):
             config[name] = None

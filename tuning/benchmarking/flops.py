@@ -4,7 +4,9 @@ The formula is PaLM's (Chowdhery et al. 2022, appendix B) and Chinchilla's (Hoff
 matrix multiplication with N weights costs 2N FLOPs per token forward and 4N backward (2N for the gradient of its
 input, 2N for the gradient of its weights), so a fully trained model costs 6N, plus 12 × layers × attention width ×
 sequence length for the attention scores and their weighted sum. A frozen weight (LoRA's and prompt tuning's base
-model) needs no weight gradient: 4N. An embedding lookup is no multiplication: its weights count nowhere.
+model) needs no weight gradient: 4N. An embedding lookup is no multiplication: its weights count nowhere. A
+mixture-of-experts layer runs only the experts each token is routed to: its experts' weights count k/E of their
+number (k routed of E experts per layer), the router and any shared expert in full.
 Only ``parameter_counts`` and ``config_parameter_counts`` need torch; the rest is plain arithmetic for ``dump``.
 """
 
@@ -47,28 +49,33 @@ def flops_per_token(counts: dict[str, int], sequence_length: float) -> float:
 def parameter_counts(model: Any) -> dict[str, int]:
     """The counts ``flops_per_token`` takes, of a (PEFT-wrapped or plain) transformers model: the weights of every
     module but embeddings, each once (a tied output head counts as the multiplication it is), split by
-    ``requires_grad``; the layers and attention width (heads × head size) from its text config."""
+    ``requires_grad``, a mixture-of-experts model's expert weights (those of its ``experts`` modules, whole when
+    sharded over ranks) as the share a token runs; the layers and attention width (heads × head size) from its text
+    config."""
     import torch
 
-    frozen = trained = 0
+    config = model.config.get_text_config()
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    active_share = (getattr(config, "num_experts_per_tok", None) or experts) / experts if experts else 1.0
+    frozen = trained = 0.0
     counted: set[int] = set()
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding):
             continue
+        share = active_share if "experts" in name.split(".") else 1.0
         for parameter in module.parameters(recurse=False):
             if id(parameter) in counted:
                 continue
             counted.add(id(parameter))
             if parameter.requires_grad:
-                trained += parameter.numel()
+                trained += parameter.numel() * share
             else:
-                frozen += parameter.numel()
-    config = model.config.get_text_config()
+                frozen += parameter.numel() * share
     heads = config.num_attention_heads
     head_size = getattr(config, "head_dim", None) or config.hidden_size // heads
     return {
-        "frozen_matmul_parameters": frozen,
-        "trained_matmul_parameters": trained,
+        "frozen_matmul_parameters": round(frozen),
+        "trained_matmul_parameters": round(trained),
         "layers": config.num_hidden_layers,
         "attention_width": heads * head_size,
     }

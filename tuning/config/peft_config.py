@@ -4,9 +4,9 @@
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tuning.utils.error_logging import UserInputError
+from tuning.errors import UserInputError
 
-PEFT_METHODS = ("lora", "pt", "none", "alora")  # alora parses, and is refused as unsupported
+PEFT_METHODS = ("lora", "pt", "none", "alora")  # alora: LoRA with peft's alora_invocation_tokens
 QUANTIZATION_METHODS = ("mxfp4", "none")  # mxfp4 parses, and is refused as unsupported
 
 
@@ -105,7 +105,8 @@ def to_peft_config(config: LoraConfig | PromptTuningConfig, tokenizer_name_or_pa
     task = peft.TaskType.CAUSAL_LM
     if isinstance(config, LoraConfig):
         targets = "all-linear" if config.target_modules == ["all-linear"] else config.target_modules
-        converted = peft.LoraConfig(**{**vars(config), "target_modules": targets}, task_type=task)
+        fields = {name: value for name, value in vars(config).items() if name != "alora_invocation_string"}
+        converted = peft.LoraConfig(**{**fields, "target_modules": targets}, task_type=task)
         if touches_embeddings(converted):
             # As fms-hf-tuning 3.2: a model that ties its output embeddings to its input ones keeps them tied while
             # training and in the saved adapter (peft ignores it, with a warning, for a model without tied weights).

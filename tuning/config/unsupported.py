@@ -7,8 +7,10 @@ the configs travel. A feature that becomes supported loses its row here, and its
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from tuning.config.acceleration_configs import needs
 from tuning.errors import UserInputError
 
 # ``Unsupported.value`` when any value but the flag's default asks for the feature.
@@ -19,26 +21,42 @@ PLAIN_FLAGS = "flags"
 
 class Unsupported(NamedTuple):
     """One refused flag: ``name`` is a field of the argument ``where`` (a ``train()`` keyword, or ``PLAIN_FLAGS``)
-    and, except for fields of ``peft_config``, also the command-line flag ``--name``."""
+    and, except for fields of ``peft_config``, also the command-line flag ``--name``. A row with ``missing`` refuses
+    only where that function names something the feature needs and this machine lacks (a library, a GPU), and its
+    message names it; ``example`` is a command line's value that asks for the feature (for the docs and tests)."""
 
     feature: str
     name: str
     where: str
     value: Any = ANY_BUT_DEFAULT  # the value that asks for the feature
+    missing: Callable[[], list[str]] | None = None
+    example: tuple[str, ...] = ()
+
+    def refuses_here(self) -> bool:
+        """Whether this machine refuses the row: always, or when something it needs is missing."""
+        return self.missing is None or bool(self.missing())
 
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("fms-acceleration's quantized LoRA", "auto_gptq", "quantized_lora_config"),
-    Unsupported("fms-acceleration's quantized LoRA", "bnb_qlora", "quantized_lora_config"),
-    Unsupported("fms-acceleration's fused ops and kernels", "fused_lora", "fusedops_kernels_config"),
-    Unsupported("fms-acceleration's fused ops and kernels", "fast_kernels", "fusedops_kernels_config"),
-    Unsupported("multipack sampling", "multipack", "attention_and_distributed_packing_config"),
-    Unsupported("fms-acceleration's fast MoE", "fast_moe", "fast_moe_config"),
+    Unsupported("GPTQ LoRA", "auto_gptq", "quantized_lora_config", missing=needs.gptq_missing, example=("triton_v2",)),
+    Unsupported("QLoRA", "bnb_qlora", "quantized_lora_config", missing=needs.bitsandbytes_missing, example=("nf4",)),
+    Unsupported(
+        "fused LoRA kernels",
+        "fused_lora",
+        "fusedops_kernels_config",
+        missing=needs.kernels_missing,
+        example=("auto_gptq", "True"),
+    ),
+    Unsupported(
+        "fast loss, RMS norm and RoPE kernels",
+        "fast_kernels",
+        "fusedops_kernels_config",
+        missing=needs.kernels_missing,
+        example=("True", "True", "True"),
+    ),
+    Unsupported("multipack sampling", "multipack", "attention_and_distributed_packing_config", example=("16",)),
     Unsupported("MXFP4 quantized models", "quantization_method", PLAIN_FLAGS, "mxfp4"),
     Unsupported("MXFP4 quantized models", "dequantize", "quantization_config"),
-    Unsupported("aLoRA", "peft_method", PLAIN_FLAGS, "alora"),
-    Unsupported("aLoRA", "alora_invocation_string", PLAIN_FLAGS),
-    Unsupported("aLoRA", "alora_invocation_tokens", "peft_config"),
     Unsupported("the trainer controller", "trainer_controller_config_file", "trainer_controller_args"),
     Unsupported("vision models", "dataset_image_field", "data_args"),
 )
@@ -66,8 +84,15 @@ def refuse_unsupported(**arguments: Any) -> None:
                 raise UserInputError(f"{row.where}: {' and '.join(features)} is not supported by tuning-bench")
             continue
         value = getattr(holder, row.name)
-        if _asks_for(row, holder, value):
+        if not _asks_for(row, holder, value):
+            continue
+        if row.missing is None:
             raise UserInputError(f"{_shown(row, value)}: {row.feature} is not supported by tuning-bench")
+        if missing := row.missing():
+            raise UserInputError(
+                f"{_shown(row, value)}: {row.feature} is not supported by tuning-bench without "
+                f"{' and '.join(missing)}, which this machine lacks"
+            )
     for keyword, feature in UNSUPPORTED_KEYWORDS.items():
         if arguments.get(keyword) not in (None, {}):
             raise UserInputError(f"{keyword}: {feature} is not supported by tuning-bench")
@@ -90,9 +115,21 @@ def default_of(holder: Any, name: str) -> Any:
 
 def _shown(row: Unsupported, value: Any) -> str:
     """The argument as its user wrote it: ``--name value`` (a list's items separated by spaces)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a parsed v3.1.0 flag: its fields' values
+        value = _flag_values(value)
     text = " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
     name = f"{row.where}.{row.name}" if row.where == "peft_config" else f"--{row.name}"
     return f"{name} {text}"
+
+
+def _flag_values(parsed: Any) -> list[Any]:
+    """The values of a parsed v3.1.0 flag as written: its fields in order, without trailing ones left at their
+    defaults (``--bnb_qlora nf4``), the first always."""
+    specs = [spec for spec in dataclasses.fields(parsed) if spec.init]
+    values = [getattr(parsed, spec.name) for spec in specs]
+    while len(values) > 1 and values[-1] == default_of(parsed, specs[len(values) - 1].name):
+        values.pop()
+    return values
 
 
 def refused_flags() -> list[str]:

@@ -80,15 +80,17 @@ class UnknownPeftMethodError(UserInputError, AssertionError):
 
 
 def create_tuning_config(peft_method: str | None, **kwargs: Any) -> "LoraConfig | PromptTuningConfig | None":
-    """The PEFT argument dataclass of ``peft_method`` (lora, pt; None or "none" for full fine-tuning) with
-    ``kwargs`` applied by ``update_config``."""
+    """The PEFT argument dataclass of ``peft_method`` (lora or alora: a ``LoraConfig``, as in v3.1.0; pt; None or
+    "none" for full fine-tuning) with ``kwargs`` applied by ``update_config``."""
     method = str(peft_method).lower()
     refuse_unsupported(**{PLAIN_FLAGS: SimpleNamespace(peft_method=method)})
     if method in ("none", ""):
         return None
-    if method not in ("lora", "pt"):
-        raise UnknownPeftMethodError(f"peft config {peft_method} not defined in peft.py: choose lora, pt or none")
-    tune_config = LoraConfig() if method == "lora" else PromptTuningConfig()
+    if method not in ("lora", "alora", "pt"):
+        raise UnknownPeftMethodError(
+            f"peft config {peft_method} not defined in peft.py: choose lora, alora, pt or none"
+        )
+    tune_config = PromptTuningConfig() if method == "pt" else LoraConfig()
     update_config(tune_config, **kwargs)
     return tune_config
 

@@ -96,10 +96,85 @@ def build_llama(output_dir: str, dtype: str = "float32", seed: int = 0, **shape:
     return output_dir
 
 
+def build_tiny_moe(output_dir: str, num_experts: int = 4, experts_per_token: int = 2, seed: int = 0) -> str:
+    """Write a random tiny GraniteMoe (2 layers, ``num_experts`` experts of which ``experts_per_token`` are routed
+    each token) and its tokenizer to ``output_dir``."""
+    from transformers import GraniteMoeConfig
+
+    return _build_from_config(
+        output_dir,
+        seed,
+        lambda tokenizer: GraniteMoeConfig(
+            **_tiny_shape(tokenizer), num_local_experts=num_experts, num_experts_per_tok=experts_per_token
+        ),
+    )
+
+
+def build_tiny_hybrid(output_dir: str, num_experts: int = 4, experts_per_token: int = 2, seed: int = 0) -> str:
+    """Write a random tiny GraniteMoeHybrid (Granite 4.0-h's architecture: a Mamba-2 layer and an attention layer,
+    each with experts; Mamba runs on its PyTorch fallback on CPU) and its tokenizer to ``output_dir``."""
+    from transformers import GraniteMoeHybridConfig
+
+    return _build_from_config(
+        output_dir,
+        seed,
+        lambda tokenizer: GraniteMoeHybridConfig(
+            **_tiny_shape(tokenizer),
+            num_local_experts=num_experts,
+            num_experts_per_tok=experts_per_token,
+            shared_intermediate_size=64,
+            layer_types=["mamba", "attention"],
+            mamba_n_heads=4,
+            mamba_d_head=32,
+            mamba_d_state=16,
+            mamba_chunk_size=64,
+            mamba_n_groups=1,
+        ),
+    )
+
+
+def _tiny_shape(tokenizer) -> dict:
+    """The shape the tiny mixture-of-experts models share (2 layers, width 64, experts of width 64)."""
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": False,
+    }
+
+
+def _build_from_config(output_dir: str, seed: int, make_config) -> str:
+    """Write the tokenizer, then a random model of ``make_config(tokenizer)`` in float32, to ``output_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    os.makedirs(output_dir, exist_ok=True)
+    tokenizer = build_tokenizer(output_dir)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(make_config(tokenizer), dtype=torch.float32).save_pretrained(output_dir)
+    return output_dir
+
+
+BUILDERS = {"llama": build_tiny_model, "moe": build_tiny_moe, "hybrid": build_tiny_hybrid}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir")
-    print(build_tiny_model(parser.parse_args().output_dir))
+    parser.add_argument(
+        "--architecture",
+        choices=sorted(BUILDERS),
+        default="llama",
+        help="llama (default), moe (GraniteMoe) or hybrid (GraniteMoeHybrid)",
+    )
+    args = parser.parse_args()
+    print(BUILDERS[args.architecture](args.output_dir))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass, field, is_dataclass
 
-from tuning.config.acceleration_configs.utils import unsupported
+from tuning.config.acceleration_configs.utils import nested, unsupported
 
 PADDING_FREE_METHODS = ("huggingface",)
 
@@ -30,7 +30,7 @@ class MultiPack:
 @dataclass
 class AttentionAndDistributedPackingConfig:
     """The flags take v3.1.0's values (``--padding_free huggingface``, ``--multipack 16``); ``padding_free``
-    becomes a ``PaddingFree`` once parsed, ``multipack`` stays as given (refused whatever it holds); Python callers
+    becomes a ``PaddingFree`` once parsed, ``multipack`` a ``MultiPack`` (refused whatever it holds); Python callers
     may give ``PaddingFree`` and ``MultiPack`` directly. (The fields are annotated with what the
     parser reads: it takes one type per flag.)"""
 
@@ -46,6 +46,7 @@ class AttentionAndDistributedPackingConfig:
     def __post_init__(self):
         if self.padding_free is not None and not is_dataclass(self.padding_free):
             self.padding_free = PaddingFree(*_as_list(self.padding_free))
+        self.multipack = nested(MultiPack, self.multipack, "multipack")
 
     @property
     def is_padding_free(self) -> bool:

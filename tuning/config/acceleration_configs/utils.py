@@ -1,10 +1,53 @@
 """What the fms-acceleration argument dataclasses share."""
 
+import dataclasses
+import typing
+from argparse import ArgumentTypeError
 from dataclasses import field
 from typing import Any
+
+from transformers.hf_argparser import string_to_bool
 
 
 def unsupported(feature: str) -> Any:
     """A flag that parses (so that v3.1.0 command lines and job configs are read whole) for a feature that
     ``train()`` refuses when set."""
     return field(default=None, metadata={"help": f"Not supported by tuning-bench: {feature}."})
+
+
+def flag(help_text: str) -> Any:
+    """A flag whose values (``--name v1 v2 ...``) become the fields, in order, of a v3.1.0 nested dataclass."""
+    return field(default=None, metadata={"help": help_text})
+
+
+def bool_or_int(value: Any) -> int | bool:
+    """v3.1.0's reading of a value that is a count or a switch: ``"2"`` → 2, ``"true"`` → True."""
+    if isinstance(value, bool | int):
+        return value
+    text = str(value)
+    return int(text) if text.isdigit() else string_to_bool(text)
+
+
+def nested(cls: type, values: Any, flag: str) -> Any:
+    """``values`` (a flag's strings, a job config's list or scalar, or the dataclass itself) as an instance of the
+    v3.1.0 dataclass ``cls``, each value read as its field's type; None stays None. A value it refuses raises
+    ValueError naming ``--flag`` and the values, with v3.1.0's reason."""
+    if values is None or isinstance(values, cls):
+        return values
+    values = list(values) if isinstance(values, list | tuple) else [values]
+    hints = typing.get_type_hints(cls)
+    specs = [spec for spec in dataclasses.fields(cls) if spec.init][: len(values)]
+    try:
+        return cls(*(_cast(hints[spec.name], value) for spec, value in zip(specs, values, strict=False)))
+    except (ValueError, ArgumentTypeError) as exc:
+        raise ValueError(f"--{flag} {' '.join(map(str, values))}: {exc}") from exc
+
+
+def _cast(kind: Any, value: Any) -> Any:
+    if kind is bool:
+        return value if isinstance(value, bool) else string_to_bool(str(value))
+    if kind == int | bool:
+        return bool_or_int(value)
+    if kind is int:
+        return int(value)
+    return value

@@ -1,0 +1,225 @@
+"""fms-acceleration's jobs on transformers 5 and peft (``tuning.utils.acceleration``): ``--fast_moe`` on a tiny
+GraniteMoe (grouped-GEMM experts; expert parallelism on two torchrun ranks, preempted and resumed), QLoRA through
+bitsandbytes and aLoRA through peft, each trained for real; the refusals name what is missing."""
+
+import json
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+
+from tests.helpers.training import (
+    SFT_TRAINER,
+    TORCHRUN,
+    Job,
+    cli_args,
+    logged_steps,
+    make_args,
+    run_python,
+    two_ranks,
+    wait_for_steps,
+)
+from tuning import sft_trainer
+from tuning.config.acceleration_configs import FastMoeConfig, FusedOpsAndKernelsConfig, QuantizedLoraConfig
+from tuning.config.acceleration_configs.needs import QLORA_EXTRA
+from tuning.config.peft_config import LoraConfig
+from tuning.utils.acceleration import load_settings
+from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import build_tiny_hybrid
+
+EXPERTS = 4  # the tiny_moe fixture's
+
+
+def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safetensors(tiny_moe, sample_train, tmp_path):
+    output_dir = tmp_path / "out"
+    args = make_args(tiny_moe, str(output_dir), sample_train, save_strategy="steps", save_steps=2)
+    trainer, _, _ = sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=["1"]))
+    assert trainer.model.config._experts_implementation == "grouped_mm"
+    assert trainer.state.log_history[-1]["train_loss"] > 0
+    # fms-hf-tuning 3.2's layout: checkpoint-N/safetensors-N, a model transformers loads, the trained weights.
+    converted = output_dir / "checkpoint-2" / "safetensors-2"
+    loaded = AutoModelForCausalLM.from_pretrained(converted)
+    trained = trainer.model.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+    assert AutoTokenizer.from_pretrained(converted).vocab_size == trainer.processing_class.vocab_size
+
+
+def test_fast_moe_trains_a_tiny_granite_hybrid(sample_train, tmp_path):
+    model = build_tiny_hybrid(str(tmp_path / "hybrid"))
+    args = make_args(model, str(tmp_path / "out"), sample_train, max_steps=1)
+    trainer, _, _ = sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=True))
+    assert trainer.model.config.model_type == "granitemoehybrid"
+    assert trainer.state.global_step == 1
+
+
+@pytest.mark.parametrize(
+    ("degree", "message"),
+    [
+        (3, f"--fast_moe 3: the expert-parallel degree must divide the expert count ({EXPERTS} experts per layer in"),
+        (2, "and the world size (1 processes)"),
+    ],
+)
+def test_fast_moe_degree_must_divide_experts_and_world_size(tiny_moe, sample_train, tmp_path, degree, message):
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        sft_trainer.train(
+            *make_args(tiny_moe, str(tmp_path / "out"), sample_train), fast_moe_config=FastMoeConfig(degree)
+        )
+    assert not (tmp_path / "out").exists()  # before the data or the model
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--bnb_qlora", "int8"], "--bnb_qlora int8: quant_type can only be either 'nf4' or 'fp4'"),
+        (["--fast_moe", "0"], "--fast_moe 0: the expert-parallel degree is at least 1"),
+        (["--fast_moe", "many"], "--fast_moe many: Truthy value expected"),
+    ],
+)
+def test_a_bad_flag_value_is_refused_naming_the_flag(flag, message, tiny_moe, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sft_trainer.parse_arguments(sft_trainer.get_parser(), args=[*cli_args(tiny_moe, str(tmp_path)), *flag])
+
+
+def test_fast_moe_on_a_dense_model_is_a_user_error(tiny_model, sample_train, tmp_path):
+    with pytest.raises(UserInputError, match="is no mixture-of-experts model"):
+        sft_trainer.train(*make_args(tiny_model, str(tmp_path / "out"), sample_train), fast_moe_config=FastMoeConfig(1))
+
+
+def test_qlora_nf4_trains_and_saves_an_adapter_that_loads(tiny_model, sample_train, tmp_path):
+    import bitsandbytes
+    import peft
+
+    args = make_args(tiny_model, str(tmp_path / "out"), sample_train)
+    trainer, _, _ = sft_trainer.train(*args, LoraConfig(), quantized_lora_config=QuantizedLoraConfig(bnb_qlora=["nf4"]))
+    base_layer = trainer.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    assert isinstance(base_layer, bitsandbytes.nn.Linear4bit)
+    assert base_layer.weight.quant_state.quant_type == "nf4"
+    saved = tmp_path / "adapter"
+    sft_trainer.save(str(saved), trainer)
+    loaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), saved)
+    weights = load_file(str(saved / "adapter_model.safetensors"))
+    lora_b = next(name for name in weights if "lora_B" in name)
+    assert weights[lora_b].abs().sum() > 0  # trained: B starts at zero
+    module_name = lora_b.removeprefix("base_model.model.").removesuffix(".lora_B.weight")
+    assert torch.equal(loaded.get_base_model().get_submodule(module_name).lora_B["default"].weight, weights[lora_b])
+
+
+def test_qlora_needs_lora(tiny_model, sample_train, tmp_path):
+    with pytest.raises(UserInputError, match="--bnb_qlora: quantised LoRA trains LoRA adapters"):
+        sft_trainer.train(
+            *make_args(tiny_model, str(tmp_path / "out"), sample_train),
+            quantized_lora_config=QuantizedLoraConfig(bnb_qlora=["fp4"]),
+        )
+
+
+def test_qlora_without_bitsandbytes_is_refused_naming_the_extra(tiny_model, sample_train, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what an import of a missing package meets
+    with pytest.raises(
+        UserInputError,
+        match=re.escape(
+            f"--bnb_qlora nf4: QLoRA is not supported by tuning-bench without bitsandbytes ({QLORA_EXTRA})"
+        ),
+    ):
+        sft_trainer.train(
+            *make_args(tiny_model, str(tmp_path / "out"), sample_train),
+            LoraConfig(),
+            quantized_lora_config=QuantizedLoraConfig(bnb_qlora=["nf4"]),
+        )
+
+
+def test_gptq_and_kernels_load_settings_where_they_run(tiny_model, tmp_path):
+    """What a GPU machine with gptqmodel and kernels does with ``--auto_gptq``, ``--fused_lora`` and
+    ``--fast_kernels`` (here the refusal rule stops them first, for want of a GPU): checked against the model's
+    config, and handed to ``from_pretrained``."""
+    config = json.loads((Path(tiny_model) / "config.json").read_text())
+    gptq_model = tmp_path / "gptq"
+    gptq_model.mkdir()
+    (gptq_model / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq"}}))
+    parser = HfArgumentParser((QuantizedLoraConfig, FusedOpsAndKernelsConfig))
+    quantized, kernels = parser.parse_args_into_dataclasses(
+        ["--auto_gptq", "triton_v2", "--fused_lora", "auto_gptq", "True", "--fast_kernels", "True", "True", "True"]
+    )
+    settings = load_settings(str(gptq_model), None, LoraConfig(), torch.float32, quantized, kernels)
+    assert (settings.quantization, settings.keywords) == ("gptq", {"use_kernels": True})
+    with pytest.raises(UserInputError, match="--auto_gptq: .* is no GPTQ-quantised checkpoint"):
+        load_settings(tiny_model, None, LoraConfig(), torch.float32, quantized, kernels)
+    with pytest.raises(UserInputError, match="`--fused_lora` must be accompanied by a quantized base layer"):
+        load_settings(str(gptq_model), None, LoraConfig(), torch.float32, QuantizedLoraConfig(), kernels)
+
+
+def test_alora_from_the_command_line_trains_with_its_invocation_tokens(tiny_model, sample_train, tmp_path):
+    invocation = "### Response:"
+    flags = cli_args(tiny_model, str(tmp_path / "out"), save_strategy="steps", save_steps=2, max_steps=2)
+    argv = [*flags, "--peft_method", "alora", "--alora_invocation_string", invocation]
+    args = sft_trainer.parse_arguments(sft_trainer.get_parser(), args=argv)
+    sft_trainer.train(args.model_args, args.data_args, args.training_args, args.tune_config)
+    adapter_config = json.loads((tmp_path / "out" / "checkpoint-2" / "adapter_config.json").read_text())
+    tokens = AutoTokenizer.from_pretrained(tiny_model).encode(invocation, add_special_tokens=False)
+    assert tokens and adapter_config["alora_invocation_tokens"] == tokens
+    assert adapter_config["peft_type"] == "LORA"
+
+
+def test_alora_needs_its_invocation_string(tiny_model, tmp_path):
+    argv = [*cli_args(tiny_model, str(tmp_path / "out")), "--peft_method", "alora"]
+    with pytest.raises(UserInputError, match="--peft_method alora needs --alora_invocation_string"):
+        sft_trainer.parse_arguments(sft_trainer.get_parser(), args=argv)
+
+
+# Expert parallelism on two ranks: steps long enough (gradient accumulation) for a SIGTERM to land mid-run.
+EP_MAX_STEPS = 6
+
+
+def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
+    options = {
+        "max_steps": EP_MAX_STEPS,
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "packing": "True",  # rows of one length: every rank's loss weighs the same
+        "response_template": None,
+        "seed": 7,
+        "save_strategy": "steps",
+        "save_steps": 100,  # only the preemption's checkpoint
+        "fast_moe": degree,
+        **extra,
+    }
+    return [*TORCHRUN, *two_ranks(SFT_TRAINER, [*cli_args(model, str(output_dir), **options), "--ddp_timeout", "60"])]
+
+
+def _losses(output_dir) -> dict[int, float]:
+    records = [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
+    return {r["data"]["step"]: r["data"]["value"] for r in records if r["name"] == "training_loss"}
+
+
+@pytest.mark.slow
+def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_after_sigterm(tiny_moe, tmp_path):
+    """One preempted and resumed ``--fast_moe 2`` run on two ranks (gloo), against a ``--fast_moe 1`` run of the
+    same command: the same losses up to the SIGTERM, half the experts on each rank, a checkpoint at the stop that
+    transformers loads whole, and the same command finishing the run from it."""
+    reference_dir, output_dir = tmp_path / "ep1", tmp_path / "ep2"
+    reference = run_python(*_ep_command(tiny_moe, reference_dir, 1, save_strategy="no"), timeout=300)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    preempted = Job(_ep_command(tiny_moe, output_dir, 2), tmp_path / "preempted")
+    wait_for_steps(output_dir / "training_logs.jsonl", 2, preempted, signal.SIGTERM)
+    stderr = preempted.finish(timeout=180)
+    for rank in (0, 1):
+        assert f"--fast_moe 2: rank {rank} holds 2 of the {EXPERTS} experts of each layer" in stderr, stderr[-3000:]
+    stopped = logged_steps(output_dir / "training_logs.jsonl")[-1]
+    assert 2 <= stopped < EP_MAX_STEPS
+    expected = _losses(reference_dir)
+    for step, loss in _losses(output_dir).items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), step
+    converted = output_dir / f"checkpoint-{stopped}" / f"safetensors-{stopped}"
+    whole = AutoModelForCausalLM.from_pretrained(converted)
+    assert whole.model.layers[0].block_sparse_moe.experts.gate_up_proj.shape[0] == EXPERTS
+
+    resumed = run_python(*_ep_command(tiny_moe, output_dir, 2), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
+    assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, EP_MAX_STEPS + 1))
