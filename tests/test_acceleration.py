@@ -78,7 +78,7 @@ def test_fast_moe_degree_must_divide_experts_and_world_size(tiny_moe, sample_tra
     [
         (["--bnb_qlora", "int8"], "--bnb_qlora int8: quant_type can only be either 'nf4' or 'fp4'"),
         (["--fast_moe", "0"], "--fast_moe 0: the expert-parallel degree is at least 1"),
-        (["--fast_moe", "many"], "--fast_moe many: Truthy value expected"),
+        (["--fast_moe", "many"], "--fast_moe many: a boolean expected (yes/no, true/false, t/f, y/n, 1/0), got 'many'"),
     ],
 )
 def test_a_bad_flag_value_is_refused_naming_the_flag(flag, message, tiny_moe, tmp_path):

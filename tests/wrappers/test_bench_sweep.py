@@ -546,7 +546,7 @@ def test_interleave_runs_the_repeats_in_rounds(tmp_path):
             "/--per-device-train-batch-size: invalid int value: 'two'",
         ),
         ({"max_step": [1, 2]}, "point max_step=1: unknown flag --max_step; did you mean --max_steps?"),
-        ({"peft_method": ["lora", "alora"]}, "point peft_method=alora: --peft_method alora: aLoRA is not supported"),
+        ({"multipack": [16]}, "point multipack=16: --multipack 16: multipack sampling is not supported"),
     ],
 )
 def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, axes, reason):

@@ -6,7 +6,17 @@ from argparse import ArgumentTypeError
 from dataclasses import field
 from typing import Any
 
-from transformers.hf_argparser import string_to_bool
+# The words HfArgumentParser reads as booleans (the parser, which the config floor does not import, uses them too).
+_TRUE_WORDS, _FALSE_WORDS = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
+
+
+def string_to_bool(text: str) -> bool:
+    """A flag's boolean word as HfArgumentParser reads it; ArgumentTypeError for another word."""
+    if text.lower() in _TRUE_WORDS:
+        return True
+    if text.lower() in _FALSE_WORDS:
+        return False
+    raise ArgumentTypeError(f"a boolean expected (yes/no, true/false, t/f, y/n, 1/0), got {text!r}")
 
 
 def unsupported(feature: str) -> Any:
