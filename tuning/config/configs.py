@@ -88,7 +88,13 @@ class DataArguments:
     )
     num_eval_dataset_shards: int = field(default=1, metadata={"help": "Parquet shards of its validation data."})
     # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).
-    dataset_image_field: str | None = field(default=None, metadata={"help": "Not supported: vision models."})
+    dataset_image_field: str | None = field(
+        default=None,
+        metadata={
+            "help": "The image column of vision-language data (one image or a list per row); the text column "
+            "(--dataset_text_field, default messages) holds the conversations."
+        },
+    )
 
 
 @dataclass
@@ -173,7 +179,6 @@ class TrainerControllerArguments:
 
 # Flags of fms-hf-tuning features not implemented here: refused when set to anything but their default.
 UNSUPPORTED_FLAGS = {
-    "dataset_image_field": "vision models",
     "enable_reduce_loss_sum": "sum loss reduction",
 }
 

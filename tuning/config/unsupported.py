@@ -40,7 +40,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("aLoRA", "alora_invocation_string", PLAIN_FLAGS),
     Unsupported("aLoRA", "alora_invocation_tokens", "peft_config"),
     Unsupported("the trainer controller", "trainer_controller_config_file", "trainer_controller_args"),
-    Unsupported("vision models", "dataset_image_field", "data_args"),
 )
 # ``train()`` keywords that ask for a feature by being given at all (not None, not empty).
 UNSUPPORTED_KEYWORDS = {
