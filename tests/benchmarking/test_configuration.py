@@ -20,7 +20,7 @@ def test_it_is_flat_json_with_every_listed_argument():
     assert json.loads(json.dumps(config)) == config
     assert all(not isinstance(value, dict) for name, value in config.items() if name != "fsdp_config")
     listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
-    assert set(config) == listed | {"peft_method", "world_size", "data_config_sha256"}
+    assert set(config) == listed | {"peft_method", "world_size", "data_config_sha256", "model_class"}
     assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
     assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
 
@@ -91,3 +91,11 @@ def test_a_data_config_edited_under_the_same_path_is_another_configuration(tmp_p
     after = run_configuration(parse_arguments(get_parser(), args=flags), 1)
     assert after["data_config_path"] == before["data_config_path"] and after != before
     assert config_of()["data_config_sha256"] is None
+
+
+def test_it_names_the_image_field_and_the_model_class(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"]}))
+    flags = ["--model_name_or_path", str(tmp_path), "--dataset_image_field", "images"]
+    config = config_of(*flags)
+    assert (config["dataset_image_field"], config["model_class"]) == ("images", "LlavaForConditionalGeneration")
+    assert (config_of()["dataset_image_field"], config_of()["model_class"]) == (None, None)  # "m": nowhere to read

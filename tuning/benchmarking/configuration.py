@@ -11,11 +11,13 @@ work. Torch-free.
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Any
 
 PEFT_METHOD = "peft_method"
 WORLD_SIZE = "world_size"
 DATA_CONFIG_SHA256 = "data_config_sha256"
+MODEL_CLASS = "model_class"
 # Argument names by where ``parse_arguments``' values hold them. "lora" and "pt": only when that is the PEFT method.
 CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "model_args": (
@@ -36,6 +38,7 @@ CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
         "add_special_tokens",
         "chat_template",
         "dataset_conversation_field",
+        "dataset_image_field",
         "instruction_template",
         "do_dataprocessing_only",
     ),
@@ -99,7 +102,8 @@ _ONLY_WITH = {
 def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     """``args`` (``parse_arguments``' ``ParsedArguments``) and the number of processes as the dump's ``config``: the
     ``CONFIG_ARGUMENTS`` values as JSON values (a dtype, an enum or an option list as its text), plus ``peft_method``
-    (lora, pt or none), ``world_size`` and ``data_config_sha256`` (null without a data config); an argument that
+    (lora, pt or none), ``world_size``, ``data_config_sha256`` (null without a data config) and ``model_class`` (the
+    architecture the model's config.json names, as ``model_architecture`` reads it); an argument that
     changes nothing as the others are set (``_ONLY_WITH``: ``eval_steps`` without step-wise evaluation...) is null."""
     tune_config = args.tune_config
     peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
@@ -109,6 +113,7 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
         PEFT_METHOD: peft_method,
         WORLD_SIZE: world_size,
         DATA_CONFIG_SHA256: file_sha256(args.data_args.data_config_path),
+        MODEL_CLASS: model_architecture(args.model_args.model_name_or_path),
     }
     for where, names in CONFIG_ARGUMENTS.items():
         holder = tune_config if where in ("lora", "pt") else getattr(args, where)
@@ -120,6 +125,30 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
         if not matters(config):
             config[name] = None
     return dict(sorted(config.items()))
+
+
+def model_architecture(model: str | None) -> str | None:
+    """The model class a checkpoint's config.json names first in ``architectures`` (``LlavaForConditionalGeneration``,
+    ``LlamaForCausalLM``): read from a local directory or the Hub cache, never downloaded; None where neither holds
+    it or it cannot be read (the job's own checks name that fault)."""
+    if not model:
+        return None
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            path = try_to_load_from_cache(model, "config.json")
+        except ValueError:  # no repository id
+            return None
+        if not isinstance(path, str):
+            return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or [None]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return architectures[0] if isinstance(architectures, list) else None
 
 
 def file_sha256(path: str | None) -> str | None:
