@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from tests.helpers.training import SFT_TRAINER
+from tests.helpers.bench import read_dump, series
+from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, load_script
 from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
@@ -214,3 +215,25 @@ def test_bad_input_is_a_user_error_before_training(name, tiny_llava, tiny_model,
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
     with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
         sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))
+
+
+def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, parquet_data, tmp_path):
+    """bench_train in process: the dump's config names the image field and model class; each step's image tokens
+    (2 rows, one 32x32 image each: 4 tokens an image) are a series, and the summary splits the throughput."""
+    bench_train = load_script(BENCH_TRAIN)
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "3"),
+        *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
+        *("--skip_warmup_steps", "1", "--trackers", "none"),
+    ]
+    assert bench_train.main(args) == 0
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["config"]["dataset_image_field"] == "images"
+    assert dump["config"]["model_class"] == "LlavaForConditionalGeneration"
+    assert series(dump, "step_image_tokens")["values"] == [8, 8, 8]
+    summary = dump["summary"]
+    assert summary["image_tokens_per_second"] > 0
+    assert summary["text_tokens_per_second"] + summary["image_tokens_per_second"] == pytest.approx(
+        summary["tokens_per_second"]
+    )
