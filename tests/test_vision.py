@@ -112,6 +112,19 @@ def test_labels_are_the_assistant_text_only(tiny_llava):
     assert batch["pixel_values"].shape == (2, 3, 32, 32)
 
 
+def test_max_seq_length_cuts_after_the_image_tokens_never_through_them(tiny_llava):
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    rows = [{"messages": conversation(0), "images": [png(0)]}]
+    whole = VisionDataCollator(processor, "messages", "images")(rows)
+    last_image = int((whole["input_ids"][0] == processor.image_token_id).nonzero().max())
+    cut = VisionDataCollator(processor, "messages", "images", max_length=last_image + 3)(rows)
+    assert cut["input_ids"].shape[1] == last_image + 3 < whole["input_ids"].shape[1]
+    assert torch.equal(cut["labels"], whole["labels"][:, : last_image + 3])
+    with pytest.raises(UserInputError, match="--max_seq_length 3 cuts through a row's image tokens"):
+        VisionDataCollator(processor, "messages", "images", max_length=3)(rows)
+
+
 def test_lora_trains_saves_and_reloads_to_generate(tiny_llava, parquet_data, tmp_path):
     trainer, info, _ = sft_trainer.train(
         *arguments(tiny_llava, parquet_data, tmp_path / "out"), LoraConfig(r=4, lora_alpha=8)

@@ -459,7 +459,7 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int, padding_free:
     fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own.
     Padding-free, TRL gets no ``max_length`` (it refuses one without packing, which it would not enforce): the
     rows are truncated already. Vision rows reach the collator raw (messages and images: no column is removed),
-    untruncated (cutting a row could cut its image tokens)."""
+    which cuts its batches to ``max_length`` itself (never through image tokens)."""
     from trl import SFTConfig
 
     values = {
@@ -635,7 +635,11 @@ def _train(
             processor.chat_template = data_args.chat_template
         prepared = prepare_vision_datasets(data_args, train_args)
         data_collator = VisionDataCollator(
-            processor, data_args.dataset_text_field, data_args.dataset_image_field, data_path_dir(data_args)
+            processor,
+            data_args.dataset_text_field,
+            data_args.dataset_image_field,
+            data_path_dir(data_args),
+            max_length,
         )
     else:
         prepared = prepare_training_datasets(data_args, train_args, tokenizer, max_length, additional_data_handlers)

@@ -165,10 +165,14 @@ class VisionDataCollator:
     the processor expands its image placeholders and prepares the pixels, and ``labels`` keep the tokens of the
     assistant turns only. A turn's tokens are found by rendering the conversation up to it (with the generation
     prompt) and through it, each processed with the images it holds so far, so that image tokens count as the model
-    sees them."""
+    sees them. With ``max_length`` a batch longer than it is cut there (after the last image token: a cut through
+    an image's tokens is a ``UserInputError``, since the model needs them all)."""
 
-    def __init__(self, processor, text_field: str, image_field: str, base_dir: str | None = None):
+    def __init__(
+        self, processor, text_field: str, image_field: str, base_dir: str | None = None, max_length: int | None = None
+    ):
         self.processor = processor
+        self.max_length = max_length
         self.text_field, self.image_field, self.base_dir = text_field, image_field, base_dir
         processor.tokenizer.padding_side = "right"  # labels are placed from the start of each row
         self.image_token_id = getattr(processor, "image_token_id", None)
@@ -207,4 +211,18 @@ class VisionDataCollator:
         if self.image_token_id is not None:
             labels[input_ids == self.image_token_id] = IGNORE_INDEX
         batch["labels"] = labels
-        return dict(batch)
+        return self._truncated(dict(batch))
+
+    def _truncated(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        length = batch["input_ids"].shape[1]
+        if self.max_length is None or length <= self.max_length:
+            return batch
+        if self.image_token_id is not None and (batch["input_ids"][:, self.max_length :] == self.image_token_id).any():
+            raise UserInputError(
+                f"--max_seq_length {self.max_length} cuts through a row's image tokens (the row is {length} tokens "
+                "with its images): raise --max_seq_length or shorten the conversation"
+            )
+        for key in ("input_ids", "attention_mask", "labels", "token_type_ids", "mm_token_type_ids"):
+            if key in batch:
+                batch[key] = batch[key][:, : self.max_length]
+        return batch
