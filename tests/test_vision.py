@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from tests.helpers.bench import read_dump, series
+from tests.helpers.bench import read_dump, run_bench, series
 from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, load_script
 from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
@@ -250,3 +250,24 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
     assert summary["text_tokens_per_second"] + summary["image_tokens_per_second"] == pytest.approx(
         summary["tokens_per_second"]
     )
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_count_both_ranks_image_tokens_and_save(tiny_llava, parquet_data, tmp_path):
+    """bench_train on 2 torchrun ranks, LoRA: each step's image tokens are both ranks' (2 x 2 rows x 4 tokens), and
+    the adapter saved by rank 0 loads with its processor."""
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "2"),
+        *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
+        *("--skip_warmup_steps", "0", "--trackers", "none", "--peft_method", "lora"),
+        *("--save_model_dir", str(tmp_path / "saved")),
+    ]
+    code, _, stderr = run_bench(args, torchrun=True)
+    assert code == 0, stderr[-3000:]
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["world_size"] == 2
+    assert series(dump, "step_image_tokens")["values"] == [16, 16]
+    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
+    assert any("lora_B" in name for name, _ in model.named_parameters())
+    assert AutoProcessor.from_pretrained(str(tmp_path / "saved")).image_token == "<image>"
