@@ -112,6 +112,24 @@ def test_labels_are_the_assistant_text_only(tiny_llava):
     assert batch["pixel_values"].shape == (2, 3, 32, 32)
 
 
+def test_v3_1_0_calling_convention_labels_all_but_padding_and_image_tokens(tiny_llava):
+    """v3.1.0's ``VisionDataCollator(processor)`` on rows its handler leaves: fields and processor keywords in each
+    row, the text rendered already."""
+    from tuning.data.collators import VisionDataCollator as UpstreamName
+
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    fields = {"dataset_text_field": "text", "dataset_image_field": "image"}
+    rows = [
+        {"text": text, "image": [Image.open(io.BytesIO(png(i)))], "fields_name": fields, "processor_kwargs": {}}
+        for i, text in enumerate(["<image>Describe the image.", "<image>Describe it, please, in a few words."])
+    ]
+    batch = UpstreamName(processor)(rows)
+    expected = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+    expected[batch["input_ids"] == processor.image_token_id] = IGNORE_INDEX
+    assert torch.equal(batch["labels"], expected) and (batch["attention_mask"] == 0).any()
+
+
 def test_max_seq_length_cuts_after_the_image_tokens_never_through_them(tiny_llava):
     processor = AutoProcessor.from_pretrained(tiny_llava)
     processor.tokenizer.pad_token = processor.tokenizer.eos_token

@@ -166,10 +166,20 @@ class VisionDataCollator:
     assistant turns only. A turn's tokens are found by rendering the conversation up to it (with the generation
     prompt) and through it, each processed with the images it holds so far, so that image tokens count as the model
     sees them. With ``max_length`` a batch longer than it is cut there (after the last image token: a cut through
-    an image's tokens is a ``UserInputError``, since the model needs them all)."""
+    an image's tokens is a ``UserInputError``, since the model needs them all).
+
+    v3.1.0's calling convention works too: ``VisionDataCollator(processor)`` takes the fields from the rows'
+    ``fields_name`` and the processor's keywords from their ``processor_kwargs`` (what its
+    ``prepare_multimodal_data_processor`` handler leaves); a row whose text is a rendered string rather than messages
+    is labelled as v3.1.0 labels it: every token but padding and image tokens."""
 
     def __init__(
-        self, processor, text_field: str, image_field: str, base_dir: str | None = None, max_length: int | None = None
+        self,
+        processor,
+        text_field: str | None = None,
+        image_field: str | None = None,
+        base_dir: str | None = None,
+        max_length: int | None = None,
     ):
         self.processor = processor
         self.max_length = max_length
@@ -193,19 +203,28 @@ class VisionDataCollator:
         return spans
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        fields = features[0].get("fields_name") or {}
+        text_field = self.text_field or fields.get("dataset_text_field", DEFAULT_MESSAGES_FIELD)
+        image_field = self.image_field or fields.get("dataset_image_field")
         texts, images, spans = [], [], []
         for row in features:
-            messages = row[self.text_field]
-            row_images = [to_image(value, self.base_dir) for value in _image_values(row[self.image_field])]
-            texts.append(self.processor.apply_chat_template(messages, tokenize=False))
+            text = row[text_field]
+            row_images = [to_image(value, self.base_dir) for value in _image_values(row.get(image_field))]
+            if isinstance(text, str):  # rendered already (v3.1.0's handler): every token is labelled
+                texts.append(text)
+                spans.append(None)
+            else:
+                texts.append(self.processor.apply_chat_template(text, tokenize=False))
+                spans.append(self.assistant_spans(text, row_images))
             images.append(row_images)
-            spans.append(self.assistant_spans(messages, row_images))
-        with_images = any(images)
-        batch = self.processor(text=texts, images=images if with_images else None, padding=True, return_tensors="pt")
+        keywords = {**(features[0].get("processor_kwargs") or {}), "padding": True, "return_tensors": "pt"}
+        batch = self.processor(text=texts, images=images if any(images) else None, **keywords)
         input_ids = batch["input_ids"]
         labels = torch.full_like(input_ids, IGNORE_INDEX)
         for row, row_spans in enumerate(spans):
-            for start, end in row_spans:
+            if row_spans is None:
+                labels[row] = input_ids[row]
+            for start, end in row_spans or ():
                 labels[row, start:end] = input_ids[row, start:end]
         labels[batch["attention_mask"] == 0] = IGNORE_INDEX
         if self.image_token_id is not None:
