@@ -55,8 +55,17 @@ from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, T
 from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.data_handlers import DataHandler
+from tuning.data.prepared_cache import Preparation
 from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
+from tuning.data.vision import (
+    DEFAULT_MESSAGES_FIELD,
+    VisionDataCollator,
+    check_vision_arguments,
+    data_path_dir,
+    is_vision_config,
+    prepare_vision_datasets,
+)
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (
     AVAILABLE_TRACKERS,
@@ -88,6 +97,9 @@ DEFAULT_TRACKER_CONFIGS = TrackerConfigs()
 # Attention implementations that keep the sequences of a padding-free row apart: flash attention by the row's
 # position_ids, sdpa and eager by the block-diagonal mask transformers builds from them when no attention mask is given.
 PADDING_FREE_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
+# LoRA's modules on a vision-language model when --target_modules is not given: the language model's attention
+# query and value projections (fms-hf-tuning's documented choice for LLaVA and granite-vision), never the vision tower.
+VISION_LORA_TARGETS = r".*language_model.*\.(q_proj|v_proj)"
 # The plain flags beside the dataclasses: name → value when not given.
 _PLAIN_FLAGS = {
     "peft_method": None,
@@ -372,7 +384,11 @@ def _check_arguments(
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
         raise UserInputError(f"--torch_dtype: {exc}") from exc
-    check_data_arguments(data_args, additional_data_handlers, train_args.packing)
+    if data_args.dataset_image_field:
+        check_vision_arguments(data_args, train_args)
+        check_vision_model(model_args, data_args)
+    else:
+        check_data_arguments(data_args, additional_data_handlers, train_args.packing)
     epochs, accumulation = train_args.num_train_epochs, train_args.gradient_accumulation_steps
     if train_args.max_steps <= 0 and (not _is_number(epochs, int | float) or epochs <= 0):
         raise UserInputError(f"num_train_epochs has to be an integer/float >= 1, got {epochs!r}")
@@ -384,6 +400,44 @@ def _check_arguments(
     if train_args.max_steps < -1:  # -1 (and 0) mean "train --num_train_epochs", as in transformers
         raise UserInputError(f"--max_steps must be a number of steps or -1 (all epochs), got {train_args.max_steps}")
     resume_checkpoint(train_args)
+
+
+def _model_config(model_args: ModelArguments, cache_dir: str | None = None) -> Any:
+    """The model's config, or None where it cannot be read here (a Hub id offline: loading the model says why)."""
+    try:
+        return transformers.AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=cache_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def check_vision_model(model_args: ModelArguments, data_args: DataArguments) -> None:
+    """``--dataset_image_field`` needs a vision-language model: refuse a text-only one before anything loads."""
+    config = _model_config(model_args)
+    if config is not None and not is_vision_config(config):
+        raise UserInputError(
+            f"--dataset_image_field {data_args.dataset_image_field}: {model_args.model_name_or_path} is a text-only "
+            f"model ({type(config).__name__}); images need a vision-language model"
+        )
+
+
+def load_processor(model_args: ModelArguments, cache_dir: str | None = None):
+    """The processor of a vision-language model (its tokenizer, image processor and chat template); a user error
+    when the model has none."""
+    from transformers import AutoProcessor, ProcessorMixin
+
+    path = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    try:
+        processor = AutoProcessor.from_pretrained(path, cache_dir=cache_dir)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserInputError(
+            f"{path}: a vision-language model needs its processor, which fails to load: {exc}"
+        ) from exc
+    if not isinstance(processor, ProcessorMixin):
+        raise UserInputError(
+            f"{path}: a vision-language model needs its processor (processor_config.json with an image processor); "
+            f"only a {type(processor).__name__} is there"
+        )
+    return processor
 
 
 def _resume_choice(train_args: TrainingArguments) -> tuple[str | None, list[tuple[str, str]]]:
@@ -419,12 +473,13 @@ def _attention_implementation(model_args: ModelArguments, quiet: bool = False) -
     return "sdpa"
 
 
-def _to_sft_config(train_args: TrainingArguments, max_length: int, padding_free: bool = False):
+def _to_sft_config(train_args: TrainingArguments, max_length: int, padding_free: bool = False, vision: bool = False):
     """TRL needs its own SFTConfig; copy every transformers field so TRL's defaults (bf16, gradient
     checkpointing on) never override what the user asked for. Our datasets come truncated to ``max_length`` with
     fully masked rows dropped: without packing (TRL's only remaining step) TRL is told to make no pass of its own.
     Padding-free, TRL gets no ``max_length`` (it refuses one without packing, which it would not enforce): the
-    rows are truncated already."""
+    rows are truncated already. Vision rows reach the collator raw (messages and images: no column is removed),
+    which cuts its batches to ``max_length`` itself (never through image tokens)."""
     from trl import SFTConfig
 
     values = {
@@ -433,9 +488,11 @@ def _to_sft_config(train_args: TrainingArguments, max_length: int, padding_free:
         if spec.init
     }
     prepared = {"skip_prepare_dataset": not train_args.packing}
+    if vision:
+        values["remove_unused_columns"] = False
     return SFTConfig(
         **values,
-        max_length=None if padding_free else max_length,
+        max_length=None if padding_free or vision else max_length,
         packing=train_args.packing,
         padding_free=padding_free,
         dataset_kwargs=prepared,
@@ -522,6 +579,8 @@ def train(
         attention_and_distributed_packing_config.is_padding_free
     )
     if padding_free:
+        if data_args.dataset_image_field:
+            raise UserInputError("--padding_free with --dataset_image_field: vision-language rows are padded")
         check_padding_free(model_args, train_args, peft_config)
     run = (model_args, data_args, train_args, peft_config, exp_metadata)
     if trackers is not None:  # the caller's: it closes them
@@ -570,7 +629,7 @@ def _train(
 ) -> tuple[Any, dict[str, Any], None]:
     """``train()`` once its arguments are checked and its trackers built; ``load``: the acceleration flags'
     ``from_pretrained`` keywords."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     from tuning.trainer import TuningTrainer
 
@@ -582,10 +641,18 @@ def _train(
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
 
-    data_start = time.time()  # the tokenizer and the datasets: data preparation, as the trackers get it
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
-    )
+    data_start = time.time()  # the tokenizer (or processor) and the datasets: data preparation, as trackers get it
+    vision = bool(data_args.dataset_image_field)
+    if not vision:
+        config = _model_config(model_args, train_args.cache_dir)
+        vision = config is not None and is_vision_config(config)
+    processor = load_processor(model_args, train_args.cache_dir) if vision else None
+    if processor is not None:
+        tokenizer = processor.tokenizer
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.tokenizer_name_or_path or model_args.model_name_or_path, cache_dir=train_args.cache_dir
+        )
     special_tokens = {"eos_token": "</s>"} if tokenizer.eos_token is None else {}
     if data_args.add_special_tokens:
         special_tokens["extra_special_tokens"] = list(data_args.add_special_tokens)
@@ -594,7 +661,24 @@ def _train(
         tokenizer.pad_token = tokenizer.eos_token
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
-    prepared, preparation = prepare_with_cache(data_args, train_args, tokenizer, max_length, additional_data_handlers)
+    data_collator = None
+    if data_args.dataset_image_field:
+        data_args.dataset_text_field = data_args.dataset_text_field or DEFAULT_MESSAGES_FIELD
+        if data_args.chat_template:
+            processor.chat_template = data_args.chat_template
+        prepared = prepare_vision_datasets(data_args, train_args)
+        data_collator = VisionDataCollator(
+            processor,
+            data_args.dataset_text_field,
+            data_args.dataset_image_field,
+            data_path_dir(data_args),
+            max_length,
+        )
+        preparation = Preparation("bypass")  # images are read and tokenised batch by batch, by the collator
+    else:
+        prepared, preparation = prepare_with_cache(
+            data_args, train_args, tokenizer, max_length, additional_data_handlers
+        )
     for tracker in trackers:
         tracker.track(time.time() - data_start, "data_preparation_time")
         tracker.set_params(preparation.as_dict(), "data_cache")
@@ -616,7 +700,8 @@ def _train(
     # loads it from the checkpoint itself (a whole Hugging Face model: fast MoE checkpoints hold only the model).
     weights_from = checkpoint if checkpoint is not None and load.sharded and peft_config is None else None
     load_start = time.time()
-    model = AutoModelForCausalLM.from_pretrained(
+    model_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = model_class.from_pretrained(
         weights_from or model_args.model_name_or_path,
         dtype=get_torch_dtype(model_args.torch_dtype),
         attn_implementation=_attention_implementation(model_args),
@@ -645,11 +730,13 @@ def _train(
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
     peft_config = with_alora_invocation_tokens(peft_config, tokenizer)
+    if vision and isinstance(peft_config, LoraConfig) and peft_config.target_modules is None:
+        peft_config = dataclasses.replace(peft_config, target_modules=VISION_LORA_TARGETS)
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
         peft_config = to_peft_config(peft_config, model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     if added_tokens_info["num_new_tokens"] > 0:
         peft_config = with_new_token_rows_trained(peft_config, model)
-    sft_config = _to_sft_config(train_args, max_length, padding_free)
+    sft_config = _to_sft_config(train_args, max_length, padding_free, bool(data_collator))
     if load.sharded and sft_config.save_strategy != "no" and not sft_config.save_only_model:
         logger.warning(
             "--fast_moe %d: checkpoints hold the model only (transformers cannot checkpoint an optimizer sharded at "
@@ -662,7 +749,8 @@ def _train(
         args=sft_config,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
+        data_collator=data_collator,
+        processing_class=processor or tokenizer,
         peft_config=peft_config,
         callbacks=trainer_callbacks,
         save_on_preemption=train_args.save_on_preemption,

@@ -22,7 +22,7 @@ def test_it_is_flat_json_with_every_listed_argument():
     listed = {name for where, names in CONFIG_ARGUMENTS.items() if where != "pt" for name in names}
     measured = {"peft_method", "world_size", "data_config_sha256", "attn_implementation", "effective_max_seq_length"}
     loaded = {"experts_implementation", "ep_degree", "quantization"}  # what the acceleration flags load
-    assert set(config) == listed | measured | loaded
+    assert set(config) == listed | measured | loaded | {"model_class"}
     assert (config["peft_method"], config["r"], config["target_modules"]) == ("lora", 8, ["q_proj", "v_proj"])
     assert (config["torch_dtype"], config["save_strategy"], config["world_size"]) == ("float32", "epoch", 1)
 
@@ -123,3 +123,11 @@ def test_it_names_what_the_acceleration_flags_load():
     assert config_of("--peft_method", "lora", "--bnb_qlora", "fp4")["quantization"] == "bitsandbytes-fp4"
     plain = config_of()
     assert (plain["experts_implementation"], plain["ep_degree"], plain["quantization"]) == (None, None, None)
+
+
+def test_it_names_the_image_field_and_the_model_class(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"]}))
+    flags = ["--model_name_or_path", str(tmp_path), "--dataset_image_field", "images"]
+    config = config_of(*flags)
+    assert (config["dataset_image_field"], config["model_class"]) == ("images", "LlavaForConditionalGeneration")
+    assert (config_of()["dataset_image_field"], config_of()["model_class"]) == (None, None)  # "m": nowhere to read

@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl
 
-from tuning.benchmarking.dump import DATA_FETCH_SHARE, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
+from tuning.benchmarking.dump import (
+    DATA_FETCH_SHARE,
+    STEP_IMAGE_TOKENS,
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    TOKENS_PER_SECOND,
+)
 from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
 from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED, rank_goodput
 from tuning.benchmarking.ranks import RankTimes, gather_objects
@@ -113,7 +120,7 @@ class BenchmarkCallback(TrainerCallback):
         self.global_step = self._first_step = state.global_step
         model = kwargs.get("model")
         if model is not None:
-            self._tokens = StepTokenCounter(model, args.device)
+            self._tokens = StepTokenCounter(model, args.device, _image_token_id(model))
             self._rank_times = RankTimes(model, args.device)
         self._fetch_unmeasurable = _dispatched(kwargs.get("train_dataloader"), args.world_size)
         if self.sampler is not None:
@@ -279,6 +286,8 @@ class BenchmarkCallback(TrainerCallback):
                 for step, duration, tokens in counted:
                     throughput = tokens / duration if duration > 0 else math.nan
                     points += [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]
+                    if (images := self._tokens.image_tokens.pop(step, None)) is not None:
+                        points.append((STEP_IMAGE_TOKENS, images, step, None))
                     self._unmirrored_add(TOKENS_PER_SECOND, tokens, duration, step)
                 batches.append((now, points))
             if batches and self.record is not None:
@@ -327,6 +336,15 @@ def _goodput_points(goodput: dict[str, Any], step: int) -> Points:
     if goodput["productive_fraction"] is not None:
         points.append(("goodput", goodput["productive_fraction"], step, None))
     return points
+
+
+def _image_token_id(model: Any) -> int | None:
+    """The image token of a vision-language model (its config's ``image_token_id``), None for a text-only one."""
+    config = getattr(model, "config", None)
+    if getattr(config, "vision_config", None) is None:
+        return None
+    token = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
+    return token if isinstance(token, int) else None
 
 
 def _flops_counts(model: Any) -> dict[str, int] | None:

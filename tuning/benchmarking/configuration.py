@@ -23,6 +23,7 @@ DATA_CONFIG_SHA256 = "data_config_sha256"
 # length once the tokenizer's model_max_length caps --max_seq_length (null when the tokenizer's files cannot be read).
 ATTENTION_IMPLEMENTATION = "attn_implementation"
 EFFECTIVE_MAX_SEQ_LENGTH = "effective_max_seq_length"
+MODEL_CLASS = "model_class"
 # Argument names by where ``parse_arguments``' values hold them. "lora" and "pt": only when that is the PEFT method.
 CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "model_args": (
@@ -43,6 +44,7 @@ CONFIG_ARGUMENTS: dict[str, tuple[str, ...]] = {
         "add_special_tokens",
         "chat_template",
         "dataset_conversation_field",
+        "dataset_image_field",
         "instruction_template",
         "do_dataprocessing_only",
     ),
@@ -107,7 +109,8 @@ _ONLY_WITH = {
 def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     """``args`` (``parse_arguments``' ``ParsedArguments``) and the number of processes as the dump's ``config``: the
     ``CONFIG_ARGUMENTS`` values as JSON values (a dtype, an enum or an option list as its text), plus ``peft_method``
-    (lora, pt or none), ``world_size`` and ``data_config_sha256`` (null without a data config); an argument that
+    (lora, pt or none), ``world_size``, ``data_config_sha256`` (null without a data config) and ``model_class`` (the
+    architecture the model's config.json names, as ``model_architecture`` reads it); an argument that
     changes nothing as the others are set (``_ONLY_WITH``: ``eval_steps`` without step-wise evaluation...) is null."""
     tune_config = args.tune_config
     peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
@@ -118,6 +121,7 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
         PEFT_METHOD: peft_method,
         WORLD_SIZE: world_size,
         DATA_CONFIG_SHA256: file_sha256(args.data_args.data_config_path),
+        MODEL_CLASS: model_architecture(args.model_args.model_name_or_path),
     }
     for where, names in CONFIG_ARGUMENTS.items():
         holder = tune_config if where in ("lora", "pt") else getattr(args, where)
@@ -149,26 +153,45 @@ def attention_implementation(model_args: Any) -> str:
     return _attention_implementation(model_args, quiet=True)
 
 
+def _local_json(source: str | None, name: str) -> dict[str, Any] | None:
+    """The JSON object of the file ``name`` of a model or tokenizer ``source``: from a local directory or the Hugging
+    Face cache, never downloaded; None where neither holds it or it cannot be read (the job's own checks name that
+    fault)."""
+    if not source:
+        return None
+    path = os.path.join(source, name)
+    if not os.path.isfile(path):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            path = try_to_load_from_cache(source, name)
+        except ValueError:  # not a repository id
+            return None
+        if not isinstance(path, str) or not os.path.isfile(path):
+            return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return content if isinstance(content, dict) else None
+
+
 def effective_max_seq_length(model_args: Any, max_seq_length: int) -> int | None:
     """``max_seq_length`` capped by the tokenizer's ``model_max_length``, as ``train()`` caps it; None when the
     tokenizer's ``tokenizer_config.json`` is neither in a local folder nor in the Hugging Face cache."""
-    source = model_args.tokenizer_name_or_path or model_args.model_name_or_path
-    path = os.path.join(source, "tokenizer_config.json") if source else None
-    if path and not os.path.isfile(path):
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            path = try_to_load_from_cache(source, "tokenizer_config.json")
-        except ValueError:  # not a repository id
-            path = None
-    if not isinstance(path, str) or not os.path.isfile(path):
+    tokenizer = _local_json(model_args.tokenizer_name_or_path or model_args.model_name_or_path, "tokenizer_config.json")
+    if tokenizer is None:
         return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            limit = json.load(handle).get("model_max_length")
-    except (OSError, ValueError, AttributeError):
-        return None
+    limit = tokenizer.get("model_max_length")
     return max_seq_length if not isinstance(limit, int | float) else min(max_seq_length, int(limit))
+
+
+def model_architecture(model: str | None) -> str | None:
+    """The model class a checkpoint's config.json names first in ``architectures`` (``LlavaForConditionalGeneration``,
+    ``LlamaForCausalLM``); None where it cannot be read."""
+    architectures = (_local_json(model, "config.json") or {}).get("architectures")
+    return architectures[0] if isinstance(architectures, list) and architectures else None
 
 
 def file_sha256(path: str | None) -> str | None:

@@ -37,6 +37,7 @@ STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end
 STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed over all ranks
 STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
 TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
+STEP_IMAGE_TOKENS = "step_image_tokens"  # the image tokens among STEP_TOKENS (vision-language models only)
 PROCESS_RSS = "process_rss_bytes"
 GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
@@ -385,6 +386,11 @@ def _shares(series: list[dict[str, Any]], steps: list[int]) -> list[float]:
     return [per_step[step] for step in steps if step in per_step]
 
 
+def _difference(total: float | None, part: float | None) -> float | None:
+    """``total`` less ``part``; None unless both are known."""
+    return None if total is None or part is None else total - part
+
+
 def _summary(
     series: list[dict[str, Any]],
     notes: dict[str, Any],
@@ -398,6 +404,7 @@ def _summary(
     measured = [step for step in step_times if not _is_warmup(spans, step)]
     steps = measured or list(step_times)
     tokens_per_second = _rate(_per_step(series, STEP_TOKENS), step_times, steps)
+    image_tokens_per_second = _rate(_per_step(series, STEP_IMAGE_TOKENS), step_times, steps)
     spans_run = [
         segment_end - segment_notes["train_start"]
         for segment_notes, segment_end in segments
@@ -414,6 +421,8 @@ def _summary(
         "model_load_time": load_times[-1] if load_times else None,
         "data_preparation_time": _last(_values(series, DATA_PREPARATION_TIME)),
         "tokens_per_second": tokens_per_second,
+        "text_tokens_per_second": _difference(tokens_per_second, image_tokens_per_second),
+        "image_tokens_per_second": image_tokens_per_second,
         "samples_per_second": _rate(_per_step(series, STEP_SAMPLES), step_times, steps),
         "step_time_p50": step_deciles[4] if step_deciles else None,
         "step_time_p90": step_deciles[8] if step_deciles else None,

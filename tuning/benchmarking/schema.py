@@ -116,6 +116,10 @@ class Summary(_Model):
     """seconds train() took to prepare the training rows (from the processed-data cache on a hit)"""
     tokens_per_second: Number
     """non-padding tokens of all ranks per second of step time"""
+    text_tokens_per_second: Number = None
+    """tokens_per_second less image_tokens_per_second; null for a text-only model (dumps before it lack the key)"""
+    image_tokens_per_second: Number = None
+    """a vision-language model's image tokens (among tokens_per_second) per second; null for a text-only model"""
     samples_per_second: Number
     step_time_p50: Number
     step_time_p90: Number

@@ -100,7 +100,13 @@ class DataArguments:
         metadata={"help": "Processes tokenising the data (default: the cores this process may use, at most 8)."},
     )
     # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).
-    dataset_image_field: str | None = field(default=None, metadata={"help": "Not supported: vision models."})
+    dataset_image_field: str | None = field(
+        default=None,
+        metadata={
+            "help": "The image column of vision-language data (one image or a list per row); the text column "
+            "(--dataset_text_field, default messages) holds the conversations."
+        },
+    )
 
 
 @dataclass
@@ -185,7 +191,6 @@ class TrainerControllerArguments:
 
 # Flags of fms-hf-tuning features not implemented here: refused when set to anything but their default.
 UNSUPPORTED_FLAGS = {
-    "dataset_image_field": "vision models",
     "enable_reduce_loss_sum": "sum loss reduction",
 }
 

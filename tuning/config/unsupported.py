@@ -58,7 +58,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("MXFP4 quantized models", "quantization_method", PLAIN_FLAGS, "mxfp4"),
     Unsupported("MXFP4 quantized models", "dequantize", "quantization_config"),
     Unsupported("the trainer controller", "trainer_controller_config_file", "trainer_controller_args"),
-    Unsupported("vision models", "dataset_image_field", "data_args"),
 )
 # ``train()`` keywords that ask for a feature by being given at all (not None, not empty).
 UNSUPPORTED_KEYWORDS = {

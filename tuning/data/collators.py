@@ -2,11 +2,13 @@
 ``DataCollatorForCompletionOnlyLM`` (TRL 1.x removed it): it pads tokenised rows and trains only on the tokens after
 each response template, up to the next instruction template. tuning-bench's own pipeline masks while tokenising
 (``tuning.data.masking``), so training never needs it; it is here for code that asks ``get_data_collator`` for one.
-``VisionDataCollator`` keeps v3.1.0's name; vision models are not supported."""
+``VisionDataCollator`` is ``tuning.data.vision``'s, under v3.1.0's name and calling convention."""
 
 import torch
 
-from tuning.utils.error_logging import UserInputError
+from tuning.data.vision import VisionDataCollator
+
+__all__ = ["CompletionOnlyCollator", "VisionDataCollator"]
 
 IGNORE_INDEX = -100
 
@@ -59,10 +61,3 @@ class CompletionOnlyCollator:
             labels[index, : len(row)] = torch.tensor(self._labels(row))
             attention_mask[index, : len(row)] = 1
         return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-
-
-class VisionDataCollator:
-    """v3.1.0's collator for vision models, which tuning-bench does not support: refused when built."""
-
-    def __init__(self, processor):
-        raise UserInputError("vision models (VisionDataCollator) are not supported by tuning-bench")

@@ -343,8 +343,12 @@ def tokenize_and_apply_chat_template_with_masking(
 
 
 def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
-    """Vision models are not supported by tuning-bench: registered under v3.1.0's name, refused when used."""
-    raise UserInputError("prepare_multimodal_data_processor: vision models are not supported by tuning-bench")
+    """v3.1.0's vision handler for data configs: registered under its name, refused when used (vision data goes
+    through ``--dataset_image_field``)."""
+    raise UserInputError(
+        "prepare_multimodal_data_processor: vision data in a data config is not supported by tuning-bench; give "
+        "--training_data_path with --dataset_image_field"
+    )
 
 
 AVAILABLE_DATA_HANDLERS = {

@@ -1,7 +1,7 @@
 """Build a tiny Llama checkpoint and BPE tokenizer from nothing, offline, in seconds, for tests, the demo and the
 benchmarks; the tokenizer is trained on the package's sample data, so its tokenisation is realistic.
 
-    python -m tuning.utils.tiny_model OUTPUT_DIR
+    python -m tuning.utils.tiny_model OUTPUT_DIR [--vision llava|llava-next]
 """
 
 import argparse
@@ -164,6 +164,98 @@ def _build_from_config(output_dir: str, seed: int, make_config) -> str:
 BUILDERS = {"llama": build_tiny_model, "moe": build_tiny_moe, "hybrid": build_tiny_hybrid}
 
 
+# The chat template of the tiny vision models: OpenAI-style messages whose ``content`` is a string or a list of
+# ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` parts; each turn ends with the EOS token.
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ eos_token + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+VISION_KINDS = ("llava", "llava-next")
+IMAGE_TOKEN = "<image>"
+
+
+def build_tiny_vision_model(output_dir: str, kind: str = "llava", seed: int = 0) -> str:
+    """Write a random tiny vision-language model and its processor (tokenizer, image processor, chat template) to
+    ``output_dir``: ``llava`` is LLaVA-1.5's architecture (a CLIP vision tower, a projector, a Llama), 32x32 images in
+    4 patches; ``llava-next`` is granite-vision's (LLaVA-Next: a SigLIP tower, any-resolution tiles of 32x32 pixels
+    chosen from a small grid, a Llama standing in for Granite). The CLIP tower's class token is why its processor has
+    ``num_additional_image_tokens=1``: the processor then counts the features the model produces for an image."""
+    import torch
+    from transformers import (
+        AutoModelForImageTextToText,
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaNextConfig,
+        LlavaNextImageProcessorPil,
+        LlavaNextProcessor,
+        LlavaProcessor,
+        SiglipVisionConfig,
+    )
+
+    if kind not in VISION_KINDS:
+        raise ValueError(f"unknown vision model kind {kind!r}; choose one of {', '.join(VISION_KINDS)}")
+    os.makedirs(output_dir, exist_ok=True)
+    tokenizer = build_tokenizer(output_dir)
+    tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]})
+    text_config = llama_config(
+        tokenizer,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_length=512,
+    )
+    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    crop = {"height": 32, "width": 32}
+    if kind == "llava":
+        config = LlavaConfig(
+            vision_config=CLIPVisionConfig(image_size=32, patch_size=16, **tower),
+            text_config=text_config,
+            image_token_id=image_token_id,
+            vision_feature_layer=-1,
+        )
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size=crop)
+        processor = LlavaProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=16,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=VISION_CHAT_TEMPLATE,
+        )
+    else:
+        pinpoints = [[32, 32], [32, 64], [64, 32], [64, 64]]
+        config = LlavaNextConfig(
+            vision_config=SiglipVisionConfig(image_size=32, patch_size=16, **tower),
+            text_config=text_config,
+            image_token_id=image_token_id,
+            image_grid_pinpoints=pinpoints,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+        )
+        image_processor = LlavaNextImageProcessorPil(
+            size={"height": 32, "width": 32}, crop_size=crop, image_grid_pinpoints=pinpoints, do_center_crop=False
+        )
+        processor = LlavaNextProcessor(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=16,
+            vision_feature_select_strategy="full",
+            chat_template=VISION_CHAT_TEMPLATE,
+        )
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+    return output_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir")
@@ -173,8 +265,14 @@ def main() -> None:
         default="llama",
         help="llama (default), moe (GraniteMoe) or hybrid (GraniteMoeHybrid)",
     )
+    parser.add_argument(
+        "--vision", choices=VISION_KINDS, default=None, help="A vision-language model (and its processor) instead."
+    )
     args = parser.parse_args()
-    print(BUILDERS[args.architecture](args.output_dir))
+    if args.vision:
+        print(build_tiny_vision_model(args.output_dir, args.vision))
+    else:
+        print(BUILDERS[args.architecture](args.output_dir))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,291 @@
+"""Vision-language fine-tuning (``--dataset_image_field``) on the tiny LLaVA and LLaVA-Next of
+``tuning.utils.tiny_model``: the labels mask, LoRA and full training in process, the CLI once, reloading the saved
+result and generating, and every bad input refused as a user error before training."""
+
+import io
+import json
+import shutil
+import sys
+
+import datasets
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from tests.helpers.bench import read_dump, run_bench, series
+from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, load_script
+from tuning import sft_trainer
+from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
+from tuning.config.peft_config import LoraConfig
+from tuning.data.masking import IGNORE_INDEX
+from tuning.data.vision import VisionDataCollator
+from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import build_tiny_vision_model
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> str:
+    return build_tiny_vision_model(str(tmp_path_factory.mktemp("tiny-llava")), "llava")
+
+
+@pytest.fixture(scope="module")
+def tiny_llava_next(tmp_path_factory) -> str:
+    return build_tiny_vision_model(str(tmp_path_factory.mktemp("tiny-llava-next")), "llava-next")
+
+
+def png(index: int, width: int = 32) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, 32), (30 * index % 256, 90, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def conversation(index: int, images: int = 1) -> list[dict]:
+    parts = [{"type": "image", "text": None}] * images + [{"type": "text", "text": f"Which picture is {index}?"}]
+    return [
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": [{"type": "text", "text": f"Picture {index}.", "image": None}]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def parquet_data(tmp_path_factory) -> str:
+    """Parquet rows with Arrow image structs (bytes), one image each, images of two sizes."""
+    path = tmp_path_factory.mktemp("vision-data") / "train.parquet"
+    rows = [
+        {"messages": conversation(i), "images": [{"bytes": png(i, 32 + 16 * (i % 2)), "path": None}]} for i in range(6)
+    ]
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def json_data(tmp_path_factory) -> str:
+    """JSON lines rows whose images are file paths relative to the data file, two images in a row."""
+    folder = tmp_path_factory.mktemp("vision-json")
+    for i in range(4):
+        (folder / f"picture-{i}.png").write_bytes(png(i))
+    lines = [
+        json.dumps({"messages": conversation(i, 2), "images": [f"picture-{i}.png", f"picture-{(i + 1) % 4}.png"]})
+        for i in range(4)
+    ]
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder / "train.jsonl")
+
+
+def arguments(model: str, data: str, output_dir, **training):
+    return (
+        ModelArguments(model_name_or_path=model, torch_dtype="float32"),
+        DataArguments(training_data_path=data, dataset_image_field="images"),
+        TrainingArguments(
+            output_dir=str(output_dir),
+            max_steps=2,
+            per_device_train_batch_size=2,
+            save_strategy="no",
+            learning_rate=1e-2,
+            trackers=[],
+            **training,
+        ),
+    )
+
+
+def test_labels_are_the_assistant_text_only(tiny_llava):
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    two_turns = conversation(1) + [
+        {"role": "user", "content": [{"type": "text", "text": "And again?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Still 1."}]},
+    ]
+    rows = [
+        {"messages": conversation(0), "images": [{"bytes": png(0), "path": None}]},
+        {"messages": two_turns, "images": [Image.open(io.BytesIO(png(1)))]},
+    ]
+    batch = VisionDataCollator(processor, "messages", "images")(rows)
+    image_token = processor.image_token_id
+    assert (batch["input_ids"] == image_token).sum(dim=1).tolist() == [4, 4]  # 4 patches, the class token dropped
+    eos = processor.tokenizer.eos_token
+    for row, answers in zip(batch["labels"], (["Picture 0."], ["Picture 1.", "Still 1."]), strict=True):
+        labelled = row[row != IGNORE_INDEX]
+        assert image_token not in labelled.tolist()
+        assert processor.tokenizer.decode(labelled) == "".join(f"{answer}{eos}\n" for answer in answers)
+    assert batch["labels"][batch["attention_mask"] == 0].eq(IGNORE_INDEX).all()
+    assert batch["pixel_values"].shape == (2, 3, 32, 32)
+
+
+def test_v3_1_0_calling_convention_labels_all_but_padding_and_image_tokens(tiny_llava):
+    """v3.1.0's ``VisionDataCollator(processor)`` on rows its handler leaves: fields and processor keywords in each
+    row, the text rendered already."""
+    from tuning.data.collators import VisionDataCollator as UpstreamName
+
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    fields = {"dataset_text_field": "text", "dataset_image_field": "image"}
+    rows = [
+        {"text": text, "image": [Image.open(io.BytesIO(png(i)))], "fields_name": fields, "processor_kwargs": {}}
+        for i, text in enumerate(["<image>Describe the image.", "<image>Describe it, please, in a few words."])
+    ]
+    batch = UpstreamName(processor)(rows)
+    expected = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, IGNORE_INDEX)
+    expected[batch["input_ids"] == processor.image_token_id] = IGNORE_INDEX
+    assert torch.equal(batch["labels"], expected) and (batch["attention_mask"] == 0).any()
+
+
+def test_max_seq_length_cuts_after_the_image_tokens_never_through_them(tiny_llava):
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    rows = [{"messages": conversation(0), "images": [png(0)]}]
+    whole = VisionDataCollator(processor, "messages", "images")(rows)
+    last_image = int((whole["input_ids"][0] == processor.image_token_id).nonzero().max())
+    cut = VisionDataCollator(processor, "messages", "images", max_length=last_image + 3)(rows)
+    assert cut["input_ids"].shape[1] == last_image + 3 < whole["input_ids"].shape[1]
+    assert torch.equal(cut["labels"], whole["labels"][:, : last_image + 3])
+    with pytest.raises(UserInputError, match="--max_seq_length 3 cuts through a row's image tokens"):
+        VisionDataCollator(processor, "messages", "images", max_length=3)(rows)
+
+
+def test_lora_trains_saves_and_reloads_to_generate(tiny_llava, parquet_data, tmp_path):
+    trainer, info, _ = sft_trainer.train(
+        *arguments(tiny_llava, parquet_data, tmp_path / "out"), LoraConfig(r=4, lora_alpha=8)
+    )
+    adapted = {name for name, parameter in trainer.model.named_parameters() if parameter.requires_grad}
+    assert adapted and all("language_model" in name and "lora_" in name for name in adapted)
+    assert any("q_proj" in name for name in adapted) and any("v_proj" in name for name in adapted)
+    sft_trainer.save(str(tmp_path / "saved"), trainer)
+    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
+    processor = AutoProcessor.from_pretrained(str(tmp_path / "saved"))
+    assert type(model).__name__ == "LlavaForConditionalGeneration"  # the base named by the adapter, adapter on top
+    loaded = {name: value for name, value in model.named_parameters() if "lora_B" in name}
+    trained = {name: value for name, value in trainer.model.named_parameters() if "lora_B" in name}
+    assert len(loaded) == len(trained) == 4  # 2 layers, q and v
+    assert all(torch.equal(a, b) for a, b in zip(loaded.values(), trained.values(), strict=True))
+    assert any(value.abs().sum() > 0 for value in loaded.values())
+    prompt = processor.apply_chat_template(conversation(2)[:1], tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[prompt], images=[Image.open(io.BytesIO(png(2)))], return_tensors="pt")
+    generated = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert generated.shape[1] == inputs["input_ids"].shape[1] + 3
+
+
+def test_full_fine_tuning_of_llava_next_through_the_cli(tiny_llava_next, json_data, tmp_path, monkeypatch):
+    """The CLI in process (main()), granite-vision's architecture, two images per row given as relative paths."""
+    before = AutoModelForImageTextToText.from_pretrained(tiny_llava_next).state_dict()
+    args = [
+        *("--model_name_or_path", tiny_llava_next, "--training_data_path", json_data),
+        *("--dataset_text_field", "messages", "--dataset_image_field", "images", "--torch_dtype", "float32"),
+        *("--output_dir", str(tmp_path / "out"), "--save_model_dir", str(tmp_path / "saved"), "--max_steps", "2"),
+        *("--per_device_train_batch_size", "2", "--learning_rate", "1e-2", "--save_strategy", "no"),
+        *("--trackers", "none"),
+    ]
+    monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *args])
+    assert sft_trainer.main() == 0
+    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
+    assert type(model).__name__ == "LlavaNextForConditionalGeneration"
+    after = model.state_dict()
+    changed = [name for name, value in before.items() if not torch.equal(value, after[name])]
+    assert any("language_model" in name for name in changed) and any("vision_tower" in name for name in changed)
+    assert AutoProcessor.from_pretrained(str(tmp_path / "saved")).image_token == "<image>"
+
+
+def _bad(tmp_path, rows) -> str:
+    path = tmp_path / "bad.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return str(path)
+
+
+def _no_processor(model: str, tmp_path) -> str:
+    copy = tmp_path / "no-processor"
+    shutil.copytree(model, copy)
+    (copy / "processor_config.json").unlink()
+    return str(copy)
+
+
+BAD_INPUTS = {
+    "image column missing": (
+        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0), "pictures": [png(0)]}])),
+        "no column 'images'",
+    ),
+    "image column empty": (
+        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0, 0), "images": []}] * 2)),
+        "the column is empty",
+    ),
+    "image does not decode": (
+        lambda tmp, llava, text: (
+            llava,
+            _bad(
+                tmp, [{"messages": conversation(i), "images": [png(i) if i != 1 else b"not a png"]} for i in range(3)]
+            ),
+        ),
+        "row 1, image 0: the image does not decode",
+    ),
+    "more images than placeholders": (
+        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0), "images": [png(0), png(1)]}])),
+        "row 0: 2 images but 1 image placeholders",
+    ),
+    "text-only model": (
+        lambda tmp, llava, text: (text, _bad(tmp, [{"messages": conversation(0), "images": [png(0)]}])),
+        "is a text-only model (LlamaConfig)",
+    ),
+    "vision model without a processor": (
+        lambda tmp, llava, text: (
+            _no_processor(llava, tmp),
+            _bad(tmp, [{"messages": conversation(0), "images": [png(0)]}]),
+        ),
+        "needs its processor",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_is_a_user_error_before_training(name, tiny_llava, tiny_model, tmp_path):
+    make, message = BAD_INPUTS[name]
+    model, data = make(tmp_path, tiny_llava, tiny_model)
+    with pytest.raises(UserInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        sft_trainer.train(*arguments(model, data, tmp_path / "out"))
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
+    with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
+        sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))
+
+
+def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, parquet_data, tmp_path):
+    """bench_train in process: the dump's config names the image field and model class; each step's image tokens
+    (2 rows, one 32x32 image each: 4 tokens an image) are a series, and the summary splits the throughput."""
+    bench_train = load_script(BENCH_TRAIN)
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "3"),
+        *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
+        *("--skip_warmup_steps", "1", "--trackers", "none"),
+    ]
+    assert bench_train.main(args) == 0
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["config"]["dataset_image_field"] == "images"
+    assert dump["config"]["model_class"] == "LlavaForConditionalGeneration"
+    assert series(dump, "step_image_tokens")["values"] == [8, 8, 8]
+    summary = dump["summary"]
+    assert summary["image_tokens_per_second"] > 0
+    assert summary["text_tokens_per_second"] + summary["image_tokens_per_second"] == pytest.approx(
+        summary["tokens_per_second"]
+    )
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_count_both_ranks_image_tokens_and_save(tiny_llava, parquet_data, tmp_path):
+    """bench_train on 2 torchrun ranks, LoRA: each step's image tokens are both ranks' (2 x 2 rows x 4 tokens), and
+    the adapter saved by rank 0 loads with its processor."""
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "2"),
+        *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
+        *("--skip_warmup_steps", "0", "--trackers", "none", "--peft_method", "lora"),
+        *("--save_model_dir", str(tmp_path / "saved")),
+    ]
+    code, _, stderr = run_bench(args, torchrun=True)
+    assert code == 0, stderr[-3000:]
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["world_size"] == 2
+    assert series(dump, "step_image_tokens")["values"] == [16, 16]
+    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
+    assert any("lora_B" in name for name, _ in model.named_parameters())
+    assert AutoProcessor.from_pretrained(str(tmp_path / "saved")).image_token == "<image>"

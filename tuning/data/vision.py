@@ -1,0 +1,247 @@
+"""Vision-language data (``--dataset_image_field``): rows of OpenAI-style ``messages`` (each ``content`` a string or
+a list of ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` parts) and an image column (one image or a list
+per row: PIL images, bytes, Parquet/Arrow image structs ``{"bytes", "path"}``, or file paths, relative ones read
+beside the training data file). ``prepare_vision_datasets`` loads and checks them before the model loads (every image
+decoded once, each row's images matched to its image placeholders); ``VisionDataCollator`` turns a batch into the
+processor's inputs through the chat template, with labels on the assistant turns' tokens only (never the prompt,
+never an image token, never padding)."""
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tuning.data.masking import IGNORE_INDEX
+from tuning.utils.error_logging import UserInputError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MESSAGES_FIELD = "messages"
+
+
+def is_vision_config(config: Any) -> bool:
+    """Whether a model config is a vision-language model's: it has a vision tower's config."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def _image_values(value: Any) -> list:
+    """A row's image cell as a list (None: no image)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def to_image(value: Any, base_dir: str | None = None):
+    """One image cell item as an RGB PIL image; ``ValueError`` naming why when it does not decode."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        image = value
+    else:
+        if isinstance(value, dict):  # a Parquet/Arrow image struct
+            value = value.get("bytes") or value.get("path")
+        if isinstance(value, str):
+            path = value if os.path.isabs(value) or base_dir is None else os.path.join(base_dir, value)
+            if not os.path.isfile(path):
+                raise ValueError(f"image file {path} does not exist")
+            value = open(path, "rb").read()  # noqa: SIM115 - read at once, closed by the collector
+        if not isinstance(value, bytes | bytearray):
+            raise ValueError(f"{type(value).__name__} is no image (PIL image, bytes, image struct or file path)")
+        try:
+            image = Image.open(io.BytesIO(value))
+            image.load()
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ValueError(f"the image does not decode: {exc}") from exc
+    return image.convert("RGB")
+
+
+def image_placeholders(messages: Sequence[dict]) -> int:
+    """The number of ``{"type": "image"}`` parts of a conversation."""
+    count = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            count += sum(1 for part in content if isinstance(part, dict) and part.get("type") == "image")
+    return count
+
+
+def data_path_dir(data_args) -> str | None:
+    """Where relative image paths are read from: the folder of ``--training_data_path`` when it is one file."""
+    path = data_args.training_data_path
+    return os.path.dirname(os.path.abspath(path)) if isinstance(path, str) and os.path.isfile(path) else None
+
+
+def check_vision_dataset(dataset, text_field: str, image_field: str, source: str, base_dir: str | None) -> None:
+    """Refuse (``UserInputError`` naming ``source`` and the row) a dataset the collator cannot turn into inputs: a
+    missing messages or image column, an image column without any image, an image that does not decode, a row whose
+    images and image placeholders disagree in number."""
+    columns = list(dataset.column_names or [])
+    for flag, field in (("--dataset_text_field", text_field), ("--dataset_image_field", image_field)):
+        if field not in columns:
+            raise UserInputError(f"{flag} {field}: {source} has no column {field!r} (columns: {', '.join(columns)})")
+    if len(dataset) == 0:
+        raise UserInputError(f"{source} has no rows")
+    images_seen = 0
+    for index, row in enumerate(dataset):
+        messages, images = row[text_field], _image_values(row[image_field])
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise UserInputError(
+                f"{source}, row {index}: column {text_field!r} must hold a list of messages (role, content)"
+            )
+        placeholders = image_placeholders(messages)
+        if len(images) > placeholders:
+            raise UserInputError(
+                f"{source}, row {index}: {len(images)} images but {placeholders} image placeholders "
+                '({"type": "image"} parts) in its messages'
+            )
+        if len(images) < placeholders:
+            raise UserInputError(
+                f"{source}, row {index}: {placeholders} image placeholders in its messages but {len(images)} images"
+            )
+        for number, value in enumerate(images):
+            try:
+                to_image(value, base_dir)
+            except ValueError as exc:
+                raise UserInputError(f"{source}, row {index}, image {number}: {exc}") from exc
+        images_seen += len(images)
+    if not images_seen:
+        raise UserInputError(
+            f"--dataset_image_field {image_field}: the column is empty in {source} (no image in any row)"
+        )
+
+
+def check_vision_arguments(data_args, train_args) -> None:
+    """The checks of a vision run that need no model: where its data is, and no packing (a row's image tokens and
+    pixels cannot be cut apart or joined with another row's)."""
+    from tuning.data.data_processors import check_data_path
+
+    if data_args.data_config_path:
+        raise UserInputError(
+            "--dataset_image_field with --data_config_path: vision data is read from --training_data_path "
+            "(and --validation_data_path) only"
+        )
+    if train_args.packing:
+        raise UserInputError("--packing with --dataset_image_field: vision-language rows cannot be packed")
+    if not data_args.training_data_path:
+        raise UserInputError("--training_data_path (or --data_path) is required")
+    for flag, path in (
+        ("--training_data_path", data_args.training_data_path),
+        ("--validation_data_path", data_args.validation_data_path),
+    ):
+        if path:
+            check_data_path(path, flag)
+
+
+def prepare_vision_datasets(data_args, train_args) -> tuple[Any, Any]:
+    """``(train, eval)`` datasets of raw messages and images, checked (eval None without validation data)."""
+    from tuning.data.data_processors import load_data_path
+
+    datasets, base_dir = [], data_path_dir(data_args)
+    for flag, path in (
+        ("--training_data_path", data_args.training_data_path),
+        ("--validation_data_path", data_args.validation_data_path),
+    ):
+        if not path:
+            datasets.append(None)
+            continue
+        dataset = load_data_path(path)
+        check_vision_dataset(
+            dataset, data_args.dataset_text_field, data_args.dataset_image_field, f"{flag} {path}", base_dir
+        )
+        datasets.append(dataset)
+    if train_args.eval_strategy != "no" and datasets[1] is None:
+        raise UserInputError(
+            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
+            "--validation_data_path or set --eval_strategy no"
+        )
+    return datasets[0], datasets[1]
+
+
+class VisionDataCollator:
+    """A batch of rows (messages, images) as the processor's inputs: the chat template renders each conversation,
+    the processor expands its image placeholders and prepares the pixels, and ``labels`` keep the tokens of the
+    assistant turns only. A turn's tokens are found by rendering the conversation up to it (with the generation
+    prompt) and through it, each processed with the images it holds so far, so that image tokens count as the model
+    sees them. With ``max_length`` a batch longer than it is cut there (after the last image token: a cut through
+    an image's tokens is a ``UserInputError``, since the model needs them all).
+
+    v3.1.0's calling convention works too: ``VisionDataCollator(processor)`` takes the fields from the rows'
+    ``fields_name`` and the processor's keywords from their ``processor_kwargs`` (what its
+    ``prepare_multimodal_data_processor`` handler leaves); a row whose text is a rendered string rather than messages
+    is labelled as v3.1.0 labels it: every token but padding and image tokens."""
+
+    def __init__(
+        self,
+        processor,
+        text_field: str | None = None,
+        image_field: str | None = None,
+        base_dir: str | None = None,
+        max_length: int | None = None,
+    ):
+        self.processor = processor
+        self.max_length = max_length
+        self.text_field, self.image_field, self.base_dir = text_field, image_field, base_dir
+        processor.tokenizer.padding_side = "right"  # labels are placed from the start of each row
+        self.image_token_id = getattr(processor, "image_token_id", None)
+
+    def _length(self, messages: list, images: list, generation_prompt: bool) -> int:
+        text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        used = images[: image_placeholders(messages)]
+        encoded = self.processor(text=[text], images=[used] if used else None)
+        return len(encoded["input_ids"][0])
+
+    def assistant_spans(self, messages: list, images: list) -> list[tuple[int, int]]:
+        """``(start, end)`` token positions of each assistant turn of a conversation."""
+        spans = []
+        for index, message in enumerate(messages):
+            if message.get("role") == "assistant":
+                start = self._length(messages[:index], images, True) if index else 0
+                spans.append((start, self._length(messages[: index + 1], images, False)))
+        return spans
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        fields = features[0].get("fields_name") or {}
+        text_field = self.text_field or fields.get("dataset_text_field", DEFAULT_MESSAGES_FIELD)
+        image_field = self.image_field or fields.get("dataset_image_field")
+        texts, images, spans = [], [], []
+        for row in features:
+            text = row[text_field]
+            row_images = [to_image(value, self.base_dir) for value in _image_values(row.get(image_field))]
+            if isinstance(text, str):  # rendered already (v3.1.0's handler): every token is labelled
+                texts.append(text)
+                spans.append(None)
+            else:
+                texts.append(self.processor.apply_chat_template(text, tokenize=False))
+                spans.append(self.assistant_spans(text, row_images))
+            images.append(row_images)
+        keywords = {**(features[0].get("processor_kwargs") or {}), "padding": True, "return_tensors": "pt"}
+        batch = self.processor(text=texts, images=images if any(images) else None, **keywords)
+        input_ids = batch["input_ids"]
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        for row, row_spans in enumerate(spans):
+            if row_spans is None:
+                labels[row] = input_ids[row]
+            for start, end in row_spans or ():
+                labels[row, start:end] = input_ids[row, start:end]
+        labels[batch["attention_mask"] == 0] = IGNORE_INDEX
+        if self.image_token_id is not None:
+            labels[input_ids == self.image_token_id] = IGNORE_INDEX
+        batch["labels"] = labels
+        return self._truncated(dict(batch))
+
+    def _truncated(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        length = batch["input_ids"].shape[1]
+        if self.max_length is None or length <= self.max_length:
+            return batch
+        if self.image_token_id is not None and (batch["input_ids"][:, self.max_length :] == self.image_token_id).any():
+            raise UserInputError(
+                f"--max_seq_length {self.max_length} cuts through a row's image tokens (the row is {length} tokens "
+                "with its images): raise --max_seq_length or shorten the conversation"
+            )
+        for key in ("input_ids", "attention_mask", "labels", "token_type_ids", "mm_token_type_ids"):
+            if key in batch:
+                batch[key] = batch[key][:, : self.max_length]
+        return batch
