@@ -391,4 +391,14 @@ def run_with_error_reporting(
     except BaseException as exc:
         return _report_failure(exc, on_error, global_step, role)
     _phase = "reporting"
+    _end_process_group()
     return result if isinstance(result, int) else 0
+
+
+def _end_process_group() -> None:
+    """A job that ends well leaves torch.distributed's process group destroyed, not to the interpreter's exit, where
+    its backend's threads may be torn down mid-flight (a rank then aborts after its work is done). Every rank ends
+    here once the job's work is done, so none waits on another."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
