@@ -110,6 +110,17 @@ def check_data_path(path: str, label: str, builder: str | None = None) -> None:
         _expand(path)
 
 
+def check_data_path_flags(data_args) -> None:
+    """``--training_data_path`` and ``--validation_data_path``, each given one checked (``check_data_path``) under its
+    flag's name."""
+    for flag, path in (
+        ("--training_data_path", data_args.training_data_path),
+        ("--validation_data_path", data_args.validation_data_path),
+    ):
+        if path:
+            check_data_path(path, flag)
+
+
 def load_hub_dataset(path: str, streaming: bool = False, split: str | None = None) -> Dataset | IterableDataset:
     """The ``split`` (default train) of the Hub dataset ``path``; not streamed, it is cached in a directory of this
     run (``new_cache_dir``), removed with the run's other data caches."""

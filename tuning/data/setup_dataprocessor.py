@@ -28,7 +28,7 @@ from tuning.data.data_preprocessing_utils import get_data_collator
 from tuning.data.data_processors import (
     _expand,
     check_data_config,
-    check_data_path,
+    check_data_path_flags,
     get_datapreprocessor,
     is_hub_dataset_id,
     load_data_path,
@@ -490,12 +490,7 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
         return
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path), or --data_config_path, is required")
-    for flag, path in (
-        ("--training_data_path", data_args.training_data_path),
-        ("--validation_data_path", data_args.validation_data_path),
-    ):
-        if path:
-            check_data_path(path, flag)
+    check_data_path_flags(data_args)
     if data_args.dataset_text_field and data_args.data_formatter_template:
         raise UserInputError("give exactly one of --dataset_text_field and --data_formatter_template, not both")
     if data_args.instruction_template and not data_args.response_template:

@@ -116,7 +116,7 @@ def check_vision_dataset(dataset, text_field: str, image_field: str, source: str
 def check_vision_arguments(data_args, train_args) -> None:
     """The checks of a vision run that need no model: where its data is, and no packing (a row's image tokens and
     pixels cannot be cut apart or joined with another row's)."""
-    from tuning.data.data_processors import check_data_path
+    from tuning.data.data_processors import check_data_path_flags
 
     if data_args.data_config_path:
         raise UserInputError(
@@ -127,12 +127,7 @@ def check_vision_arguments(data_args, train_args) -> None:
         raise UserInputError("--packing with --dataset_image_field: vision-language rows cannot be packed")
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path) is required")
-    for flag, path in (
-        ("--training_data_path", data_args.training_data_path),
-        ("--validation_data_path", data_args.validation_data_path),
-    ):
-        if path:
-            check_data_path(path, flag)
+    check_data_path_flags(data_args)
 
 
 def prepare_vision_datasets(data_args, train_args) -> tuple[Any, Any]:
