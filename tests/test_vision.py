@@ -4,6 +4,8 @@ result and generating, and every bad input refused as a user error before traini
 
 import io
 import json
+import logging
+import re
 import shutil
 import sys
 
@@ -13,13 +15,13 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from tests.helpers.bench import read_dump, run_bench, series
-from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, load_script
+from tests.helpers.bench import read_dump, series
+from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_python, two_ranks
 from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
 from tuning.data.masking import IGNORE_INDEX
-from tuning.data.vision import VisionDataCollator
+from tuning.data.vision import VisionDataCollator, find_conversation_column
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import build_tiny_vision_model
 
@@ -73,10 +75,10 @@ def json_data(tmp_path_factory) -> str:
     return str(folder / "train.jsonl")
 
 
-def arguments(model: str, data: str, output_dir, **training):
+def arguments(model: str, data: str, output_dir, data_options: dict | None = None, **training):
     return (
         ModelArguments(model_name_or_path=model, torch_dtype="float32"),
-        DataArguments(training_data_path=data, dataset_image_field="images"),
+        DataArguments(training_data_path=data, dataset_image_field="images", **(data_options or {})),
         TrainingArguments(
             output_dir=str(output_dir),
             max_steps=2,
@@ -87,6 +89,19 @@ def arguments(model: str, data: str, output_dir, **training):
             **training,
         ),
     )
+
+
+def reloads_and_generates(saved, architecture: str):
+    """The saved result loaded with ``AutoModelForImageTextToText`` and the processor beside it, generating 3 tokens
+    for a prompt with an image; returns the model."""
+    model = AutoModelForImageTextToText.from_pretrained(str(saved))
+    processor = AutoProcessor.from_pretrained(str(saved))
+    assert type(model).__name__ == architecture
+    prompt = processor.apply_chat_template(conversation(2)[:1], tokenize=False, add_generation_prompt=True)
+    inputs = processor(text=[prompt], images=[Image.open(io.BytesIO(png(2)))], return_tensors="pt")
+    generated = model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert generated.shape[1] == inputs["input_ids"].shape[1] + 3
+    return model
 
 
 def test_labels_are_the_assistant_text_only(tiny_llava):
@@ -143,26 +158,26 @@ def test_max_seq_length_cuts_after_the_image_tokens_never_through_them(tiny_llav
         VisionDataCollator(processor, "messages", "images", max_length=3)(rows)
 
 
-def test_lora_trains_saves_and_reloads_to_generate(tiny_llava, parquet_data, tmp_path):
-    trainer, info, _ = sft_trainer.train(
-        *arguments(tiny_llava, parquet_data, tmp_path / "out"), LoraConfig(r=4, lora_alpha=8)
-    )
+def test_lora_trains_saves_and_reloads_to_generate(tiny_llava, json_data, tmp_path, caplog):
+    """train(), LoRA on LLaVA, which takes one image a row: rows of two images use their first, with one warning for
+    the job (not one a row); the adapter reloads on its base with the processor and generates."""
+    with caplog.at_level(logging.WARNING, logger="tuning.data.vision"):
+        trainer, info, _ = sft_trainer.train(
+            *arguments(tiny_llava, json_data, tmp_path / "out"), LoraConfig(r=4, lora_alpha=8)
+        )
+    warnings = [record.getMessage() for record in caplog.records if "takes one image a row" in record.getMessage()]
+    assert len(warnings) == 1 and "4 rows give more" in warnings[0]
     adapted = {name for name, parameter in trainer.model.named_parameters() if parameter.requires_grad}
     assert adapted and all("language_model" in name and "lora_" in name for name in adapted)
     assert any("q_proj" in name for name in adapted) and any("v_proj" in name for name in adapted)
     sft_trainer.save(str(tmp_path / "saved"), trainer)
-    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
-    processor = AutoProcessor.from_pretrained(str(tmp_path / "saved"))
-    assert type(model).__name__ == "LlavaForConditionalGeneration"  # the base named by the adapter, adapter on top
+    # the base named by the adapter, adapter on top
+    model = reloads_and_generates(tmp_path / "saved", "LlavaForConditionalGeneration")
     loaded = {name: value for name, value in model.named_parameters() if "lora_B" in name}
     trained = {name: value for name, value in trainer.model.named_parameters() if "lora_B" in name}
     assert len(loaded) == len(trained) == 4  # 2 layers, q and v
     assert all(torch.equal(a, b) for a, b in zip(loaded.values(), trained.values(), strict=True))
     assert any(value.abs().sum() > 0 for value in loaded.values())
-    prompt = processor.apply_chat_template(conversation(2)[:1], tokenize=False, add_generation_prompt=True)
-    inputs = processor(text=[prompt], images=[Image.open(io.BytesIO(png(2)))], return_tensors="pt")
-    generated = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-    assert generated.shape[1] == inputs["input_ids"].shape[1] + 3
 
 
 def test_full_fine_tuning_of_llava_next_through_the_cli(tiny_llava_next, json_data, tmp_path, monkeypatch):
@@ -177,12 +192,9 @@ def test_full_fine_tuning_of_llava_next_through_the_cli(tiny_llava_next, json_da
     ]
     monkeypatch.setattr(sys, "argv", [SFT_TRAINER, *args])
     assert sft_trainer.main() == 0
-    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
-    assert type(model).__name__ == "LlavaNextForConditionalGeneration"
-    after = model.state_dict()
+    after = reloads_and_generates(tmp_path / "saved", "LlavaNextForConditionalGeneration").state_dict()
     changed = [name for name, value in before.items() if not torch.equal(value, after[name])]
     assert any("language_model" in name for name in changed) and any("vision_tower" in name for name in changed)
-    assert AutoProcessor.from_pretrained(str(tmp_path / "saved")).image_token == "<image>"
 
 
 def _bad(tmp_path, rows) -> str:
@@ -198,49 +210,71 @@ def _no_processor(model: str, tmp_path) -> str:
     return str(copy)
 
 
+def _one(tmp, model: str, **row) -> tuple[str, str]:
+    return model, _bad(tmp, [{"messages": conversation(0), "images": [png(0)], **row}])
+
+
+# A chat template that drops the image parts: the rendered text holds no image token.
+TEXT_ONLY_TEMPLATE = (
+    "{% for m in messages %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}"
+    "{% endfor %}"
+)
+
+# Each case: (models -> (model, data[, DataArguments options]), the message's words).
 BAD_INPUTS = {
     "image column missing": (
-        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0), "pictures": [png(0)]}])),
+        lambda tmp, m: (m["llava"], _bad(tmp, [{"messages": conversation(0), "pictures": [png(0)]}])),
         "no column 'images'",
     ),
     "image column empty": (
-        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0, 0), "images": []}] * 2)),
+        lambda tmp, m: (m["llava"], _bad(tmp, [{"messages": conversation(0, 0), "images": []}] * 2)),
         "the column is empty",
     ),
     "image does not decode": (
-        lambda tmp, llava, text: (
-            llava,
+        lambda tmp, m: (
+            m["llava"],
             _bad(
                 tmp, [{"messages": conversation(i), "images": [png(i) if i != 1 else b"not a png"]} for i in range(3)]
             ),
         ),
         "row 1, image 0: the image does not decode",
     ),
-    "more images than placeholders": (
-        lambda tmp, llava, text: (llava, _bad(tmp, [{"messages": conversation(0), "images": [png(0), png(1)]}])),
+    "more images than placeholders": (  # LLaVA-Next takes them all (LLaVA would use the first)
+        lambda tmp, m: _one(tmp, m["llava-next"], images=[png(0), png(1)]),
         "row 0: 2 images but 1 image placeholders",
     ),
+    "images but no image token in the rendered text": (
+        lambda tmp, m: (*_one(tmp, m["llava"]), {"chat_template": TEXT_ONLY_TEMPLATE}),
+        "row 0: 1 images but its text, rendered by the chat template, holds 0 image tokens ('<image>')",
+    ),
+    "no conversation column found": (
+        lambda tmp, m: (m["llava"], _bad(tmp, [{"text": "Picture 0.", "images": [png(0)]}])),
+        "no column of conversations found (none of messages, conversation, chat, turns",
+    ),
     "text-only model": (
-        lambda tmp, llava, text: (text, _bad(tmp, [{"messages": conversation(0), "images": [png(0)]}])),
+        lambda tmp, m: _one(tmp, m["text"]),
         "is a text-only model (LlamaConfig)",
     ),
     "vision model without a processor": (
-        lambda tmp, llava, text: (
-            _no_processor(llava, tmp),
-            _bad(tmp, [{"messages": conversation(0), "images": [png(0)]}]),
-        ),
+        lambda tmp, m: _one(tmp, _no_processor(m["llava"], tmp)),
         "needs its processor",
     ),
 }
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_bad_input_is_a_user_error_before_training(name, tiny_llava, tiny_model, tmp_path):
+def test_bad_input_is_a_user_error_before_training(name, tiny_llava, tiny_llava_next, tiny_model, tmp_path):
     make, message = BAD_INPUTS[name]
-    model, data = make(tmp_path, tiny_llava, tiny_model)
-    with pytest.raises(UserInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        sft_trainer.train(*arguments(model, data, tmp_path / "out"))
+    model, data, *options = make(tmp_path, {"llava": tiny_llava, "llava-next": tiny_llava_next, "text": tiny_model})
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        sft_trainer.train(*arguments(model, data, tmp_path / "out", *options))
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_the_conversation_column_is_found_when_not_named():
+    """3.2's order (messages, conversation, chat, turns), the first holding a list of messages in its first row."""
+    rows = [{"messages": "not a conversation", "chat": conversation(0), "turns": conversation(1)}]
+    assert find_conversation_column(datasets.Dataset.from_list(rows), "data") == "chat"
 
 
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
@@ -249,16 +283,20 @@ def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
 
 
 def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, parquet_data, tmp_path):
-    """bench_train in process: the dump's config names the image field and model class; each step's image tokens
-    (2 rows, one 32x32 image each: 4 tokens an image) are a series, and the summary splits the throughput."""
+    """bench_train in process, full fine-tuning of LLaVA: the dump's config names the image field and model class;
+    each step's image tokens (2 rows, one 32x32 image each: 4 tokens an image) are a series, and the summary splits
+    the throughput; the saved model (tower trained too) reloads with its processor and generates."""
     bench_train = load_script(BENCH_TRAIN)
     args = [
         *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
         *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "3"),
         *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
-        *("--skip_warmup_steps", "1", "--trackers", "none"),
+        *("--skip_warmup_steps", "1", "--trackers", "none", "--save_model_dir", str(tmp_path / "saved")),
     ]
     assert bench_train.main(args) == 0
+    saved = reloads_and_generates(tmp_path / "saved", "LlavaForConditionalGeneration").state_dict()
+    base = AutoModelForImageTextToText.from_pretrained(tiny_llava).state_dict()
+    assert any(not torch.equal(value, saved[name]) for name, value in base.items() if "vision_tower" in name)
     dump = read_dump(tmp_path / "bench.json")
     assert dump["config"]["dataset_image_field"] == "images"
     assert dump["config"]["model_class"] == "LlavaForConditionalGeneration"
@@ -271,21 +309,24 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
 
 
 @pytest.mark.slow
-def test_two_ranks_under_torchrun_count_both_ranks_image_tokens_and_save(tiny_llava, parquet_data, tmp_path):
-    """bench_train on 2 torchrun ranks, LoRA: each step's image tokens are both ranks' (2 x 2 rows x 4 tokens), and
-    the adapter saved by rank 0 loads with its processor."""
+def test_sft_trainer_on_two_torchrun_ranks_lora_on_llava_next(tiny_llava_next, json_data, tmp_path):
+    """``torchrun tuning/sft_trainer.py`` on 2 ranks, LoRA on LLaVA-Next, two images a row: rank 0 saves the adapter,
+    which reloads on its base with the processor and generates."""
     args = [
-        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
-        *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "2"),
+        *(
+            "--model_name_or_path",
+            tiny_llava_next,
+            "--training_data_path",
+            json_data,
+            "--dataset_image_field",
+            "images",
+        ),
+        *("--output_dir", str(tmp_path / "out"), "--save_model_dir", str(tmp_path / "saved"), "--max_steps", "2"),
         *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
-        *("--skip_warmup_steps", "0", "--trackers", "none", "--peft_method", "lora"),
-        *("--save_model_dir", str(tmp_path / "saved")),
+        *("--trackers", "none", "--peft_method", "lora", "--learning_rate", "1e-2"),
     ]
-    code, _, stderr = run_bench(args, torchrun=True)
-    assert code == 0, stderr[-3000:]
-    dump = read_dump(tmp_path / "bench.json")
-    assert dump["world_size"] == 2
-    assert series(dump, "step_image_tokens")["values"] == [16, 16]
-    model = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "saved"))
-    assert any("lora_B" in name for name, _ in model.named_parameters())
-    assert AutoProcessor.from_pretrained(str(tmp_path / "saved")).image_token == "<image>"
+    process = run_python(*TORCHRUN, *two_ranks(SFT_TRAINER, args))
+    assert process.returncode == 0, process.stderr[-3000:]
+    model = reloads_and_generates(tmp_path / "saved", "LlavaNextForConditionalGeneration")
+    trained = [value for name, value in model.named_parameters() if "lora_B" in name]
+    assert trained and any(value.abs().sum() > 0 for value in trained)

@@ -59,10 +59,10 @@ from tuning.data.prepared_cache import Preparation
 from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.data.vision import (
-    DEFAULT_MESSAGES_FIELD,
     VisionDataCollator,
     check_vision_arguments,
     data_path_dir,
+    images_per_row,
     is_vision_config,
     prepare_vision_datasets,
 )
@@ -642,10 +642,8 @@ def _train(
             tracker.set_params(exp_metadata, "experiment_metadata")
 
     data_start = time.time()  # the tokenizer (or processor) and the datasets: data preparation, as trackers get it
-    vision = bool(data_args.dataset_image_field)
-    if not vision:
-        config = _model_config(model_args, train_args.cache_dir)
-        vision = config is not None and is_vision_config(config)
+    config = _model_config(model_args, train_args.cache_dir)
+    vision = bool(data_args.dataset_image_field) or (config is not None and is_vision_config(config))
     processor = load_processor(model_args, train_args.cache_dir) if vision else None
     if processor is not None:
         tokenizer = processor.tokenizer
@@ -663,16 +661,17 @@ def _train(
 
     data_collator = None
     if data_args.dataset_image_field:
-        data_args.dataset_text_field = data_args.dataset_text_field or DEFAULT_MESSAGES_FIELD
         if data_args.chat_template:
             processor.chat_template = data_args.chat_template
-        prepared = prepare_vision_datasets(data_args, train_args)
+        max_images = images_per_row(config)
+        prepared = prepare_vision_datasets(data_args, train_args, processor, max_images)
         data_collator = VisionDataCollator(
             processor,
             data_args.dataset_text_field,
             data_args.dataset_image_field,
             data_path_dir(data_args),
             max_length,
+            max_images,
         )
         preparation = Preparation("bypass")  # images are read and tokenised batch by batch, by the collator
     else:

@@ -20,11 +20,74 @@ from tuning.utils.error_logging import UserInputError
 logger = logging.getLogger(__name__)
 
 DEFAULT_MESSAGES_FIELD = "messages"
+# Where fms-hf-tuning 3.2 looks for the conversations when no column is named, in this order.
+CONVERSATION_COLUMNS = ("messages", "conversation", "chat", "turns")
+# Architectures given one image a row, as fms-hf-tuning feeds them (its multimodal handler keeps the first image for
+# LlavaProcessor and for granite-vision's LlavaNextProcessor): model type, and the language model's type if it matters.
+ONE_IMAGE_MODELS = (("llava", None), ("llava_next", "granite"))
 
 
 def is_vision_config(config: Any) -> bool:
     """Whether a model config is a vision-language model's: it has a vision tower's config."""
     return getattr(config, "vision_config", None) is not None
+
+
+def images_per_row(config: Any) -> int | None:
+    """How many images a row may give the model: 1 for the ``ONE_IMAGE_MODELS``, None (as many as the row's image
+    placeholders) for the others and a config not read (None)."""
+    if config is None:
+        return None
+    text_type = getattr(getattr(config, "text_config", None), "model_type", None)
+    for model_type, language in ONE_IMAGE_MODELS:
+        if config.model_type == model_type and language in (None, text_type):
+            return 1
+    return None
+
+
+def _looks_like_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
+
+
+def find_conversation_column(dataset, source: str) -> str:
+    """The column holding the conversations when none is named, as fms-hf-tuning 3.2 finds it: the first of
+    ``CONVERSATION_COLUMNS`` whose first row is a list of messages (dicts with a ``role``); a ``UserInputError``
+    naming the columns when none is."""
+    first = dataset[0] if len(dataset) else {}
+    for name in CONVERSATION_COLUMNS:
+        if _looks_like_conversation(first.get(name)):
+            logger.info("%s: the conversations are in column %r (--dataset_text_field names it)", source, name)
+            return name
+    raise UserInputError(
+        f"{source}: no column of conversations found (none of {', '.join(CONVERSATION_COLUMNS)} holds a list of "
+        f"{{role, content}} messages; columns: {', '.join(dataset.column_names or [])}): name it with "
+        "--dataset_text_field"
+    )
+
+
+def first_image_only(messages: Sequence[dict]) -> list[dict]:
+    """A conversation with its first ``{"type": "image"}`` part only (for a model given one image a row)."""
+    kept, seen = [], False
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "image":
+                    if seen:
+                        continue
+                    seen = True
+                parts.append(part)
+            message = {**message, "content": parts}
+        kept.append(message)
+    return kept
+
+
+def model_row(messages: list, images: list, max_images: int | None) -> tuple[list, list]:
+    """A row's conversation and images as the model takes them: with ``max_images`` 1 and more images than that,
+    the first image and the first image placeholder."""
+    if max_images == 1 and len(images) > 1:
+        return first_image_only(messages), images[:1]
+    return messages, images
 
 
 def _image_values(value: Any) -> list:
@@ -74,23 +137,36 @@ def data_path_dir(data_args) -> str | None:
     return os.path.dirname(os.path.abspath(path)) if isinstance(path, str) and os.path.isfile(path) else None
 
 
-def check_vision_dataset(dataset, text_field: str, image_field: str, source: str, base_dir: str | None) -> None:
+def check_vision_dataset(
+    dataset,
+    text_field: str,
+    image_field: str,
+    source: str,
+    base_dir: str | None,
+    processor=None,
+    max_images: int | None = None,
+) -> None:
     """Refuse (``UserInputError`` naming ``source`` and the row) a dataset the collator cannot turn into inputs: a
     missing messages or image column, an image column without any image, an image that does not decode, a row whose
-    images and image placeholders disagree in number."""
+    images and image placeholders disagree in number, a row with images whose text, rendered by ``processor``'s chat
+    template, holds fewer or more image tokens. With ``max_images`` 1, rows with more images use their first (one
+    warning for the dataset)."""
     columns = list(dataset.column_names or [])
     for flag, field in (("--dataset_text_field", text_field), ("--dataset_image_field", image_field)):
         if field not in columns:
             raise UserInputError(f"{flag} {field}: {source} has no column {field!r} (columns: {', '.join(columns)})")
     if len(dataset) == 0:
         raise UserInputError(f"{source} has no rows")
-    images_seen = 0
+    images_seen, first_only = 0, []
     for index, row in enumerate(dataset):
         messages, images = row[text_field], _image_values(row[image_field])
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise UserInputError(
                 f"{source}, row {index}: column {text_field!r} must hold a list of messages (role, content)"
             )
+        if max_images is not None and len(images) > max_images:
+            first_only.append(index)
+        messages, images = model_row(messages, images, max_images)
         placeholders = image_placeholders(messages)
         if len(images) > placeholders:
             raise UserInputError(
@@ -106,7 +182,22 @@ def check_vision_dataset(dataset, text_field: str, image_field: str, source: str
                 to_image(value, base_dir)
             except ValueError as exc:
                 raise UserInputError(f"{source}, row {index}, image {number}: {exc}") from exc
+        if images and processor is not None and getattr(processor, "image_token", None):
+            rendered = processor.apply_chat_template(messages, tokenize=False).count(processor.image_token)
+            if rendered != len(images):
+                raise UserInputError(
+                    f"{source}, row {index}: {len(images)} images but its text, rendered by the chat template, holds "
+                    f"{rendered} image tokens ({processor.image_token!r}): the template must render each "
+                    '{"type": "image"} part as one (see --chat_template)'
+                )
         images_seen += len(images)
+    if first_only:
+        logger.warning(
+            "%s: the model takes one image a row; %d rows give more (the first: row %d) and use their first image",
+            source,
+            len(first_only),
+            first_only[0],
+        )
     if not images_seen:
         raise UserInputError(
             f"--dataset_image_field {image_field}: the column is empty in {source} (no image in any row)"
@@ -130,8 +221,10 @@ def check_vision_arguments(data_args, train_args) -> None:
     check_data_path_flags(data_args)
 
 
-def prepare_vision_datasets(data_args, train_args) -> tuple[Any, Any]:
-    """``(train, eval)`` datasets of raw messages and images, checked (eval None without validation data)."""
+def prepare_vision_datasets(data_args, train_args, processor=None, max_images: int | None = None) -> tuple[Any, Any]:
+    """``(train, eval)`` datasets of raw messages and images, checked (eval None without validation data). The
+    conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``, else the column
+    ``find_conversation_column`` finds in the training data; ``data_args.dataset_text_field`` is set to it."""
     from tuning.data.data_processors import load_data_path
 
     datasets, base_dir = [], data_path_dir(data_args)
@@ -143,8 +236,19 @@ def prepare_vision_datasets(data_args, train_args) -> tuple[Any, Any]:
             datasets.append(None)
             continue
         dataset = load_data_path(path)
+        source = f"{flag} {path}"
+        if data_args.dataset_conversation_field:
+            data_args.dataset_text_field = data_args.dataset_conversation_field
+        elif not data_args.dataset_text_field:
+            data_args.dataset_text_field = find_conversation_column(dataset, source)
         check_vision_dataset(
-            dataset, data_args.dataset_text_field, data_args.dataset_image_field, f"{flag} {path}", base_dir
+            dataset,
+            data_args.dataset_text_field,
+            data_args.dataset_image_field,
+            source,
+            base_dir,
+            processor,
+            max_images,
         )
         datasets.append(dataset)
     if train_args.eval_strategy != "no" and datasets[1] is None:
@@ -161,7 +265,8 @@ class VisionDataCollator:
     assistant turns only. A turn's tokens are found by rendering the conversation up to it (with the generation
     prompt) and through it, each processed with the images it holds so far, so that image tokens count as the model
     sees them. With ``max_length`` a batch longer than it is cut there (after the last image token: a cut through
-    an image's tokens is a ``UserInputError``, since the model needs them all).
+    an image's tokens is a ``UserInputError``, since the model needs them all). With ``max_images`` 1, a row with
+    more images gives the model its first (``model_row``).
 
     v3.1.0's calling convention works too: ``VisionDataCollator(processor)`` takes the fields from the rows'
     ``fields_name`` and the processor's keywords from their ``processor_kwargs`` (what its
@@ -175,9 +280,10 @@ class VisionDataCollator:
         image_field: str | None = None,
         base_dir: str | None = None,
         max_length: int | None = None,
+        max_images: int | None = None,
     ):
         self.processor = processor
-        self.max_length = max_length
+        self.max_length, self.max_images = max_length, max_images
         self.text_field, self.image_field, self.base_dir = text_field, image_field, base_dir
         processor.tokenizer.padding_side = "right"  # labels are placed from the start of each row
         self.image_token_id = getattr(processor, "image_token_id", None)
@@ -206,9 +312,11 @@ class VisionDataCollator:
             text = row[text_field]
             row_images = [to_image(value, self.base_dir) for value in _image_values(row.get(image_field))]
             if isinstance(text, str):  # rendered already (v3.1.0's handler): every token is labelled
+                row_images = row_images[: self.max_images] if self.max_images else row_images
                 texts.append(text)
                 spans.append(None)
             else:
+                text, row_images = model_row(text, row_images, self.max_images)
                 texts.append(self.processor.apply_chat_template(text, tokenize=False))
                 spans.append(self.assistant_spans(text, row_images))
             images.append(row_images)
