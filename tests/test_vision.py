@@ -315,6 +315,11 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
     assert summary["text_tokens_per_second"] + summary["image_tokens_per_second"] == pytest.approx(
         summary["tokens_per_second"]
     )
+    # MFU's FLOPs: the language model per token and the image path (trained too) per image token, and the split
+    assert 0 < summary["vision_flops_fraction"] < 1
+    assert summary["model_flops_per_token"] == pytest.approx(
+        summary["language_flops_per_token"] / (1 - summary["vision_flops_fraction"])
+    )
 
 
 @pytest.mark.slow

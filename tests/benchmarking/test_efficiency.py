@@ -8,20 +8,27 @@ import time
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.nvml import load_fake_nvml
 from tuning.benchmarking.callback import DISPATCHED_BATCHES, _dispatched
-from tuning.benchmarking.dump import GPU_POWER, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, straggler
-from tuning.benchmarking.flops import config_parameter_counts, flops_per_token, parameter_counts, peak_tflops_of
+from tuning.benchmarking.dump import GPU_POWER, STEP_IMAGE_TOKENS, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, straggler
+from tuning.benchmarking.flops import (
+    config_parameter_counts,
+    flops_per_token,
+    parameter_counts,
+    peak_tflops_of,
+    vision_flops_per_image_token,
+)
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.ranks import RankTimes
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import validate_dump
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
 from tuning.config.peft_config import LoraConfig, to_peft_config
-from tuning.utils.tiny_model import build_tiny_moe
+from tuning.sft_trainer import VISION_LORA_TARGETS
+from tuning.utils.tiny_model import build_tiny_moe, build_tiny_vision_model
 
 HEADER = {
     "experiment": "e",
@@ -95,17 +102,20 @@ def test_peak_table_matches_cuda_device_names(name, peak):
 COUNTS = {"frozen_matmul_parameters": 1000, "trained_matmul_parameters": 500, "layers": 2, "attention_width": 8}
 
 
-def efficiency_run(tmp_path, power: list[tuple[float, float]] = (), **notes) -> dict:
-    """A 2-rank run of 6 steps of 0.5 s, 100 tokens and 4 samples each, warmup 2 steps (ending 1 s into training, at
-    time 1001), training from time 1000 to 1003, GPU 0's ``power`` samples (time, watts); ``notes`` as the callback
-    would make them. Its summary."""
+def efficiency_run(
+    tmp_path, power: list[tuple[float, float]] = (), counts: dict = COUNTS, image_tokens: int | None = None, **notes
+) -> dict:
+    """A 2-rank run of 6 steps of 0.5 s, 100 tokens and 4 samples each (``image_tokens`` of them image tokens),
+    warmup 2 steps (ending 1 s into training, at time 1001), training from time 1000 to 1003, GPU 0's ``power``
+    samples (time, watts); ``notes`` as the callback would make them. Its summary."""
     record = RunRecord(Journal(str(tmp_path / "run.journal.jsonl"), sync_interval=0.0), HEADER)
-    record.note(train_start=1000.0, flops_counts=COUNTS, peak_tflops=2e-6)
+    record.note(train_start=1000.0, flops_counts=counts, peak_tflops=2e-6)
     for at, watts in power:
         record.record_many([(GPU_POWER, watts, None, {"gpu": 0})], at=at)
     for step in range(1, 7):
+        images = [] if image_tokens is None else [(STEP_IMAGE_TOKENS, image_tokens, step, None)]
         record.record_many(
-            [(STEP_TIME, 0.5, step, None), (STEP_TOKENS, 100, step, None), (STEP_SAMPLES, 4, step, None)]
+            [(STEP_TIME, 0.5, step, None), (STEP_TOKENS, 100, step, None), (STEP_SAMPLES, 4, step, None), *images]
         )
         if step == 2:
             record.note(warmup_steps=2, warmup_seconds=1.0)
@@ -123,6 +133,54 @@ def test_mfu_is_measured_throughput_times_the_formula_over_the_peak(tmp_path):
     assert summary["achieved_tflops_per_device"] == pytest.approx(achieved)
     assert summary["mfu"] == pytest.approx(achieved / 2e-6)
     assert summary["energy_joules"] is None and summary["energy_source"] is None  # no NVML
+    assert summary["language_flops_per_token"] is None and summary["vision_flops_fraction"] is None  # text-only
+
+
+def test_a_vision_model_s_mfu_adds_its_image_path_per_image_token_and_says_the_split(tmp_path):
+    vision = {
+        "vision_frozen_matmul_parameters": 0,
+        "vision_trained_matmul_parameters": 300,
+        "vision_layers": 1,
+        "vision_attention_width": 4,
+        "vision_sequence_length": 5,
+    }
+    summary = efficiency_run(tmp_path, counts={**COUNTS, **vision}, image_tokens=40)
+    language = 4 * 1000 + 6 * 500 + 12 * 2 * 8 * 25.0
+    per_image_token = 6 * 300 + 12 * 1 * 4 * 5
+    assert summary["language_flops_per_token"] == language
+    assert summary["vision_flops_per_image_token"] == per_image_token
+    assert summary["model_flops_per_token"] == pytest.approx(language + per_image_token * 40 / 100)
+    assert summary["vision_flops_fraction"] == pytest.approx(per_image_token * 0.4 / (language + per_image_token * 0.4))
+    assert summary["mfu"] == pytest.approx(200.0 * summary["model_flops_per_token"] / 2 / 1e12 / 2e-6)
+
+
+def test_a_vision_language_model_counts_its_image_path_apart(tmp_path):
+    """The tiny LLaVA by hand: its Llama is the tiny Llama; its image path a CLIP tower (hidden 32, MLP 64, 2 layers;
+    a 16x16 patch convolution without bias and a class token; norms before and after) over 4 patches and the class
+    token, and the projector 32 → 64 → 64. Under LoRA on the language model no gradient reaches the image path: its
+    forward only."""
+    import peft
+
+    model = AutoModelForImageTextToText.from_pretrained(build_tiny_vision_model(str(tmp_path), "llava"))
+    layer = 4 * (32 * 32 + 32) + 2 * 2 * 32 + (32 * 64 + 64) + (64 * 32 + 32)
+    image_path = 3 * 32 * 16 * 16 + 32 + 2 * 2 * 32 + 2 * layer + (32 * 64 + 64) + (64 * 64 + 64)
+    language = tiny_llama_matmul_weights(model.config.text_config.vocab_size)
+    shape = {"layers": 2, "attention_width": 64, "vision_layers": 2, "vision_attention_width": 32}
+    counts = parameter_counts(model)
+    assert counts == {
+        **shape,
+        "frozen_matmul_parameters": 0,
+        "trained_matmul_parameters": language,
+        "vision_frozen_matmul_parameters": 0,
+        "vision_trained_matmul_parameters": image_path,
+        "vision_sequence_length": 5,
+    }
+    assert vision_flops_per_image_token(counts) == 6 * image_path + 12 * 2 * 32 * 5
+    lora = peft.get_peft_model(model, to_peft_config(LoraConfig(target_modules=VISION_LORA_TARGETS), None))
+    counts = parameter_counts(lora)
+    assert counts["vision_trained_matmul_parameters"] == 0 and counts["vision_frozen_matmul_parameters"] == image_path
+    assert counts["frozen_matmul_parameters"] == language and counts["trained_matmul_parameters"] == LORA_WEIGHTS
+    assert vision_flops_per_image_token(counts) == 2 * image_path + 4 * 2 * 32 * 5
 
 
 def test_energy_is_the_counters_difference_after_the_warmup(tmp_path):

@@ -16,7 +16,7 @@ from array import array
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from tuning.benchmarking.flops import flops_per_token
+from tuning.benchmarking.flops import flops_per_token, vision_flops_per_image_token
 from tuning.benchmarking.goodput import (
     CHECKPOINT_SAVE_TIME,
     DATA_PREPARATION_TIME,
@@ -251,7 +251,13 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
     token_count = sum(tokens.get(step, 0.0) for step in measured.steps) if tokens else None
     sequence_length = _ratio(token_count, sum(samples.get(step, 0.0) for step in measured.steps))
     counts = notes.get("flops_counts")
-    model_flops = flops_per_token(counts, sequence_length) if counts and sequence_length else None
+    language_flops = flops_per_token(counts, sequence_length) if counts and sequence_length else None
+    model_flops, vision_flops, vision_fraction = language_flops, None, None
+    if language_flops is not None and (vision_flops := vision_flops_per_image_token(counts)) is not None:
+        images = _per_step(series, STEP_IMAGE_TOKENS)
+        image_share = sum(images.get(step, 0.0) for step in measured.steps) / token_count  # image tokens per token
+        model_flops = language_flops + vision_flops * image_share
+        vision_fraction = vision_flops * image_share / model_flops
     achieved = None
     if model_flops is not None and measured.tokens_per_second is not None:
         achieved = measured.tokens_per_second * model_flops / measured.world_size / 1e12
@@ -268,6 +274,9 @@ def _efficiency(series: list[dict[str, Any]], notes: dict[str, Any], measured: _
     total = sum(per_gpu) if per_gpu and None not in per_gpu else None
     return {
         "model_flops_per_token": model_flops,
+        "language_flops_per_token": language_flops if vision_flops is not None else None,
+        "vision_flops_per_image_token": vision_flops,
+        "vision_flops_fraction": vision_fraction,
         "achieved_tflops_per_device": achieved,
         "peak_tflops_per_device": notes.get("peak_tflops"),
         "mfu": _ratio(achieved, notes.get("peak_tflops")),

@@ -37,8 +37,13 @@ def peak_tflops_of(device_name: str | None) -> float | None:
     return next((peak for pattern, peak, _ in PEAK_TFLOPS if re.search(pattern, device_name)), None)
 
 
+# The modules of a vision-language model's image path (LLaVA-style: transformers' Llava, LlavaNext and their kin).
+VISION_MODULES = ("vision_tower", "multi_modal_projector")
+
+
 def flops_per_token(counts: dict[str, int], sequence_length: float) -> float:
-    """Training FLOPs per token: 4 × frozen + 6 × trained matmul weights + 12 × layers × attention width × length."""
+    """Training FLOPs per token of the language model: 4 × frozen + 6 × trained matmul weights + 12 × layers ×
+    attention width × length."""
     return (
         4 * counts["frozen_matmul_parameters"]
         + 6 * counts["trained_matmul_parameters"]
@@ -46,39 +51,70 @@ def flops_per_token(counts: dict[str, int], sequence_length: float) -> float:
     )
 
 
+def vision_flops_per_image_token(counts: dict[str, int]) -> float | None:
+    """Training FLOPs of a vision-language model's image path (vision tower and projector) per image token; None for
+    a model without one. The tower runs once per image position (taken as one per image token) over its own sequence
+    (``vision_sequence_length``: an image's or tile's patches, with a class token where it has one). With a weight of
+    the path trained, 4 × frozen + 6 × trained weights + 12 × layers × attention width × sequence, as the language
+    model's; with none trained no gradient flows into it: its forward only, 2 × weights + 4 × layers × width ×
+    sequence."""
+    if "vision_layers" not in counts:
+        return None
+    frozen, trained = counts["vision_frozen_matmul_parameters"], counts["vision_trained_matmul_parameters"]
+    attention = counts["vision_layers"] * counts["vision_attention_width"] * counts["vision_sequence_length"]
+    if trained:
+        return 4 * frozen + 6 * trained + 12 * attention
+    return 2 * frozen + 4 * attention
+
+
 def parameter_counts(model: Any) -> dict[str, int]:
     """The counts ``flops_per_token`` takes, of a (PEFT-wrapped or plain) transformers model: the weights of every
     module but embeddings, each once (a tied output head counts as the multiplication it is), split by
     ``requires_grad``, a mixture-of-experts model's expert weights (those of its ``experts`` modules, whole when
     sharded over ranks) as the share a token runs; the layers and attention width (heads × head size) from its text
-    config."""
+    config. A vision-language model's image path (its ``VISION_MODULES``) is counted apart, in the ``vision_*``
+    keys ``vision_flops_per_image_token`` takes."""
     import torch
 
     config = model.config.get_text_config()
     experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
     active_share = (getattr(config, "num_experts_per_tok", None) or experts) / experts if experts else 1.0
-    frozen = trained = 0.0
+    weights = {(False, False): 0.0, (False, True): 0.0, (True, False): 0.0, (True, True): 0.0}  # (vision, trained)
     counted: set[int] = set()
+    vision_positions = None
     for name, module in model.named_modules():
+        parts = name.split(".")
+        vision = any(part in VISION_MODULES for part in parts)
+        if vision and vision_positions is None and isinstance(getattr(module, "num_positions", None), int):
+            vision_positions = module.num_positions  # the tower's embeddings: patches (+ a class token)
         if isinstance(module, torch.nn.Embedding):
             continue
-        share = active_share if "experts" in name.split(".") else 1.0
+        share = active_share if "experts" in parts else 1.0
         for parameter in module.parameters(recurse=False):
             if id(parameter) in counted:
                 continue
             counted.add(id(parameter))
-            if parameter.requires_grad:
-                trained += parameter.numel() * share
-            else:
-                frozen += parameter.numel() * share
+            weights[vision, parameter.requires_grad] += parameter.numel() * share
     heads = config.num_attention_heads
     head_size = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return {
-        "frozen_matmul_parameters": round(frozen),
-        "trained_matmul_parameters": round(trained),
+    counts = {
+        "frozen_matmul_parameters": round(weights[False, False]),
+        "trained_matmul_parameters": round(weights[False, True]),
         "layers": config.num_hidden_layers,
         "attention_width": heads * head_size,
     }
+    vision_config = getattr(model.config, "vision_config", None)
+    if vision_config is not None and (weights[True, False] or weights[True, True]):
+        if vision_positions is None:
+            vision_positions = (vision_config.image_size // vision_config.patch_size) ** 2
+        counts.update(
+            vision_frozen_matmul_parameters=round(weights[True, False]),
+            vision_trained_matmul_parameters=round(weights[True, True]),
+            vision_layers=vision_config.num_hidden_layers,
+            vision_attention_width=vision_config.hidden_size,
+            vision_sequence_length=vision_positions,
+        )
+    return counts
 
 
 def config_parameter_counts(config: Any) -> dict[str, int]:

@@ -133,7 +133,14 @@ class Summary(_Model):
     """peak memory per device; null without CUDA"""
     model_flops_per_token: Number = None
     """training FLOPs per token: 4 x frozen + 6 x trained matmul weights + 12 x layers x attention width x mean
-    sequence length (PaLM/Chinchilla); null for a model without a transformers config (dumps before it lack the key)"""
+    sequence length (PaLM/Chinchilla), a vision-language model's image path added at its share per token; null for a
+    model without a transformers config (dumps before it lack the key)"""
+    language_flops_per_token: Number = None
+    """a vision-language model's language model alone per token (text or image); null for a text-only model"""
+    vision_flops_per_image_token: Number = None
+    """a vision-language model's vision tower and projector per image token; null for a text-only model"""
+    vision_flops_fraction: Number = None
+    """the image path's share of model_flops_per_token (0 to 1); null for a text-only model"""
     achieved_tflops_per_device: Number = None
     """tokens_per_second x model_flops_per_token / world_size, in TFLOP/s"""
     peak_tflops_per_device: Number = None
