@@ -286,6 +286,40 @@ def test_the_conversation_column_is_found_when_not_named():
     assert find_conversation_column(datasets.Dataset.from_list(rows), "data") == "chat"
 
 
+def multimodal_data_config(tmp_path, data: str) -> str:
+    """v3.1.0's vision data config: the chat template renders ``messages`` into ``text``, then
+    ``prepare_multimodal_data_processor`` names the fields for the collator."""
+    render = {"fn_kwargs": {"formatted_text_column_name": "text", "conversation_column_name": "messages"}}
+    fields = {"dataset_text_field": "text", "dataset_image_field": "images"}
+    handlers = [
+        {"name": "apply_tokenizer_chat_template", "arguments": render},
+        {"name": "prepare_multimodal_data_processor", "arguments": {"fn_kwargs": {"fields_name": fields}}},
+    ]
+    config = {"datasets": [{"name": "pictures", "data_paths": [data], "data_handlers": handlers}]}
+    path = tmp_path / "vision.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_a_data_config_with_the_multimodal_handler_trains(tiny_llava_next, tiny_model, parquet_data, tmp_path):
+    """v3.1.0's data config (no --dataset_image_field: the handler names the fields) trains LLaVA-Next through
+    train(): the rows hold the rendered text, one image token an image, and the collator labels them as v3.1.0 does
+    (all but padding and image tokens); the same config on a text-only model is a user error before training."""
+    config = multimodal_data_config(tmp_path, parquet_data)
+    model_args, _, train_args = arguments(tiny_llava_next, parquet_data, tmp_path / "out")
+    trainer, _, _ = sft_trainer.train(model_args, DataArguments(data_config_path=config), train_args)
+    assert trainer.state.global_step == 2
+    row = trainer.train_dataset[0]
+    assert row["text"].count("<image>") == len(row["images"]) == 1 and "Picture 0." in row["text"]
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    image_token = trainer.processing_class.image_token_id
+    assert (batch["input_ids"] == image_token).any() and not (batch["labels"] == image_token).any()
+    with pytest.raises(UserInputError, match=r"\(prepare_multimodal_data_processor\): .* is a text-only model"):
+        sft_trainer.train(
+            ModelArguments(model_name_or_path=tiny_model), DataArguments(data_config_path=config), train_args
+        )
+
+
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
     with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
         sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))

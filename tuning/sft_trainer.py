@@ -64,6 +64,7 @@ from tuning.data.vision import (
     data_path_dir,
     images_per_row,
     is_vision_config,
+    is_vision_data_config,
     prepare_vision_datasets,
 )
 from tuning.trackers.tracker import Tracker
@@ -384,8 +385,8 @@ def _check_arguments(
         get_torch_dtype(model_args.torch_dtype)
     except UserInputError as exc:
         raise UserInputError(f"--torch_dtype: {exc}") from exc
-    if data_args.dataset_image_field:
-        check_vision_arguments(data_args, train_args)
+    if data_args.dataset_image_field or is_vision_data_config(data_args):
+        check_vision_arguments(data_args, train_args, additional_data_handlers)
         check_vision_model(model_args, data_args)
     else:
         check_data_arguments(data_args, additional_data_handlers, train_args.packing)
@@ -411,12 +412,18 @@ def _model_config(model_args: ModelArguments, cache_dir: str | None = None) -> A
 
 
 def check_vision_model(model_args: ModelArguments, data_args: DataArguments) -> None:
-    """``--dataset_image_field`` needs a vision-language model: refuse a text-only one before anything loads."""
+    """Vision data (``--dataset_image_field``, or a data config's multimodal handler) needs a vision-language model:
+    refuse a text-only one before anything loads."""
     config = _model_config(model_args)
     if config is not None and not is_vision_config(config):
+        asked = (
+            f"--dataset_image_field {data_args.dataset_image_field}"
+            if data_args.dataset_image_field
+            else f"--data_config_path {data_args.data_config_path} (prepare_multimodal_data_processor)"
+        )
         raise UserInputError(
-            f"--dataset_image_field {data_args.dataset_image_field}: {model_args.model_name_or_path} is a text-only "
-            f"model ({type(config).__name__}); images need a vision-language model"
+            f"{asked}: {model_args.model_name_or_path} is a text-only model ({type(config).__name__}); images need "
+            "a vision-language model"
         )
 
 
@@ -660,11 +667,11 @@ def _train(
     max_length = min(train_args.max_seq_length, tokenizer.model_max_length)
 
     data_collator = None
-    if data_args.dataset_image_field:
+    if data_args.dataset_image_field or (vision and is_vision_data_config(data_args)):
         if data_args.chat_template:
             processor.chat_template = data_args.chat_template
         max_images = images_per_row(config)
-        prepared = prepare_vision_datasets(data_args, train_args, processor, max_images)
+        prepared = prepare_vision_datasets(data_args, train_args, processor, max_images, additional_data_handlers)
         data_collator = VisionDataCollator(
             processor,
             data_args.dataset_text_field,

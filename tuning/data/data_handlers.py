@@ -343,12 +343,34 @@ def tokenize_and_apply_chat_template_with_masking(
 
 
 def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
-    """v3.1.0's vision handler for data configs: registered under its name, refused when used (vision data goes
-    through ``--dataset_image_field``)."""
-    raise UserInputError(
-        "prepare_multimodal_data_processor: vision data in a data config is not supported by tuning-bench; give "
-        "--training_data_path with --dataset_image_field"
-    )
+    """v3.1.0's vision handler: the row's text (messages, or text a chat template rendered) and its images as RGB PIL
+    images (from any form ``tuning.data.vision`` reads: PIL, bytes, image structs, file paths), with ``fields_name``
+    (``dataset_text_field``, ``dataset_image_field``) and ``processor_kwargs`` (when given), which the vision collator
+    reads from each row. The processor is a vision-language model's, handed over by the data processor."""
+    from tuning.data.vision import image_values, to_image
+
+    if kwargs.get("processor") is None:
+        raise UserInputError(
+            "prepare_multimodal_data_processor needs a vision-language model's processor: the model is text-only"
+        )
+    fields = dict(kwargs.get("fields_name") or {})
+    missing = [name for name in ("dataset_text_field", "dataset_image_field") if not fields.get(name)]
+    if missing:
+        raise UserInputError(f"prepare_multimodal_data_processor: fields_name needs {' and '.join(missing)}")
+    text_field, image_field = fields["dataset_text_field"], fields["dataset_image_field"]
+    for field in (text_field, image_field):
+        if element.get(field) is None:
+            raise RowError(f"field '{field}' is null or missing")
+    images = []
+    for number, value in enumerate(image_values(element[image_field])):
+        try:
+            images.append(to_image(value))
+        except ValueError as exc:
+            raise RowError(f"field '{image_field}', image {number}: {exc}") from exc
+    row = {text_field: element[text_field], image_field: images, "fields_name": fields}
+    if kwargs.get("processor_kwargs"):
+        row["processor_kwargs"] = dict(kwargs["processor_kwargs"])
+    return row
 
 
 AVAILABLE_DATA_HANDLERS = {

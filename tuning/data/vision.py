@@ -90,7 +90,7 @@ def model_row(messages: list, images: list, max_images: int | None) -> tuple[lis
     return messages, images
 
 
-def _image_values(value: Any) -> list:
+def image_values(value: Any) -> list:
     """A row's image cell as a list (None: no image)."""
     if value is None:
         return []
@@ -137,6 +137,27 @@ def data_path_dir(data_args) -> str | None:
     return os.path.dirname(os.path.abspath(path)) if isinstance(path, str) and os.path.isfile(path) else None
 
 
+def _check_placeholders(messages: list, images: list, where: str, processor) -> None:
+    """A conversation's images match its image parts in number, and its text rendered by ``processor``'s chat
+    template holds one image token an image."""
+    placeholders = image_placeholders(messages)
+    if len(images) > placeholders:
+        raise UserInputError(
+            f'{where}: {len(images)} images but {placeholders} image placeholders ({{"type": "image"}} parts) in '
+            "its messages"
+        )
+    if len(images) < placeholders:
+        raise UserInputError(f"{where}: {placeholders} image placeholders in its messages but {len(images)} images")
+    if images and getattr(processor, "image_token", None):
+        rendered = processor.apply_chat_template(messages, tokenize=False).count(processor.image_token)
+        if rendered != len(images):
+            raise UserInputError(
+                f"{where}: {len(images)} images but its text, rendered by the chat template, holds {rendered} image "
+                f'tokens ({processor.image_token!r}): the template must render each {{"type": "image"}} part as one '
+                "(see --chat_template)"
+            )
+
+
 def check_vision_dataset(
     dataset,
     text_field: str,
@@ -158,38 +179,28 @@ def check_vision_dataset(
     if len(dataset) == 0:
         raise UserInputError(f"{source} has no rows")
     images_seen, first_only = 0, []
+    image_token = getattr(processor, "image_token", None)
     for index, row in enumerate(dataset):
-        messages, images = row[text_field], _image_values(row[image_field])
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise UserInputError(
-                f"{source}, row {index}: column {text_field!r} must hold a list of messages (role, content)"
-            )
-        if max_images is not None and len(images) > max_images:
-            first_only.append(index)
-        messages, images = model_row(messages, images, max_images)
-        placeholders = image_placeholders(messages)
-        if len(images) > placeholders:
-            raise UserInputError(
-                f"{source}, row {index}: {len(images)} images but {placeholders} image placeholders "
-                '({"type": "image"} parts) in its messages'
-            )
-        if len(images) < placeholders:
-            raise UserInputError(
-                f"{source}, row {index}: {placeholders} image placeholders in its messages but {len(images)} images"
-            )
+        where = f"{source}, row {index}"
+        messages, images = row[text_field], image_values(row[image_field])
+        if isinstance(messages, str):  # rendered already (a data config's apply_tokenizer_chat_template)
+            tokens = messages.count(image_token) if image_token else len(images)
+            if tokens != len(images):
+                raise UserInputError(
+                    f"{where}: {len(images)} images but its text holds {tokens} image tokens ({image_token!r})"
+                )
+        else:
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise UserInputError(f"{where}: column {text_field!r} must hold a list of messages (role, content)")
+            if max_images is not None and len(images) > max_images:
+                first_only.append(index)
+            messages, images = model_row(messages, images, max_images)
+            _check_placeholders(messages, images, where, processor)
         for number, value in enumerate(images):
             try:
                 to_image(value, base_dir)
             except ValueError as exc:
-                raise UserInputError(f"{source}, row {index}, image {number}: {exc}") from exc
-        if images and processor is not None and getattr(processor, "image_token", None):
-            rendered = processor.apply_chat_template(messages, tokenize=False).count(processor.image_token)
-            if rendered != len(images):
-                raise UserInputError(
-                    f"{source}, row {index}: {len(images)} images but its text, rendered by the chat template, holds "
-                    f"{rendered} image tokens ({processor.image_token!r}): the template must render each "
-                    '{"type": "image"} part as one (see --chat_template)'
-                )
+                raise UserInputError(f"{where}, image {number}: {exc}") from exc
         images_seen += len(images)
     if first_only:
         logger.warning(
@@ -204,43 +215,101 @@ def check_vision_dataset(
         )
 
 
-def check_vision_arguments(data_args, train_args) -> None:
-    """The checks of a vision run that need no model: where its data is, and no packing (a row's image tokens and
-    pixels cannot be cut apart or joined with another row's)."""
-    from tuning.data.data_processors import check_data_path_flags
+MULTIMODAL_HANDLER = "prepare_multimodal_data_processor"
 
-    if data_args.data_config_path:
-        raise UserInputError(
-            "--dataset_image_field with --data_config_path: vision data is read from --training_data_path "
-            "(and --validation_data_path) only"
-        )
+
+def is_vision_data_config(data_args) -> bool:
+    """Whether ``--data_config_path`` names vision data: ``--dataset_image_field`` is given, or one of its datasets
+    runs v3.1.0's ``prepare_multimodal_data_processor`` handler."""
+    if not data_args.data_config_path:
+        return False
+    if data_args.dataset_image_field:
+        return True
+    from tuning.data.data_config import load_and_validate_data_config
+
+    config = load_and_validate_data_config(data_args.data_config_path)
+    return any(
+        handler.name == MULTIMODAL_HANDLER for dataset in config.datasets for handler in dataset.data_handlers or ()
+    )
+
+
+def check_vision_arguments(data_args, train_args, additional_data_handlers: dict | None = None) -> None:
+    """The checks of a vision run that need no model: where its data is (files, or a data config: that it parses
+    and names existing data and known handlers), and no packing (a row's image tokens and pixels cannot be cut apart
+    or joined with another row's)."""
+    from tuning.data.data_processors import check_data_path_flags
+    from tuning.data.setup_dataprocessor import check_data_arguments
+
     if train_args.packing:
         raise UserInputError("--packing with --dataset_image_field: vision-language rows cannot be packed")
+    if data_args.data_config_path:
+        check_data_arguments(data_args, additional_data_handlers)
+        return
     if not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path) is required")
     check_data_path_flags(data_args)
 
 
-def prepare_vision_datasets(data_args, train_args, processor=None, max_images: int | None = None) -> tuple[Any, Any]:
-    """``(train, eval)`` datasets of raw messages and images, checked (eval None without validation data). The
-    conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``, else the column
-    ``find_conversation_column`` finds in the training data; ``data_args.dataset_text_field`` is set to it."""
+def _data_config_datasets(data_args, train_args, processor, additional_data_handlers) -> list[tuple[str, Any]]:
+    """``--data_config_path``'s (source, dataset) pairs, training then validation (None where absent), its handlers
+    run with the processor (``prepare_multimodal_data_processor`` among them, if the config has it)."""
+    from datasets import IterableDataset
+
+    from tuning.data.setup_dataprocessor import process_dataconfig_file
+
+    train, evaluation, _, _ = process_dataconfig_file(
+        data_args, train_args, processor.tokenizer, additional_data_handlers, processor
+    )
+    if isinstance(train, IterableDataset) or isinstance(evaluation, IterableDataset):
+        raise UserInputError(
+            f"--data_config_path {data_args.data_config_path}: streaming vision data is not supported (each image "
+            "is checked before training)"
+        )
+    source = f"--data_config_path {data_args.data_config_path}"
+    return [(f"{source} (training data)", train), (f"{source} (validation data)", evaluation)]
+
+
+def _fields(data_args, dataset, source: str) -> tuple[str, str]:
+    """The conversation (or rendered text) and image columns: the flags', else those the multimodal handler left in
+    the rows' ``fields_name``; the conversations else found (``find_conversation_column``)."""
+    named = (dataset[0].get("fields_name") if len(dataset) else None) or {}
+    text = data_args.dataset_conversation_field or data_args.dataset_text_field or named.get("dataset_text_field")
+    image = data_args.dataset_image_field or named.get("dataset_image_field")
+    if not image:
+        raise UserInputError(
+            f"{source}: which column holds the images? Give --dataset_image_field (or run "
+            f"{MULTIMODAL_HANDLER} with fields_name)"
+        )
+    return text or find_conversation_column(dataset, source), image
+
+
+def prepare_vision_datasets(
+    data_args,
+    train_args,
+    processor=None,
+    max_images: int | None = None,
+    additional_data_handlers: dict | None = None,
+) -> tuple[Any, Any]:
+    """``(train, eval)`` datasets of messages (or rendered text) and images, checked (eval None without validation
+    data): from ``--training_data_path`` and ``--validation_data_path`` as they are, or from ``--data_config_path``
+    through its handlers. The conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``,
+    else the column a multimodal handler named, else the column ``find_conversation_column`` finds in the training
+    data; ``data_args.dataset_text_field`` and ``dataset_image_field`` are set to the columns used."""
     from tuning.data.data_processors import load_data_path
 
-    datasets, base_dir = [], data_path_dir(data_args)
-    for flag, path in (
-        ("--training_data_path", data_args.training_data_path),
-        ("--validation_data_path", data_args.validation_data_path),
-    ):
-        if not path:
-            datasets.append(None)
+    if data_args.data_config_path:
+        sources, base_dir = _data_config_datasets(data_args, train_args, processor, additional_data_handlers), None
+    else:
+        sources, base_dir = [], data_path_dir(data_args)
+        for flag, path in (
+            ("--training_data_path", data_args.training_data_path),
+            ("--validation_data_path", data_args.validation_data_path),
+        ):
+            sources.append((f"{flag} {path}", load_data_path(path) if path else None))
+    for source, dataset in sources:
+        if dataset is None:
             continue
-        dataset = load_data_path(path)
-        source = f"{flag} {path}"
-        if data_args.dataset_conversation_field:
-            data_args.dataset_text_field = data_args.dataset_conversation_field
-        elif not data_args.dataset_text_field:
-            data_args.dataset_text_field = find_conversation_column(dataset, source)
+        data_args.dataset_text_field, data_args.dataset_image_field = _fields(data_args, dataset, source)
         check_vision_dataset(
             dataset,
             data_args.dataset_text_field,
@@ -250,7 +319,7 @@ def prepare_vision_datasets(data_args, train_args, processor=None, max_images: i
             processor,
             max_images,
         )
-        datasets.append(dataset)
+    datasets = [dataset for _, dataset in sources]
     if train_args.eval_strategy != "no" and datasets[1] is None:
         raise UserInputError(
             f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
@@ -310,9 +379,8 @@ class VisionDataCollator:
         texts, images, spans = [], [], []
         for row in features:
             text = row[text_field]
-            row_images = [to_image(value, self.base_dir) for value in _image_values(row.get(image_field))]
+            row_images = [to_image(value, self.base_dir) for value in image_values(row.get(image_field))]
             if isinstance(text, str):  # rendered already (v3.1.0's handler): every token is labelled
-                row_images = row_images[: self.max_images] if self.max_images else row_images
                 texts.append(text)
                 spans.append(None)
             else:
