@@ -287,9 +287,9 @@ def test_the_conversation_column_is_found_when_not_named():
 
 
 def multimodal_data_config(tmp_path, data: str) -> str:
-    """v3.1.0's vision data config: the chat template renders ``messages`` into ``text``, then
-    ``prepare_multimodal_data_processor`` names the fields for the collator."""
-    render = {"fn_kwargs": {"formatted_text_column_name": "text", "conversation_column_name": "messages"}}
+    """v3.1.0's vision data config: the chat template renders the conversations (column not named: found, as 3.2
+    finds it) into ``text``, then ``prepare_multimodal_data_processor`` names the fields for the collator."""
+    render = {"fn_kwargs": {"formatted_text_column_name": "text"}}
     fields = {"dataset_text_field": "text", "dataset_image_field": "images"}
     handlers = [
         {"name": "apply_tokenizer_chat_template", "arguments": render},
@@ -318,6 +318,18 @@ def test_a_data_config_with_the_multimodal_handler_trains(tiny_llava_next, tiny_
         sft_trainer.train(
             ModelArguments(model_name_or_path=tiny_model), DataArguments(data_config_path=config), train_args
         )
+
+
+def test_the_chat_template_handler_refuses_a_row_with_images_and_no_image_token(tiny_llava):
+    """3.2's check in apply_tokenizer_chat_template with a processor: images, but no image part to render."""
+    from tuning.data.data_handlers import apply_tokenizer_chat_template
+
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    row = {"messages": conversation(0, images=0), "images": [png(0)]}
+    with pytest.raises(
+        UserInputError, match="the row has images but its text, rendered by the chat template, holds no image token"
+    ):
+        apply_tokenizer_chat_template(row, "text", tokenizer=processor.tokenizer, processor=processor)
 
 
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):

@@ -213,21 +213,40 @@ def apply_tokenizer_chat_template(
     element: dict, formatted_text_column_name: str, conversation_column_name: str | None = None, **kwargs
 ) -> dict:
     """Render the row (or its ``conversation_column_name`` column) with the tokenizer's chat template, untokenised,
-    into ``formatted_text_column_name``."""
-    tokenizer = kwargs.get("processor") or _tokenizer(kwargs)
+    into ``formatted_text_column_name``. With a vision-language model's processor (fms-hf-tuning 3.2): its chat
+    template renders, the conversation column when none is named is the first of ``messages``, ``conversation``,
+    ``chat``, ``turns`` holding a conversation (else the whole record, as without a processor), and a row with images
+    (an ``image``, ``images`` or ``pixel_values`` field) whose text holds no image token is a user error."""
+    processor = kwargs.get("processor")
+    tokenizer = processor or _tokenizer(kwargs)
     if tokenizer.chat_template is None:
         raise UserInputError(
             "the tokenizer has no chat template: give --chat_template (or chat_template in a data config)"
         )
+    if not conversation_column_name and processor is not None:
+        from tuning.data.vision import CONVERSATION_COLUMNS, looks_like_conversation
+
+        found = (name for name in CONVERSATION_COLUMNS if looks_like_conversation(element.get(name)))
+        conversation_column_name = next(found, None)
     if conversation_column_name:
         if conversation_column_name not in element:
             raise InputKeyError(
                 f"conversation column '{conversation_column_name}' is not in the data (keys: {sorted(element)})"
             )
         conversation = check_conversation(element[conversation_column_name], conversation_column_name)
+        text = _render(
+            lambda: tokenizer.apply_chat_template(conversation, tokenize=False, **_conversation_extras(element))
+        )
     else:
-        return {formatted_text_column_name: _render(lambda: _render_whole_record(tokenizer, element))}
-    text = _render(lambda: tokenizer.apply_chat_template(conversation, tokenize=False, **_conversation_extras(element)))
+        text = _render(lambda: _render_whole_record(tokenizer, element))
+    image_token = getattr(processor, "image_token", None)
+    has_images = any(element.get(name) for name in ("image", "images", "pixel_values"))
+    if image_token and has_images and image_token not in text:
+        raise RowError(
+            f"the row has images but its text, rendered by the chat template, holds no image token ({image_token!r}):"
+            " its conversation needs {'type': 'image'} parts"
+            + ("" if conversation_column_name else " (name the conversation column: conversation_column_name)")
+        )
     return {formatted_text_column_name: text}
 
 
@@ -351,7 +370,8 @@ def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
 
     if kwargs.get("processor") is None:
         raise UserInputError(
-            "prepare_multimodal_data_processor needs a vision-language model's processor: the model is text-only"
+            "Processor is missing: prepare_multimodal_data_processor needs a vision-language model's processor (the "
+            "model is text-only)"
         )
     fields = dict(kwargs.get("fields_name") or {})
     missing = [name for name in ("dataset_text_field", "dataset_image_field") if not fields.get(name)]

@@ -44,7 +44,7 @@ def images_per_row(config: Any) -> int | None:
     return None
 
 
-def _looks_like_conversation(value: Any) -> bool:
+def looks_like_conversation(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
 
 
@@ -54,7 +54,7 @@ def find_conversation_column(dataset, source: str) -> str:
     naming the columns when none is."""
     first = dataset[0] if len(dataset) else {}
     for name in CONVERSATION_COLUMNS:
-        if _looks_like_conversation(first.get(name)):
+        if looks_like_conversation(first.get(name)):
             logger.info("%s: the conversations are in column %r (--dataset_text_field names it)", source, name)
             return name
     raise UserInputError(
