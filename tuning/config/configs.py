@@ -103,8 +103,8 @@ class DataArguments:
     dataset_image_field: str | None = field(
         default=None,
         metadata={
-            "help": "The image column of vision-language data (one image or a list per row); the text column "
-            "(--dataset_text_field, default messages) holds the conversations."
+            "help": "The image column of vision-language data (one image or a list per row); the conversations "
+            "are in --dataset_text_field (found when not named: messages, conversation, chat or turns)."
         },
     )
 
