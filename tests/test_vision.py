@@ -21,7 +21,7 @@ from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
 from tuning.data.masking import IGNORE_INDEX
-from tuning.data.vision import VisionDataCollator, find_conversation_column
+from tuning.data.vision import VisionDataCollator, find_conversation_column, images_per_row
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import build_tiny_vision_model
 
@@ -278,6 +278,16 @@ def test_bad_input_is_a_user_error_before_training(name, tiny_llava, tiny_llava_
     with pytest.raises(UserInputError, match=re.escape(message)):
         sft_trainer.train(*arguments(model, data, tmp_path / "out", *options))
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_models_given_one_image_a_row_are_llava_and_granite_vision():
+    """As fms-hf-tuning feeds them: LLaVA-1.5, and LLaVA-Next only with a Granite language model (granite-vision)."""
+    from transformers import GraniteConfig, LlamaConfig, LlavaConfig, LlavaNextConfig, Qwen2VLConfig
+
+    assert images_per_row(LlavaConfig()) == 1
+    assert images_per_row(LlavaNextConfig(text_config=GraniteConfig().to_dict())) == 1
+    assert images_per_row(LlavaNextConfig(text_config=LlamaConfig().to_dict())) is None
+    assert images_per_row(Qwen2VLConfig()) is None and images_per_row(None) is None
 
 
 def test_the_conversation_column_is_found_when_not_named():
