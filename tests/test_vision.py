@@ -342,6 +342,21 @@ def test_the_chat_template_handler_refuses_a_row_with_images_and_no_image_token(
         apply_tokenizer_chat_template(row, "text", tokenizer=processor.tokenizer, processor=processor)
 
 
+def test_v3_1_0_process_dataargs_with_a_processor_returns_the_vision_data_and_collator(
+    tiny_llava, parquet_data, tmp_path
+):
+    from tuning.data.setup_dataprocessor import process_dataargs
+
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    _, data_args, train_args = arguments(tiny_llava, parquet_data, tmp_path / "out")
+    train, evaluation, field, collator, _, dataset_kwargs = process_dataargs(
+        data_args, processor.tokenizer, train_args, processor=processor
+    )
+    assert (len(train), evaluation, field, dataset_kwargs) == (6, None, "messages", {"skip_prepare_dataset": True})
+    batch = collator([train[0], train[1]])
+    assert (batch["input_ids"] == processor.image_token_id).sum() == 8 and "pixel_values" in batch
+
+
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
     with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
         sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))

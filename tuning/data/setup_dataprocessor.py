@@ -260,12 +260,38 @@ def process_dataargs(
 ):
     """v3.1.0's ``(train_dataset, eval_dataset, dataset_text_field, data_collator, max_seq_length,
     dataset_kwargs)``; with ``--do_dataprocessing_only`` the datasets are written to ``output_dir`` and the last four
-    are None."""
+    are None. With a vision-language model's ``processor``, the vision data of the flags or data config
+    (``tuning.data.vision.prepare_vision_datasets``), its collator, and ``{"skip_prepare_dataset": True}``, as
+    v3.1.0 returns them."""
     if odm_config is not None:
         raise UserInputError("online data mixing (odm) needs fms-acceleration and is not supported by tuning-bench")
-    if processor is not None:
-        raise UserInputError("vision models (a processor) are not supported by tuning-bench")
     max_seq_length = min(train_args.max_seq_length, tokenizer.model_max_length)
+    if processor is not None:
+        from tuning.data.vision import VisionDataCollator, data_path_dir, prepare_vision_datasets
+
+        if getattr(data_args, "chat_template", None):
+            processor.chat_template = data_args.chat_template
+        train_dataset, eval_dataset = prepare_vision_datasets(
+            data_args, train_args, processor, additional_data_handlers=additional_data_handlers
+        )
+        if data_args.do_dataprocessing_only:
+            _dump(data_args, train_args, train_dataset, eval_dataset)
+            return train_dataset, eval_dataset, None, None, None, None
+        collator = VisionDataCollator(
+            processor,
+            data_args.dataset_text_field,
+            data_args.dataset_image_field,
+            data_path_dir(data_args),
+            max_seq_length,
+        )
+        return (
+            train_dataset,
+            eval_dataset,
+            data_args.dataset_text_field,
+            collator,
+            max_seq_length,
+            {"skip_prepare_dataset": True},
+        )
     _apply_chat_template(tokenizer, getattr(data_args, "chat_template", None))
     if data_args.data_config_path:
         train_dataset, eval_dataset, field, _ = process_dataconfig_file(

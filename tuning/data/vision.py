@@ -355,6 +355,8 @@ class VisionDataCollator:
         self.max_length, self.max_images = max_length, max_images
         self.text_field, self.image_field, self.base_dir = text_field, image_field, base_dir
         processor.tokenizer.padding_side = "right"  # labels are placed from the start of each row
+        if processor.tokenizer.pad_token is None:  # padding is never labelled: any token will do, as train() does
+            processor.tokenizer.pad_token = processor.tokenizer.eos_token
         self.image_token_id = getattr(processor, "image_token_id", None)
 
     def _length(self, messages: list, images: list, generation_prompt: bool) -> int:
