@@ -1,10 +1,12 @@
 """Vision-language data (``--dataset_image_field``): rows of OpenAI-style ``messages`` (each ``content`` a string or
 a list of ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` parts) and an image column (one image or a list
 per row: PIL images, bytes, Parquet/Arrow image structs ``{"bytes", "path"}``, or file paths, relative ones read
-beside the training data file). ``prepare_vision_datasets`` loads and checks them before the model loads (every image
-decoded once, each row's images matched to its image placeholders); ``VisionDataCollator`` turns a batch into the
-processor's inputs through the chat template, with labels on the assistant turns' tokens only (never the prompt,
-never an image token, never padding)."""
+beside the training data file). ``prepare_vision_datasets`` loads them (from the data flags, or from a data config
+through its handlers, ``prepare_multimodal_data_processor`` among them), finds the conversations' column when none is
+named, and checks every row before the model loads (every image decoded once, each row's images matched to its image
+placeholders and the image tokens its rendered text holds; a model given one image a row keeps the first);
+``VisionDataCollator`` turns a batch into the processor's inputs through the chat template, with labels on the
+assistant turns' tokens only (never the prompt, never an image token, never padding)."""
 
 import io
 import logging
