@@ -357,6 +357,18 @@ def test_v3_1_0_process_dataargs_with_a_processor_returns_the_vision_data_and_co
     assert (batch["input_ids"] == processor.image_token_id).sum() == 8 and "pixel_values" in batch
 
 
+def test_do_dataprocessing_only_writes_the_checked_rows_and_loads_no_model(tiny_llava, parquet_data, tmp_path):
+    """As on the text path: train() returns (None, None, None) and output_dir holds the rows that would train."""
+    from datasets import load_dataset
+
+    model_args, data_args, train_args = arguments(tiny_llava, parquet_data, tmp_path / "out")
+    data_args.do_dataprocessing_only = True
+    assert sft_trainer.train(model_args, data_args, train_args) == (None, None, None)
+    written = load_dataset("parquet", data_dir=str(tmp_path / "out" / "train_dataset"), split="train")
+    assert len(written) == 6 and {"messages", "images"} <= set(written.column_names)
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
     with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
         sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))

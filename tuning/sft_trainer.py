@@ -56,7 +56,7 @@ from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.data_handlers import DataHandler
 from tuning.data.prepared_cache import Preparation
-from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
+from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache, write_processed_datasets
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.data.vision import (
     VisionDataCollator,
@@ -672,6 +672,9 @@ def _train(
             processor.chat_template = data_args.chat_template
         max_images = images_per_row(config)
         prepared = prepare_vision_datasets(data_args, train_args, processor, max_images, additional_data_handlers)
+        if data_args.do_dataprocessing_only:  # the checked rows; images and tokens are made batch by batch
+            write_processed_datasets(data_args, train_args, *prepared)
+            prepared = None
         data_collator = VisionDataCollator(
             processor,
             data_args.dataset_text_field,

@@ -242,7 +242,8 @@ def dump_dataset(output_dir: Path, nshards: int, d: Dataset | IterableDataset | 
     logger.info("saved %s in %d Parquet shard(s) to %s", name, nshards, folder)
 
 
-def _dump(data_args, train_args, train_dataset, eval_dataset) -> None:
+def write_processed_datasets(data_args, train_args, train_dataset, eval_dataset) -> None:
+    """``--do_dataprocessing_only``'s result: the datasets written into ``output_dir`` as v3.1.0 writes them."""
     dump_dir = Path(train_args.output_dir).absolute()
     dump_dataset(dump_dir, data_args.num_train_dataset_shards, train_dataset, "train_dataset")
     dump_dataset(dump_dir, data_args.num_eval_dataset_shards, eval_dataset, "validataion_dataset")  # v3.1.0's name
@@ -275,7 +276,7 @@ def process_dataargs(
             data_args, train_args, processor, additional_data_handlers=additional_data_handlers
         )
         if data_args.do_dataprocessing_only:
-            _dump(data_args, train_args, train_dataset, eval_dataset)
+            write_processed_datasets(data_args, train_args, train_dataset, eval_dataset)
             return train_dataset, eval_dataset, None, None, None, None
         collator = VisionDataCollator(
             processor,
@@ -317,7 +318,7 @@ def process_dataargs(
             train_dataset = trainable_rows(train_dataset, max_seq_length, "the training data")
         if eval_dataset is not None and "input_ids" in (eval_dataset.column_names or []):
             eval_dataset = trainable_rows(eval_dataset, max_seq_length, "the validation data")
-        _dump(data_args, train_args, train_dataset, eval_dataset)
+        write_processed_datasets(data_args, train_args, train_dataset, eval_dataset)
         return train_dataset, eval_dataset, None, None, None, None
     tokenized = is_pretokenized_dataset(train_dataset or eval_dataset)
     collator = get_data_collator(
