@@ -30,6 +30,7 @@ from tuning.config.acceleration_configs.needs import QLORA_EXTRA
 from tuning.config.peft_config import LoraConfig
 from tuning.utils.acceleration import load_settings
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.sharded_state import check_resume_layout
 from tuning.utils.tiny_model import build_tiny_hybrid
 
 EXPERTS = 4  # the tiny_moe fixture's
@@ -48,6 +49,40 @@ def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safeten
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, trained[name]), name
     assert AutoTokenizer.from_pretrained(converted).vocab_size == trainer.processing_class.vocab_size
+    # Its checkpoint, as an expert-parallel run would have written it, resumed by this unsharded run: refused.
+    (output_dir / "checkpoint-2" / "sharded_state").mkdir()
+    (output_dir / "checkpoint-2" / "sharded_state" / "layout.json").write_text('{"world_size": 2, "ep_degree": 2}')
+    with pytest.raises(UserInputError, match=re.escape("checkpoint-2 was written by a run with 2 processes at")):
+        sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=["1"]))
+
+
+@pytest.mark.parametrize(
+    ("written", "whole_optimizer", "layout", "refusal"),
+    [
+        ((2, 2), False, (2, 2), None),
+        ((2, 2), False, (4, 2), "2 processes at expert-parallel degree 2 and this run has 4 processes at"),
+        ((4, 4), False, (4, 2), "4 processes at expert-parallel degree 4 and this run has 4 processes at"),
+        ((2, 2), False, None, "2 processes at expert-parallel degree 2 and this run has no expert parallelism"),
+        (None, True, (2, 2), "no expert parallelism and this run has 2 processes at expert-parallel degree 2"),
+        (None, False, (2, 2), None),  # the model only (--save_only_model): the optimizer restarts
+    ],
+)
+def test_a_resume_under_another_expert_parallel_layout_is_refused_naming_both(
+    tmp_path, written, whole_optimizer, layout, refusal
+):
+    checkpoint = tmp_path / "checkpoint-4"
+    (checkpoint / "sharded_state").mkdir(parents=True)
+    if written is not None:
+        text = json.dumps({"world_size": written[0], "ep_degree": written[1]})
+        (checkpoint / "sharded_state" / "layout.json").write_text(text)
+    if whole_optimizer:
+        (checkpoint / "optimizer.pt").write_bytes(b"")
+    layout = None if layout is None else {"world_size": layout[0], "ep_degree": layout[1]}
+    if refusal is None:
+        assert check_resume_layout(str(checkpoint), layout) is (written is not None)
+    else:
+        with pytest.raises(UserInputError, match=re.escape(f"checkpoint-4 was written by a run with {refusal}")):
+            check_resume_layout(str(checkpoint), layout)
 
 
 def test_fast_moe_trains_a_tiny_granite_hybrid(sample_train, tmp_path):
@@ -171,8 +206,9 @@ def test_alora_needs_its_invocation_string(tiny_model, tmp_path):
         sft_trainer.parse_arguments(sft_trainer.get_parser(), args=argv)
 
 
-# Expert parallelism on two ranks: steps long enough (gradient accumulation) for a SIGTERM to land mid-run.
-EP_MAX_STEPS = 6
+# Expert parallelism on two ranks: steps long enough (gradient accumulation) for a SIGTERM to land mid-run, and
+# enough of them after it for a resumed optimizer's state to show in the losses.
+EP_MAX_STEPS = 7
 
 
 def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
@@ -183,6 +219,7 @@ def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
         "packing": "True",  # rows of one length: every rank's loss weighs the same
         "response_template": None,
         "seed": 7,
+        "learning_rate": 1e-3,  # an optimizer that restarts at the resume changes the next losses by 1e-2 and more
         "save_strategy": "steps",
         "save_steps": 100,  # only the preemption's checkpoint
         "fast_moe": degree,
@@ -198,9 +235,11 @@ def _losses(output_dir) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_after_sigterm(tiny_moe, tmp_path):
-    """One preempted and resumed ``--fast_moe 2`` run on two ranks (gloo), against a ``--fast_moe 1`` run of the
-    same command: the same losses up to the SIGTERM, half the experts on each rank, a checkpoint at the stop that
-    transformers loads whole, and the same command finishing the run from it."""
+    """One preempted and resumed ``--fast_moe 2`` run on two ranks (gloo), against an uninterrupted ``--fast_moe 1``
+    run of the same command: half the experts on each rank, a checkpoint at the stop that transformers loads whole
+    and that holds the optimizer and scheduler state, and the same command finishing the run from it with the same
+    losses as the uninterrupted run at every step, before the stop and after it (which a restarted optimizer or
+    learning-rate schedule would change)."""
     reference_dir, output_dir = tmp_path / "ep1", tmp_path / "ep2"
     reference = run_python(*_ep_command(tiny_moe, reference_dir, 1, save_strategy="no"), timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -211,15 +250,16 @@ def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_aft
     for rank in (0, 1):
         assert f"--fast_moe 2: rank {rank} holds 2 of the {EXPERTS} experts of each layer" in stderr, stderr[-3000:]
     stopped = logged_steps(output_dir / "training_logs.jsonl")[-1]
-    assert 2 <= stopped < EP_MAX_STEPS
-    expected = _losses(reference_dir)
-    for step, loss in _losses(output_dir).items():
-        assert loss == pytest.approx(expected[step], abs=1e-4), step
-    converted = output_dir / f"checkpoint-{stopped}" / f"safetensors-{stopped}"
-    whole = AutoModelForCausalLM.from_pretrained(converted)
+    assert 2 <= stopped <= EP_MAX_STEPS - 2  # the loss of step stopped + 2 follows a resumed optimizer step
+    checkpoint = output_dir / f"checkpoint-{stopped}"
+    whole = AutoModelForCausalLM.from_pretrained(checkpoint / f"safetensors-{stopped}")
     assert whole.model.layers[0].block_sparse_moe.experts.gate_up_proj.shape[0] == EXPERTS
+    assert json.loads((checkpoint / "sharded_state" / "layout.json").read_text()) == {"world_size": 2, "ep_degree": 2}
 
     resumed = run_python(*_ep_command(tiny_moe, output_dir, 2), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, EP_MAX_STEPS + 1))
+    expected = _losses(reference_dir)
+    for step, loss in _losses(output_dir).items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), step
