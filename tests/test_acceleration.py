@@ -211,21 +211,23 @@ def test_alora_needs_its_invocation_string(tiny_model, tmp_path):
 EP_MAX_STEPS = 7
 
 
+_EP_OPTIONS = {
+    "max_steps": EP_MAX_STEPS,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "packing": "True",  # rows of one length: every rank's loss weighs the same
+    "response_template": None,
+    "seed": 7,
+    "learning_rate": 1e-3,  # an optimizer that restarts at the resume changes the next losses by 1e-2 and more
+    "save_strategy": "steps",
+    "save_steps": 100,  # only the preemption's checkpoint
+    "ddp_timeout": 60,
+}
+
+
 def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
-    options = {
-        "max_steps": EP_MAX_STEPS,
-        "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        "packing": "True",  # rows of one length: every rank's loss weighs the same
-        "response_template": None,
-        "seed": 7,
-        "learning_rate": 1e-3,  # an optimizer that restarts at the resume changes the next losses by 1e-2 and more
-        "save_strategy": "steps",
-        "save_steps": 100,  # only the preemption's checkpoint
-        "fast_moe": degree,
-        **extra,
-    }
-    return [*TORCHRUN, *two_ranks(SFT_TRAINER, [*cli_args(model, str(output_dir), **options), "--ddp_timeout", "60"])]
+    options = {**_EP_OPTIONS, "fast_moe": degree, **extra}
+    return [*TORCHRUN, *two_ranks(SFT_TRAINER, cli_args(model, str(output_dir), **options))]
 
 
 def _losses(output_dir) -> dict[int, float]:
@@ -263,3 +265,26 @@ def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_aft
     expected = _losses(reference_dir)
     for step, loss in _losses(output_dir).items():
         assert loss == pytest.approx(expected[step], abs=1e-4), step
+
+
+@pytest.mark.slow
+def test_lora_with_expert_parallelism_resumes_with_its_optimizer_state(tiny_moe, tmp_path):
+    """LoRA on a ``--fast_moe 2`` model (two ranks, gloo): an uninterrupted run checkpointing at step 2, and the same
+    run resumed from that checkpoint (one torchrun start for both: ``tests/helpers/resume_twice.py``), logging the
+    same losses after the resume: its adapter, optimizer, scheduler and dropout masks carried over (a restarted
+    optimizer or schedule changes step 4's loss by 1e-2)."""
+    options = {**_EP_OPTIONS, "max_steps": 4, "save_steps": 2, "learning_rate": 1e-2, "fast_moe": 2}
+    flags = cli_args(tiny_moe, "set-by-the-helper", **options)
+    lora = ["--peft_method", "lora", "--target_modules", "q_proj", "v_proj"]
+    helper = str(Path(__file__).parent / "helpers" / "resume_twice.py")
+    result = run_python(*TORCHRUN, *two_ranks(helper, [str(tmp_path), "2", *flags, *lora]), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from checkpoint-2 (global step 2)" in result.stderr
+    whole, resumed = _losses(tmp_path / "whole"), _losses(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(whole[step], abs=1e-4), step
+    checkpoint = tmp_path / "resumed" / "checkpoint-4"
+    assert json.loads((checkpoint / "sharded_state" / "layout.json").read_text()) == {"world_size": 2, "ep_degree": 2}
+    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
+    assert weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (64, 8)  # whole

@@ -56,7 +56,8 @@ class TuningTrainer(SFTTrainer):
 
     ``sharded_state``: a ``ShardedTrainingState`` (among the callbacks too), which writes the optimizer and scheduler
     state of a model sharded at load time into each checkpoint, on every rank, before the checkpoint is marked
-    complete (transformers saves such a model only).
+    complete (transformers saves such a model only), and each rank's random generators' state, in transformers'
+    own format and by its own method, which its resume reads back (dropout masks as in an uninterrupted run).
 
     ``reduce_loss_sum`` is ``--enable_reduce_loss_sum``, v3.1.0's experimental loss: the cross entropy of each
     micro-batch summed over its label tokens instead of averaged, then divided by the gradient accumulation steps by
@@ -128,6 +129,7 @@ class TuningTrainer(SFTTrainer):
             self.args.save_total_limit = limit
         if self.sharded_state is not None:
             self.sharded_state.write(checkpoint, self.model, self.optimizer, self.lr_scheduler, self.args.should_save)
+            self._save_rng_state(checkpoint)  # skipped with save_only_model; transformers' resume reads it back
         self.accelerator.wait_for_everyone()  # every rank's part is on disk
         if self.args.should_save:
             if self.safetensors_folders:
