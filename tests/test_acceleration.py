@@ -225,9 +225,8 @@ _EP_OPTIONS = {
 }
 
 
-def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
-    options = {**_EP_OPTIONS, "fast_moe": degree, **extra}
-    return [*TORCHRUN, *two_ranks(SFT_TRAINER, cli_args(model, str(output_dir), **options))]
+def _ep_flags(model: str, output_dir, degree: int, **extra) -> list[str]:
+    return cli_args(model, str(output_dir), **{**_EP_OPTIONS, "fast_moe": degree, **extra})
 
 
 def _losses(output_dir) -> dict[int, float]:
@@ -237,16 +236,15 @@ def _losses(output_dir) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_after_sigterm(tiny_moe, tmp_path):
-    """One preempted and resumed ``--fast_moe 2`` run on two ranks (gloo), against an uninterrupted ``--fast_moe 1``
-    run of the same command: half the experts on each rank, a checkpoint at the stop that transformers loads whole
-    and that holds the optimizer and scheduler state, and the same command finishing the run from it with the same
-    losses as the uninterrupted run at every step, before the stop and after it (which a restarted optimizer or
-    learning-rate schedule would change)."""
-    reference_dir, output_dir = tmp_path / "ep1", tmp_path / "ep2"
-    reference = run_python(*_ep_command(tiny_moe, reference_dir, 1, save_strategy="no"), timeout=300)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-
-    preempted = Job(_ep_command(tiny_moe, output_dir, 2), tmp_path / "preempted")
+    """A ``--fast_moe 2`` run on two ranks (gloo) preempted by SIGTERM: half the experts on each rank, a checkpoint at
+    the stop that transformers loads whole and that holds the optimizer and scheduler state. Then, in one torchrun
+    start (``tests/helpers/train_in_turn.py``): an uninterrupted ``--fast_moe 1`` run of the same flags, the
+    preempted run resumed from its checkpoint, and a LoRA ``--fast_moe 2`` run checkpointing at step 2 followed by
+    its resume from that checkpoint. Each resumed run logs the losses of its uninterrupted one at every step, before
+    the stop and after it, which a restarted optimizer or learning-rate schedule (or other dropout masks) would
+    change by 1e-2."""
+    output_dir, reference_dir = tmp_path / "ep2", tmp_path / "ep1"
+    preempted = Job([*TORCHRUN, *two_ranks(SFT_TRAINER, _ep_flags(tiny_moe, output_dir, 2))], tmp_path / "preempted")
     wait_for_steps(output_dir / "training_logs.jsonl", 2, preempted, signal.SIGTERM)
     stderr = preempted.finish(timeout=180)
     for rank in (0, 1):
@@ -258,33 +256,28 @@ def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_aft
     assert whole.model.layers[0].block_sparse_moe.experts.gate_up_proj.shape[0] == EXPERTS
     assert json.loads((checkpoint / "sharded_state" / "layout.json").read_text()) == {"world_size": 2, "ep_degree": 2}
 
-    resumed = run_python(*_ep_command(tiny_moe, output_dir, 2), timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
+    lora = ["--peft_method", "lora", "--target_modules", "q_proj", "v_proj"]
+    lora_options = {"max_steps": 4, "save_steps": 2, "learning_rate": 1e-2}
+    lora_whole, lora_resumed = tmp_path / "lora", tmp_path / "lora-resumed"
+    resume_lora = {"resume_from_checkpoint": lora_whole / "checkpoint-2"}
+    jobs = [
+        _ep_flags(tiny_moe, reference_dir, 1, save_strategy="no"),
+        _ep_flags(tiny_moe, output_dir, 2),
+        [*_ep_flags(tiny_moe, lora_whole, 2, **lora_options), *lora],
+        [*_ep_flags(tiny_moe, lora_resumed, 2, **lora_options, **resume_lora), *lora],
+    ]
+    helper = str(Path(__file__).parent / "helpers" / "train_in_turn.py")
+    in_turn = run_python(*TORCHRUN, *two_ranks(helper, [*jobs[0], *(a for j in jobs[1:] for a in ("--then", *j))]))
+    assert in_turn.returncode == 0, in_turn.stderr[-3000:]
+    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in in_turn.stderr
+    assert "resuming from checkpoint-2 (global step 2)" in in_turn.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, EP_MAX_STEPS + 1))
     expected = _losses(reference_dir)
     for step, loss in _losses(output_dir).items():
         assert loss == pytest.approx(expected[step], abs=1e-4), step
-
-
-@pytest.mark.slow
-def test_lora_with_expert_parallelism_resumes_with_its_optimizer_state(tiny_moe, tmp_path):
-    """LoRA on a ``--fast_moe 2`` model (two ranks, gloo): an uninterrupted run checkpointing at step 2, and the same
-    run resumed from that checkpoint (one torchrun start for both: ``tests/helpers/resume_twice.py``), logging the
-    same losses after the resume: its adapter, optimizer, scheduler and dropout masks carried over (a restarted
-    optimizer or schedule changes step 4's loss by 1e-2)."""
-    options = {**_EP_OPTIONS, "max_steps": 4, "save_steps": 2, "learning_rate": 1e-2, "fast_moe": 2}
-    flags = cli_args(tiny_moe, "set-by-the-helper", **options)
-    lora = ["--peft_method", "lora", "--target_modules", "q_proj", "v_proj"]
-    helper = str(Path(__file__).parent / "helpers" / "resume_twice.py")
-    result = run_python(*TORCHRUN, *two_ranks(helper, [str(tmp_path), "2", *flags, *lora]), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from checkpoint-2 (global step 2)" in result.stderr
-    whole, resumed = _losses(tmp_path / "whole"), _losses(tmp_path / "resumed")
+    expected, resumed = _losses(lora_whole), _losses(lora_resumed)
     assert sorted(resumed) == [3, 4]
     for step, loss in resumed.items():
-        assert loss == pytest.approx(whole[step], abs=1e-4), step
-    checkpoint = tmp_path / "resumed" / "checkpoint-4"
-    assert json.loads((checkpoint / "sharded_state" / "layout.json").read_text()) == {"world_size": 2, "ep_degree": 2}
-    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
-    assert weights["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (64, 8)  # whole
+        assert loss == pytest.approx(expected[step], abs=1e-4), ("lora", step)
+    adapter = load_file(str(lora_resumed / "checkpoint-4" / "adapter_model.safetensors"))
+    assert adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (64, 8)  # whole
