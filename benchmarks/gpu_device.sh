@@ -6,9 +6,12 @@
 #   bash benchmarks/gpu_device.sh --quick      # one round of fewer steps: ends within about 4 minutes
 #   bash benchmarks/gpu_device.sh --rehearsal  # no GPU: the tiny model on CPU, NVML's stand-in, an injected OOM
 #
-# Further arguments go to gpu_check.py (the last value of a flag wins). With $OUT set, gpu_check.md, gpu_check.json,
-# gpu_device.log (this command's output) and gpu_jobs.log (each job's stderr, its last MiB) are written there.
-# Exit code: gpu_check.py's; 124 when the time limit ended it; 3 when .whl/ is missing or does not install.
+# Further arguments go to gpu_check.py (the last value of a flag wins). Then, in the time left (60 s at least),
+# benchmarks/gpu_acceleration.py runs the GPU-only acceleration flags where their libraries are here (their refusals
+# where not). With $OUT set, gpu_check.md, gpu_check.json, gpu_acceleration.md, gpu_device.log (this command's output)
+# and gpu_jobs.log (each job's stderr, its last MiB) are written there.
+# Exit code: gpu_check.py's, else gpu_acceleration.py's; 124 when the time limit ended one; 3 when .whl/ is missing
+# or does not install.
 set -uo pipefail
 
 LIMIT_S=${GPU_DEVICE_LIMIT_S:-480}  # the whole command
@@ -82,6 +85,19 @@ timeout --kill-after=10 "$left_s" python3 -m benchmarks.gpu_check --output "$out
     "${mode_flags[@]}" "${check_flags[@]}"
 status=$?
 [ $status -eq 124 ] && echo "gpu_device: the check ran out of its ${left_s} s and was stopped: no table" >&2
+
+# The GPU-only acceleration flags (--fast_kernels, --auto_gptq with --fused_lora): run where their libraries are
+# here, their refusals checked where not (benchmarks/gpu_acceleration.py), in what time the check left.
+left_s=$((LIMIT_S - (SECONDS - started) - 15))
+if [ "$left_s" -ge 60 ]; then
+    echo "--- gpu_acceleration, at most ${left_s} s"
+    timeout --kill-after=10 "$left_s" python3 -m benchmarks.gpu_acceleration \
+        --output "${out:-.}/gpu_acceleration.md"
+    accel_status=$?
+    [ $status -eq 0 ] && status=$accel_status
+else
+    echo "gpu_device: ${left_s} s left: no time for benchmarks/gpu_acceleration.py" >&2
+fi
 
 if [ -n "$out" ]; then
     for log in "$work"/check/*/stderr.log; do

@@ -30,6 +30,7 @@ from tuning.config.acceleration_configs.needs import QLORA_EXTRA
 from tuning.config.peft_config import LoraConfig
 from tuning.utils.acceleration import load_settings
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.sharded_state import check_resume_layout
 from tuning.utils.tiny_model import build_tiny_hybrid
 
 EXPERTS = 4  # the tiny_moe fixture's
@@ -48,6 +49,40 @@ def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safeten
     for name, tensor in loaded.state_dict().items():
         assert torch.equal(tensor, trained[name]), name
     assert AutoTokenizer.from_pretrained(converted).vocab_size == trainer.processing_class.vocab_size
+    # Its checkpoint, as an expert-parallel run would have written it, resumed by this unsharded run: refused.
+    (output_dir / "checkpoint-2" / "sharded_state").mkdir()
+    (output_dir / "checkpoint-2" / "sharded_state" / "layout.json").write_text('{"world_size": 2, "ep_degree": 2}')
+    with pytest.raises(UserInputError, match=re.escape("checkpoint-2 was written by a run with 2 processes at")):
+        sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=["1"]))
+
+
+@pytest.mark.parametrize(
+    ("written", "whole_optimizer", "layout", "refusal"),
+    [
+        ((2, 2), False, (2, 2), None),
+        ((2, 2), False, (4, 2), "2 processes at expert-parallel degree 2 and this run has 4 processes at"),
+        ((4, 4), False, (4, 2), "4 processes at expert-parallel degree 4 and this run has 4 processes at"),
+        ((2, 2), False, None, "2 processes at expert-parallel degree 2 and this run has no expert parallelism"),
+        (None, True, (2, 2), "no expert parallelism and this run has 2 processes at expert-parallel degree 2"),
+        (None, False, (2, 2), None),  # the model only (--save_only_model): the optimizer restarts
+    ],
+)
+def test_a_resume_under_another_expert_parallel_layout_is_refused_naming_both(
+    tmp_path, written, whole_optimizer, layout, refusal
+):
+    checkpoint = tmp_path / "checkpoint-4"
+    (checkpoint / "sharded_state").mkdir(parents=True)
+    if written is not None:
+        text = json.dumps({"world_size": written[0], "ep_degree": written[1]})
+        (checkpoint / "sharded_state" / "layout.json").write_text(text)
+    if whole_optimizer:
+        (checkpoint / "optimizer.pt").write_bytes(b"")
+    layout = None if layout is None else {"world_size": layout[0], "ep_degree": layout[1]}
+    if refusal is None:
+        assert check_resume_layout(str(checkpoint), layout) is (written is not None)
+    else:
+        with pytest.raises(UserInputError, match=re.escape(f"checkpoint-4 was written by a run with {refusal}")):
+            check_resume_layout(str(checkpoint), layout)
 
 
 def test_fast_moe_trains_a_tiny_granite_hybrid(sample_train, tmp_path):
@@ -171,24 +206,27 @@ def test_alora_needs_its_invocation_string(tiny_model, tmp_path):
         sft_trainer.parse_arguments(sft_trainer.get_parser(), args=argv)
 
 
-# Expert parallelism on two ranks: steps long enough (gradient accumulation) for a SIGTERM to land mid-run.
-EP_MAX_STEPS = 6
+# Expert parallelism on two ranks: steps long enough (gradient accumulation) for a SIGTERM to land mid-run, and
+# enough of them after it for a resumed optimizer's state to show in the losses.
+EP_MAX_STEPS = 7
 
 
-def _ep_command(model: str, output_dir, degree: int, **extra) -> list[str]:
-    options = {
-        "max_steps": EP_MAX_STEPS,
-        "per_device_train_batch_size": 2,
-        "gradient_accumulation_steps": 2,
-        "packing": "True",  # rows of one length: every rank's loss weighs the same
-        "response_template": None,
-        "seed": 7,
-        "save_strategy": "steps",
-        "save_steps": 100,  # only the preemption's checkpoint
-        "fast_moe": degree,
-        **extra,
-    }
-    return [*TORCHRUN, *two_ranks(SFT_TRAINER, [*cli_args(model, str(output_dir), **options), "--ddp_timeout", "60"])]
+_EP_OPTIONS = {
+    "max_steps": EP_MAX_STEPS,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "packing": "True",  # rows of one length: every rank's loss weighs the same
+    "response_template": None,
+    "seed": 7,
+    "learning_rate": 1e-3,  # an optimizer that restarts at the resume changes the next losses by 1e-2 and more
+    "save_strategy": "steps",
+    "save_steps": 100,  # only the preemption's checkpoint
+    "ddp_timeout": 60,
+}
+
+
+def _ep_flags(model: str, output_dir, degree: int, **extra) -> list[str]:
+    return cli_args(model, str(output_dir), **{**_EP_OPTIONS, "fast_moe": degree, **extra})
 
 
 def _losses(output_dir) -> dict[int, float]:
@@ -198,28 +236,48 @@ def _losses(output_dir) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_expert_parallel_run_matches_degree_1_shards_the_experts_and_resumes_after_sigterm(tiny_moe, tmp_path):
-    """One preempted and resumed ``--fast_moe 2`` run on two ranks (gloo), against a ``--fast_moe 1`` run of the
-    same command: the same losses up to the SIGTERM, half the experts on each rank, a checkpoint at the stop that
-    transformers loads whole, and the same command finishing the run from it."""
-    reference_dir, output_dir = tmp_path / "ep1", tmp_path / "ep2"
-    reference = run_python(*_ep_command(tiny_moe, reference_dir, 1, save_strategy="no"), timeout=300)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-
-    preempted = Job(_ep_command(tiny_moe, output_dir, 2), tmp_path / "preempted")
+    """A ``--fast_moe 2`` run on two ranks (gloo) preempted by SIGTERM: half the experts on each rank, a checkpoint at
+    the stop that transformers loads whole and that holds the optimizer and scheduler state. Then, in one torchrun
+    start (``tests/helpers/train_in_turn.py``): an uninterrupted ``--fast_moe 1`` run of the same flags, the
+    preempted run resumed from its checkpoint, and a LoRA ``--fast_moe 2`` run checkpointing at step 2 followed by
+    its resume from that checkpoint. Each resumed run logs the losses of its uninterrupted one at every step, before
+    the stop and after it, which a restarted optimizer or learning-rate schedule (or other dropout masks) would
+    change by 1e-2."""
+    output_dir, reference_dir = tmp_path / "ep2", tmp_path / "ep1"
+    preempted = Job([*TORCHRUN, *two_ranks(SFT_TRAINER, _ep_flags(tiny_moe, output_dir, 2))], tmp_path / "preempted")
     wait_for_steps(output_dir / "training_logs.jsonl", 2, preempted, signal.SIGTERM)
     stderr = preempted.finish(timeout=180)
     for rank in (0, 1):
         assert f"--fast_moe 2: rank {rank} holds 2 of the {EXPERTS} experts of each layer" in stderr, stderr[-3000:]
     stopped = logged_steps(output_dir / "training_logs.jsonl")[-1]
-    assert 2 <= stopped < EP_MAX_STEPS
+    assert 2 <= stopped <= EP_MAX_STEPS - 2  # the loss of step stopped + 2 follows a resumed optimizer step
+    checkpoint = output_dir / f"checkpoint-{stopped}"
+    whole = AutoModelForCausalLM.from_pretrained(checkpoint / f"safetensors-{stopped}")
+    assert whole.model.layers[0].block_sparse_moe.experts.gate_up_proj.shape[0] == EXPERTS
+    assert json.loads((checkpoint / "sharded_state" / "layout.json").read_text()) == {"world_size": 2, "ep_degree": 2}
+
+    lora = ["--peft_method", "lora", "--target_modules", "q_proj", "v_proj"]
+    lora_options = {"max_steps": 4, "save_steps": 2, "learning_rate": 1e-2}
+    lora_whole, lora_resumed = tmp_path / "lora", tmp_path / "lora-resumed"
+    resume_lora = {"resume_from_checkpoint": lora_whole / "checkpoint-2"}
+    jobs = [
+        _ep_flags(tiny_moe, reference_dir, 1, save_strategy="no"),
+        _ep_flags(tiny_moe, output_dir, 2),
+        [*_ep_flags(tiny_moe, lora_whole, 2, **lora_options), *lora],
+        [*_ep_flags(tiny_moe, lora_resumed, 2, **lora_options, **resume_lora), *lora],
+    ]
+    helper = str(Path(__file__).parent / "helpers" / "train_in_turn.py")
+    in_turn = run_python(*TORCHRUN, *two_ranks(helper, [*jobs[0], *(a for j in jobs[1:] for a in ("--then", *j))]))
+    assert in_turn.returncode == 0, in_turn.stderr[-3000:]
+    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in in_turn.stderr
+    assert "resuming from checkpoint-2 (global step 2)" in in_turn.stderr
+    assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, EP_MAX_STEPS + 1))
     expected = _losses(reference_dir)
     for step, loss in _losses(output_dir).items():
         assert loss == pytest.approx(expected[step], abs=1e-4), step
-    converted = output_dir / f"checkpoint-{stopped}" / f"safetensors-{stopped}"
-    whole = AutoModelForCausalLM.from_pretrained(converted)
-    assert whole.model.layers[0].block_sparse_moe.experts.gate_up_proj.shape[0] == EXPERTS
-
-    resumed = run_python(*_ep_command(tiny_moe, output_dir, 2), timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
-    assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, EP_MAX_STEPS + 1))
+    expected, resumed = _losses(lora_whole), _losses(lora_resumed)
+    assert sorted(resumed) == [3, 4]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(expected[step], abs=1e-4), ("lora", step)
+    adapter = load_file(str(lora_resumed / "checkpoint-4" / "adapter_model.safetensors"))
+    assert adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"].shape == (64, 8)  # whole

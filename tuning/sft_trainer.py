@@ -81,12 +81,14 @@ from tuning.utils.acceleration import (
     load_settings,
     local_experts,
     name_expert_count,
+    world_size,
 )
 from tuning.utils.checkpoints import checkpoint_problem, newest_complete_checkpoint, trained_steps
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
+from tuning.utils.sharded_state import ShardedTrainingState, check_resume_layout
 from tuning.utils.tokens_per_second import TokensPerSecondCallback
 
 logger = logging.getLogger("tuning.sft_trainer")
@@ -699,12 +701,14 @@ def _train(
     checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
     for folder, problem in skipped:
         logger.warning("skipping %s: %s", folder, problem)
-    resumed_from_step = None
+    load = load or LoadSettings()
+    layout = {"world_size": world_size(), "ep_degree": load.ep_degree} if load.sharded else None
+    resumed_from_step, sharded_resume = None, False
     if checkpoint is not None:
+        sharded_resume = check_resume_layout(checkpoint, layout)  # a user error before the model loads
         resumed_from_step = trained_steps(checkpoint)
         logger.warning("resuming from %s (global step %d)", os.path.basename(checkpoint), resumed_from_step)
 
-    load = load or LoadSettings()
     # Experts sharded at load time: transformers cannot load a checkpoint into the sharded model, so a resumed run
     # loads it from the checkpoint itself (a whole Hugging Face model: fast MoE checkpoints hold only the model).
     weights_from = checkpoint if checkpoint is not None and load.sharded and peft_config is None else None
@@ -746,12 +750,11 @@ def _train(
     if added_tokens_info["num_new_tokens"] > 0:
         peft_config = with_new_token_rows_trained(peft_config, model)
     sft_config = _to_sft_config(train_args, max_length, padding_free, bool(data_collator))
-    if load.sharded and sft_config.save_strategy != "no" and not sft_config.save_only_model:
-        logger.warning(
-            "--fast_moe %d: checkpoints hold the model only (transformers cannot checkpoint an optimizer sharded at "
-            "load time); a resumed run restarts the optimizer's state",
-            load.ep_degree,
-        )
+    sharded_state = None
+    if layout is not None:  # transformers saves a model sharded at load time only: its optimizer state is ours
+        if sharded_resume or not sft_config.save_only_model:
+            sharded_state = ShardedTrainingState(layout, resume_from=checkpoint if sharded_resume else None)
+            trainer_callbacks.append(sharded_state)
         sft_config.save_only_model = True
     trainer = TuningTrainer(
         model=model,
@@ -766,6 +769,7 @@ def _train(
         reduce_loss_sum=train_args.enable_reduce_loss_sum,
         weights_from_checkpoint=weights_from,
         safetensors_folders=load.experts_implementation is not None,  # fast MoE, as fms-hf-tuning 3.2
+        sharded_state=sharded_state,
     )
     # As fms-hf-tuning 3.2: each rank its own random stream (dropout masks), once the trainer is built.
     set_seed(train_args.seed, device_specific=True)

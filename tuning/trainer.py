@@ -15,6 +15,7 @@ from trl import SFTTrainer
 
 from tuning.utils.checkpoints import STATUS_FILE, mark_complete, mark_writing, remove_unfinished
 from tuning.utils.graceful_stop import GracefulStopCallback
+from tuning.utils.sharded_state import ShardedTrainingState
 
 _NOT_MODEL_FILES = (STATUS_FILE, "trainer_state.json")
 
@@ -53,6 +54,11 @@ class TuningTrainer(SFTTrainer):
     ``weights_from_checkpoint``: the checkpoint the model was loaded from (experts sharded at load time), whose
     weights a resume therefore does not load again.
 
+    ``sharded_state``: a ``ShardedTrainingState`` (among the callbacks too), which writes the optimizer and scheduler
+    state of a model sharded at load time into each checkpoint, on every rank, before the checkpoint is marked
+    complete (transformers saves such a model only), and each rank's random generators' state, in transformers'
+    own format and by its own method, which its resume reads back (dropout masks as in an uninterrupted run).
+
     ``reduce_loss_sum`` is ``--enable_reduce_loss_sum``, v3.1.0's experimental loss: the cross entropy of each
     micro-batch summed over its label tokens instead of averaged, then divided by the gradient accumulation steps by
     the Trainer (as v3.1.0's ``SumLossSFTTrainer`` has it), so that every token weighs the same whatever the number of
@@ -66,9 +72,11 @@ class TuningTrainer(SFTTrainer):
         reduce_loss_sum: bool = False,
         weights_from_checkpoint: str | None = None,
         safetensors_folders: bool = False,
+        sharded_state: ShardedTrainingState | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.sharded_state = sharded_state
         self.reduce_loss_sum = reduce_loss_sum
         self.weights_from_checkpoint = weights_from_checkpoint
         self.safetensors_folders = safetensors_folders
@@ -119,6 +127,9 @@ class TuningTrainer(SFTTrainer):
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit = limit
+        if self.sharded_state is not None:
+            self.sharded_state.write(checkpoint, self.model, self.optimizer, self.lr_scheduler, self.args.should_save)
+            self._save_rng_state(checkpoint)  # skipped with save_only_model; transformers' resume reads it back
         self.accelerator.wait_for_everyone()  # every rank's part is on disk
         if self.args.should_save:
             if self.safetensors_folders:
