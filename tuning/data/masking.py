@@ -13,6 +13,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import datasets
 from datasets import Dataset
@@ -119,6 +120,37 @@ def _check_skipped(without_template: int, total: int, source: str, response_temp
         )
 
 
+def _encoded_batches(
+    texts: Iterable[str], tokenizer, max_length: int, offsets: bool
+) -> Iterator[tuple[list[str], dict]]:
+    """``(batch, encoding)`` pairs in order, the next batch encoding on a thread while the caller masks and writes
+    this one: the fast tokenizer releases the GIL while it encodes (on its own threads), so that the encoding and
+    our Python work share the cores instead of taking turns. One batch is ahead, no more."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenise") as encoder:
+        pending = None
+        for batch in _batches(texts):
+            encoding = encoder.submit(_encode, tokenizer, batch, max_length, offsets)
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = (batch, encoding)
+        if pending is not None:
+            yield pending[0], pending[1].result()
+
+
+def _masked(
+    texts: list[str], encoded, response_template: str | None, instruction_template: str | None
+) -> Iterator[tuple[list[int], list[int]]]:
+    """``(input_ids, labels)`` of each text of a batch, less the texts without their (untruncated) response."""
+    for index, text in enumerate(texts):
+        input_ids = encoded["input_ids"][index]
+        if response_template is None:
+            yield input_ids, input_ids
+            continue
+        labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
+        if labels is not None:
+            yield input_ids, labels
+
+
 def _rows(
     texts: Iterable[str],
     tokenizer,
@@ -127,24 +159,13 @@ def _rows(
     source: str,
     instruction_template: str | None = None,
 ) -> Iterator[dict[str, list[int]]]:
-    total = without_template = 0
-    for batch in _batches(texts):
-        encoded = tokenizer(
-            batch, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
-        )
-        for index, text in enumerate(batch):
-            input_ids = encoded["input_ids"][index]
-            labels = input_ids
-            if response_template is not None:
-                labels = _mask(
-                    text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template
-                )
-                if labels is None:
-                    without_template += 1
-                    continue
+    total = kept = 0
+    for batch, encoded in _encoded_batches(texts, tokenizer, max_length, response_template is not None):
+        for input_ids, labels in _masked(batch, encoded, response_template, instruction_template):
+            kept += 1
             yield {"input_ids": input_ids, "labels": labels}
         total += len(batch)
-    _check_skipped(without_template, total, source, response_template)
+    _check_skipped(total - kept, total, source, response_template)
 
 
 def tokenize_and_mask(
@@ -206,29 +227,31 @@ def _text_rows(texts: Iterable[str]) -> Iterator[dict[str, str]]:
         yield {"text": text}
 
 
+def _encode(tokenizer, texts: list[str], max_length: int, offsets: bool):
+    """The texts' ``input_ids`` (and character offsets), truncated; nothing else the rows do not keep (an
+    attention mask or token types would cost a Python list per text)."""
+    return tokenizer(
+        texts,
+        truncation=True,
+        max_length=max_length,
+        return_offsets_mapping=offsets,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
+
+
 def _tokenize_batch(
     batch: dict[str, list], tokenizer, max_length: int, response_template: str | None, instruction_template
 ) -> dict[str, list]:
-    """One batch of texts as rows; a text without its response gets empty ``input_ids`` (dropped afterwards)."""
+    """One batch of texts as rows, less the texts without their response (counted by the caller from the rows
+    left), so that no second pass filters them."""
     texts = batch["text"]
-    encoded = tokenizer(
-        texts, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
-    )
+    encoded = _encode(tokenizer, texts, max_length, response_template is not None)
     rows = {"input_ids": [], "labels": []}
-    for index, text in enumerate(texts):
-        input_ids = encoded["input_ids"][index]
-        labels = input_ids
-        if response_template is not None:
-            labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
-            if labels is None:
-                input_ids = labels = []
+    for input_ids, labels in _masked(texts, encoded, response_template, instruction_template):
         rows["input_ids"].append(input_ids)
         rows["labels"].append(labels)
     return rows
-
-
-def _has_tokens(row: dict) -> bool:
-    return len(row["input_ids"]) > 0
 
 
 def _tokenize_in_processes(
@@ -261,10 +284,5 @@ def _tokenize_in_processes(
         new_fingerprint=uuid.uuid4().hex,
         desc=f"tokenising {source}",
     )
-    total = len(rows)
-    if response_template is None:
-        return rows
-    kept = rows.filter(_has_tokens, num_proc=num_proc, new_fingerprint=uuid.uuid4().hex)
-    without_template = total - len(kept)
-    _check_skipped(without_template, total, source, response_template)
-    return kept
+    _check_skipped(len(text_rows) - len(rows), len(text_rows), source, response_template)
+    return rows
