@@ -5,12 +5,16 @@ the response when it starts at or after the template's end), which cannot miss a
 in context. Rows go a batch at a time to an Arrow file in a directory of its own under ``HF_DATASETS_CACHE``
 (``tuning.data.cache``: removed when the run ends, or by the next run if it was killed): memory is bounded by a batch,
 not by the data.
+
+One process keeps two cores busy: the fast tokenizer encodes a batch on its own threads, without the GIL, while this
+process masks and writes the one before. More processes (``--dataset_num_proc``) each tokenise a contiguous shard;
+they pay a fork, a copy of the texts and ~190 MB each, and gain only where cores outnumber what one process keeps
+busy (docs/performance.md).
 """
 
 import functools
 import itertools
 import logging
-import os
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,21 +36,12 @@ _FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
 )
 
-# Below this many texts one process tokenises: starting more costs more than they gain.
+# Below this many texts one process tokenises whatever --dataset_num_proc says: starting more costs more than they
+# gain.
 PARALLEL_MIN_TEXTS = 20_000
-MAX_DEFAULT_PROCESSES = 8
 _TEXT_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 logger = logging.getLogger(__name__)
-
-
-def default_num_proc() -> int:
-    """The cores this process may use (its CPU affinity), at most ``MAX_DEFAULT_PROCESSES``."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_PROCESSES))
 
 
 def _response_spans(text: str, response_template: str, instruction_template: str | None) -> list[tuple[int, int]]:
@@ -180,11 +175,10 @@ def tokenize_and_mask(
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
     drop texts lacking it. With an instruction template too (chat turns), only the spans from each response template
     to the next instruction template are trained. Our errors raised while reading ``texts`` come out unwrapped by
-    ``datasets``. ``num_proc`` processes tokenise (default ``default_num_proc``) once there are
-    ``PARALLEL_MIN_TEXTS`` texts: the same rows, in the same order, as one process makes."""
+    ``datasets``. ``num_proc`` processes (default one) tokenise once there are ``PARALLEL_MIN_TEXTS`` texts: the
+    same rows, in the same order, as one process makes."""
     cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
-    num_proc = default_num_proc() if num_proc is None else num_proc
-    if num_proc > 1:
+    if num_proc is not None and num_proc > 1:
         texts = iter(texts)
         first = list(itertools.islice(texts, PARALLEL_MIN_TEXTS))
         if len(first) == PARALLEL_MIN_TEXTS:  # enough to gain from more processes than one
