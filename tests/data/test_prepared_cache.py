@@ -152,6 +152,8 @@ def test_several_processes_tokenise_the_same_rows_in_the_same_order(tokenizer, m
     assert len(one) == 300 - len(texts[5::7]) and one.to_dict() == two.to_dict()
     unmasked = masking.tokenize_and_mask(texts, tokenizer, 32, None, num_proc=2)
     assert len(unmasked) == 300 and unmasked["labels"] == unmasked["input_ids"]
+    with pytest.raises(UserInputError, match="occurs in none of the 300 examples of the shards"):
+        masking.tokenize_and_mask(texts, tokenizer, 32, "### Answer:", source="the shards", num_proc=2)
 
 
 # --- processes: concurrent builders, a killed one, a real training run on the entry -----------------------------
