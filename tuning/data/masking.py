@@ -8,7 +8,7 @@ not by the data.
 
 One process keeps two cores busy: the fast tokenizer encodes a batch on its own threads, without the GIL, while this
 process masks and writes the one before. More processes (``--dataset_num_proc``) each tokenise a contiguous shard;
-they pay a fork, a copy of the texts and ~190 MB each, and gain only where cores outnumber what one process keeps
+they pay a fork, a copy of the texts and ~210 MB each, and gain only where cores outnumber what one process keeps
 busy (docs/performance.md).
 """
 
