@@ -242,7 +242,7 @@ def main() -> None:
             if arm.startswith("cache_") and (len(after) != 1 or arm == "cache_hit" and after != entries):
                 raise SystemExit(f"{arm} left {after} in {cache}, not the one entry expected")
             results.setdefault(arm, []).append(result)
-            prepared = "" if result["data_seconds"] is None else f"{result['data_seconds']:.1f}"
+            prepared = "" if result["data_seconds"] is None else f"{result['data_seconds']:.2f}"
             print(
                 f"| {args.rows} | {megabytes:.0f} | {round_index + 1} | {arm} | {prepared} | {result['seconds']:.1f} "
                 f"| {result['cpu_seconds']:.1f} | {result['peak_rss'] / 1e6:.0f} | {result['peak_anon'] / 1e6:.0f} "
@@ -271,7 +271,7 @@ def print_summary(results: dict[str, list[dict]], rows: int) -> None:
     print("|---|---|---|---|---|---|")
     for arm, runs in results.items():
         prepared = [run["data_seconds"] for run in runs if run["data_seconds"] is not None]
-        median = f"{statistics.median(prepared):.1f}" if prepared else ""
+        median = f"{statistics.median(prepared):.2f}" if prepared else ""
         print(
             f"| {arm} | {median} | {statistics.median(run['cpu_seconds'] for run in runs):.1f} "
             f"| {max(run['peak_rss'] for run in runs) / 1e6:.0f} | {max(run['peak_anon'] for run in runs) / 1e6:.0f} "
