@@ -14,11 +14,19 @@ Arms: ``plain`` runs the plain flags (``--training_data_path``, ``--dataset_text
 same file through ``--data_config_path`` with v3.1.0's ``apply_custom_jinja_template`` handler (``datasets``' ``map``
 over the Arrow copy the line-numbered reader writes), the general path; ``before`` runs the plain flags with the
 ``tuning/sft_trainer.py`` of another checkout (``--before``, e.g. a ``git worktree`` of an older commit), in this
-Python environment. ``processes_2`` runs the plain flags tokenising on two processes (``--dataset_num_proc 2``);
-``cache_miss`` fills an emptied processed-data cache (``--data_cache_dir WORKDIR/cache``) and ``cache_hit`` reads it
-(give them in that order). The other arms run with the cache off and one tokenising process. RSS and anonymous
-memory are the training process's; PSS (shared pages divided among their sharers) is summed over it and its children,
-the tokenising workers, whose RSS would count the pages they share with it again.
+Python environment. ``processes_2`` runs the plain flags tokenising on two processes (``--dataset_num_proc 2``).
+``cache_miss`` fills an emptied processed-data cache (``--data_cache_dir WORKDIR/cache``) on one tokenising process,
+``cache_miss_2`` the same on two, and ``cache_hit`` reads the entry the last miss left (both misses make the same
+entry: the number of processes is not part of the key). The other arms run with the cache off and one tokenising
+process. RSS and anonymous memory are the training process's; PSS (shared pages divided among their sharers) is
+summed over it and its children, the tokenising workers, whose RSS would count the pages they share with it again.
+
+With ``--rounds`` above 1 a summary follows the rows: per arm the median data preparation time and the largest
+peaks, and the ratios the processed-data cache is judged by (``cache_hit`` over ``cache_miss``; ``cache_miss``
+over ``cache_miss_2``, per round, as the arms alternate). The figures of docs/performance.md come from
+
+    OMP_NUM_THREADS=1 python benchmarks/prepared_data.py --rows 1000000 \\
+        --arms cache_miss,cache_hit,cache_miss_2 --rounds 3
 """
 
 import argparse
@@ -26,6 +34,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -103,6 +112,11 @@ def tree_memory(pid: int) -> dict[str, int]:
     return total
 
 
+def cache_entries(cache: Path) -> list[str]:
+    """The keys of the published entries of a processed-data cache."""
+    return sorted(meta.parent.name for meta in cache.glob("*/meta.json"))
+
+
 def data_preparation_seconds(output_dir: Path) -> float | None:
     """The run's ``data_preparation_time`` from its ``training_logs.jsonl`` (None before the field existed)."""
     try:
@@ -164,13 +178,15 @@ def run(
     }
 
 
-ARMS = ("before", "plain", "data_config", "processes_2", "cache_miss", "cache_hit")
+ARMS = ("before", "plain", "data_config", "processes_2", "cache_miss", "cache_miss_2", "cache_hit")
+CACHE_MISSES = ("cache_miss", "cache_miss_2")
 # Our arms' flags: the processed-data cache off and one tokenising process unless the arm is about them.
 ARM_FLAGS = {
     "plain": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
     "data_config": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
     "processes_2": ("--data_cache_dir", "none", "--dataset_num_proc", "2"),
     "cache_miss": ("--dataset_num_proc", "1"),  # + --data_cache_dir WORKDIR/cache, emptied first
+    "cache_miss_2": ("--dataset_num_proc", "2"),  # the same, on two processes
     "cache_hit": ("--dataset_num_proc", "1"),  # + the same cache, as cache_miss left it
 }
 
@@ -206,17 +222,27 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cache = workdir / "cache"
+    results: dict[str, list[dict]] = {}
     for round_index in range(args.rounds):
         for arm in arms[round_index % len(arms) :] + arms[: round_index % len(arms)]:
             checkout = args.before if arm == "before" else REPO_ROOT
             config = data_config if arm == "data_config" else None
             extra = ARM_FLAGS.get(arm, ())
             if arm.startswith("cache_"):
-                if arm == "cache_miss":
+                if arm in CACHE_MISSES:
                     shutil.rmtree(cache, ignore_errors=True)
                 extra = (*extra, "--data_cache_dir", str(cache))
+            entries = cache_entries(cache)
+            if arm == "cache_hit" and len(entries) != 1:
+                raise SystemExit(
+                    f"cache_hit reads the entry a miss left: run cache_miss or cache_miss_2 before it ({arms})"
+                )
             result = run(checkout, str(model), data, workdir / "out", args.max_steps, config, extra)
-            prepared = "" if result["data_seconds"] is None else f"{result['data_seconds']:.1f}"
+            after = cache_entries(cache)
+            if arm.startswith("cache_") and (len(after) != 1 or arm == "cache_hit" and after != entries):
+                raise SystemExit(f"{arm} left {after} in {cache}, not the one entry expected")
+            results.setdefault(arm, []).append(result)
+            prepared = "" if result["data_seconds"] is None else f"{result['data_seconds']:.2f}"
             print(
                 f"| {args.rows} | {megabytes:.0f} | {round_index + 1} | {arm} | {prepared} | {result['seconds']:.1f} "
                 f"| {result['cpu_seconds']:.1f} | {result['peak_rss'] / 1e6:.0f} | {result['peak_anon'] / 1e6:.0f} "
@@ -224,6 +250,40 @@ def main() -> None:
                 f"| {'yes' if result['trl_passes'] else 'no'} |",
                 flush=True,
             )
+    if args.rounds > 1:
+        print_summary(results, args.rows)
+
+
+def _ratio(numerators: list[dict], denominators: list[dict]) -> str:
+    """The median of the rounds' data preparation time ratios, and each round's."""
+    ratios = [
+        top["data_seconds"] / bottom["data_seconds"] for top, bottom in zip(numerators, denominators, strict=True)
+    ]
+    return f"{statistics.median(ratios):.3f} (rounds: {', '.join(f'{ratio:.3f}' for ratio in ratios)})"
+
+
+def print_summary(results: dict[str, list[dict]], rows: int) -> None:
+    """Per arm the median data preparation time and the largest peaks over the rounds; the cache's ratios."""
+    print(
+        f"\n| {rows} rows, {len(next(iter(results.values())))} rounds | median data preparation s | median CPU s "
+        "| largest peak RSS MB | largest peak anonymous MB | largest peak PSS MB, with workers |"
+    )
+    print("|---|---|---|---|---|---|")
+    for arm, runs in results.items():
+        prepared = [run["data_seconds"] for run in runs if run["data_seconds"] is not None]
+        median = f"{statistics.median(prepared):.2f}" if prepared else ""
+        print(
+            f"| {arm} | {median} | {statistics.median(run['cpu_seconds'] for run in runs):.1f} "
+            f"| {max(run['peak_rss'] for run in runs) / 1e6:.0f} | {max(run['peak_anon'] for run in runs) / 1e6:.0f} "
+            f"| {max(run['peak_pss'] for run in runs) / 1e6:.0f} |"
+        )
+    if "cache_hit" in results and "cache_miss" in results:
+        print(f"\ncache_hit / cache_miss data preparation time: {_ratio(results['cache_hit'], results['cache_miss'])}")
+    if "cache_miss" in results and "cache_miss_2" in results:
+        print(
+            "cache_miss / cache_miss_2 (how much faster two processes prepare): "
+            f"{_ratio(results['cache_miss'], results['cache_miss_2'])}"
+        )
 
 
 if __name__ == "__main__":

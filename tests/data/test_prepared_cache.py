@@ -3,11 +3,11 @@ the same work, a miss for each part of the key changed, concurrent builders and 
 SIGKILL), eviction by size, 'none'. In-process through prepare_with_cache, on a temporary cache directory."""
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import datasets
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
-from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, make_args, subprocess_env
+from tests.helpers.training import RESPONSE_TEMPLATE, make_args
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data import masking, prepared_cache
 from tuning.data.cache import PREFIX
@@ -152,51 +152,70 @@ def test_several_processes_tokenise_the_same_rows_in_the_same_order(tokenizer, m
     assert len(one) == 300 - len(texts[5::7]) and one.to_dict() == two.to_dict()
     unmasked = masking.tokenize_and_mask(texts, tokenizer, 32, None, num_proc=2)
     assert len(unmasked) == 300 and unmasked["labels"] == unmasked["input_ids"]
+    with pytest.raises(UserInputError, match="occurs in none of the 300 examples of the shards"):
+        masking.tokenize_and_mask(texts, tokenizer, 32, "### Answer:", source="the shards", num_proc=2)
 
 
 # --- processes: concurrent builders, a killed one, a real training run on the entry -----------------------------
 
-BUILDER = """
-import sys, time
-import datasets
-from transformers import AutoTokenizer
-from tuning.config.configs import DataArguments, TrainingArguments
-from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache
 
-model, data, cache, hold = sys.argv[1:5]
-save = datasets.Dataset.save_to_disk
-def slow_save(self, *args, **kwargs):  # the entry half-written: long enough to be killed, or waited for
-    save(self, *args, **kwargs)
-    print("written", flush=True)
-    time.sleep(float(hold))
-datasets.Dataset.save_to_disk = slow_save
-arguments = DataArguments(
-    training_data_path=data, dataset_text_field="output", response_template="\\n### Response:", data_cache_dir=cache
-)
-tokenizer = AutoTokenizer.from_pretrained(model)
-(rows, _), how = prepare_with_cache(arguments, TrainingArguments(output_dir="unused"), tokenizer, 64)
-print(how.status, how.key, hash(str(rows["labels"])), flush=True)
-"""
+def build_entry(tiny_model: str, data: str, cache: Path, hold: float, report) -> None:
+    """A builder process (forked: it starts without importing anything again): prepares the rows through the cache,
+    waiting ``hold`` seconds once its entry is written and before it is published (long enough to be killed, or
+    waited for), and reports how the rows came and their labels."""
+    save = datasets.Dataset.save_to_disk
 
+    def slow_save(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        report.send("written")
+        time.sleep(hold)
 
-def builder(tiny_model: str, data: str, cache: Path, hold: float) -> subprocess.Popen:
-    argv = [sys.executable, "-c", BUILDER, tiny_model, data, str(cache), str(hold)]
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, text=True, env=subprocess_env(PYTHONHASHSEED="0"), cwd=REPO_ROOT
+    datasets.Dataset.save_to_disk = slow_save
+    (rows, _), how = prepare_with_cache(
+        data_args(data, cache), TrainingArguments(output_dir="unused"), AutoTokenizer.from_pretrained(tiny_model), 64
     )
+    report.send((how.status, how.key, rows[:]["labels"]))
+
+
+def builder(tiny_model: str, data: str, cache: Path, hold: float):
+    """A started builder process and the end of the pipe it reports on."""
+    receiver, sender = multiprocessing.get_context("fork").Pipe(duplex=False)
+    process = multiprocessing.get_context("fork").Process(
+        target=build_entry, args=(tiny_model, data, cache, hold, sender)
+    )
+    process.start()
+    sender.close()
+    return process, receiver
+
+
+def message(report):
+    """The builder's next report (a builder that hangs fails the test, not the suite)."""
+    assert report.poll(120), "the builder reported nothing in 120 s"
+    return report.recv()
+
+
+def outcome(process, report) -> tuple:
+    """What a builder reported last, once it has exited well."""
+    while (last := message(report)) == "written":
+        pass
+    process.join(timeout=120)
+    assert process.exitcode == 0
+    return last
 
 
 @pytest.mark.slow
-def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tiny_model, data, tokenizer, tmp_path):
+def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tiny_model, data, tmp_path):
     cache = tmp_path / "cache"
-    killed = builder(tiny_model, data, cache, hold=120)
-    assert killed.stdout.readline() == "written\n"  # its rows are on disk, not yet published
-    killed.send_signal(signal.SIGKILL)
-    killed.wait(timeout=60)
+    killed, report = builder(tiny_model, data, cache, hold=120)
+    assert message(report) == "written"  # its rows are on disk, not yet published
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.join(timeout=60)
+    assert killed.exitcode == -signal.SIGKILL
     assert entries(cache) == [] and len(list(cache.glob(f"{PREFIX}*"))) == 1
 
-    first, second = (builder(tiny_model, data, cache, hold=3) for _ in range(2))
-    lines = [process.communicate(timeout=300)[0].splitlines()[-1].split() for process in (first, second)]
+    # Started together: one takes the key's lock and holds it a second after writing, the other waits for it.
+    first, second = (builder(tiny_model, data, cache, hold=1) for _ in range(2))
+    lines = [outcome(*first), outcome(*second)]
     assert sorted(line[0] for line in lines) == ["hit", "miss"]  # one built while the other waited, then read it
     assert lines[0][1:] == lines[1][1:]  # one key, the same labels
     assert [entry.name for entry in entries(cache)] == [lines[0][1]]
@@ -204,10 +223,8 @@ def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tin
 
     # A run trains on the entry: train() reads it (a hit) and its rows are the entry's.
     model_args, _, train_args = make_args(tiny_model, str(tmp_path / "out"), "", max_steps=1, max_seq_length=64)
-    arguments = data_args(data, cache)
-    trainer, _, _ = train(model_args, arguments, train_args)
-    stored = datasets.load_from_disk(str(entries(cache)[0] / "train"))
-    assert trainer.train_dataset["labels"][:5] == stored["labels"][:5]
+    trainer, _, _ = train(model_args, data_args(data, cache), train_args)
+    assert trainer.train_dataset[:]["labels"] == lines[0][2]
     assert [entry.name for entry in entries(cache)] == [lines[0][1]]
 
 

@@ -5,14 +5,19 @@ the response when it starts at or after the template's end), which cannot miss a
 in context. Rows go a batch at a time to an Arrow file in a directory of its own under ``HF_DATASETS_CACHE``
 (``tuning.data.cache``: removed when the run ends, or by the next run if it was killed): memory is bounded by a batch,
 not by the data.
+
+One process keeps two cores busy: the fast tokenizer encodes a batch on its own threads, without the GIL, while this
+process masks and writes the one before. More processes (``--dataset_num_proc``) each tokenise a contiguous shard;
+they pay a fork, a copy of the texts and ~210 MB each, and gain only where cores outnumber what one process keeps
+busy (docs/performance.md).
 """
 
 import functools
 import itertools
 import logging
-import os
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import datasets
 from datasets import Dataset
@@ -31,21 +36,12 @@ _FEATURES = datasets.Features(
     {"input_ids": datasets.List(datasets.Value("int32")), "labels": datasets.List(datasets.Value("int32"))}
 )
 
-# Below this many texts one process tokenises: starting more costs more than they gain.
+# Below this many texts one process tokenises whatever --dataset_num_proc says: starting more costs more than they
+# gain.
 PARALLEL_MIN_TEXTS = 20_000
-MAX_DEFAULT_PROCESSES = 8
 _TEXT_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 logger = logging.getLogger(__name__)
-
-
-def default_num_proc() -> int:
-    """The cores this process may use (its CPU affinity), at most ``MAX_DEFAULT_PROCESSES``."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_PROCESSES))
 
 
 def _response_spans(text: str, response_template: str, instruction_template: str | None) -> list[tuple[int, int]]:
@@ -119,6 +115,37 @@ def _check_skipped(without_template: int, total: int, source: str, response_temp
         )
 
 
+def _encoded_batches(
+    texts: Iterable[str], tokenizer, max_length: int, offsets: bool
+) -> Iterator[tuple[list[str], dict]]:
+    """``(batch, encoding)`` pairs in order, the next batch encoding on a thread while the caller masks and writes
+    this one: the fast tokenizer releases the GIL while it encodes (on its own threads), so that the encoding and
+    our Python work share the cores instead of taking turns. One batch is ahead, no more."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenise") as encoder:
+        pending = None
+        for batch in _batches(texts):
+            encoding = encoder.submit(_encode, tokenizer, batch, max_length, offsets)
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = (batch, encoding)
+        if pending is not None:
+            yield pending[0], pending[1].result()
+
+
+def _masked(
+    texts: list[str], encoded, response_template: str | None, instruction_template: str | None
+) -> Iterator[tuple[list[int], list[int]]]:
+    """``(input_ids, labels)`` of each text of a batch, less the texts without their (untruncated) response."""
+    for index, text in enumerate(texts):
+        input_ids = encoded["input_ids"][index]
+        if response_template is None:
+            yield input_ids, input_ids
+            continue
+        labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
+        if labels is not None:
+            yield input_ids, labels
+
+
 def _rows(
     texts: Iterable[str],
     tokenizer,
@@ -127,24 +154,13 @@ def _rows(
     source: str,
     instruction_template: str | None = None,
 ) -> Iterator[dict[str, list[int]]]:
-    total = without_template = 0
-    for batch in _batches(texts):
-        encoded = tokenizer(
-            batch, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
-        )
-        for index, text in enumerate(batch):
-            input_ids = encoded["input_ids"][index]
-            labels = input_ids
-            if response_template is not None:
-                labels = _mask(
-                    text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template
-                )
-                if labels is None:
-                    without_template += 1
-                    continue
+    total = kept = 0
+    for batch, encoded in _encoded_batches(texts, tokenizer, max_length, response_template is not None):
+        for input_ids, labels in _masked(batch, encoded, response_template, instruction_template):
+            kept += 1
             yield {"input_ids": input_ids, "labels": labels}
         total += len(batch)
-    _check_skipped(without_template, total, source, response_template)
+    _check_skipped(total - kept, total, source, response_template)
 
 
 def tokenize_and_mask(
@@ -159,11 +175,10 @@ def tokenize_and_mask(
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
     drop texts lacking it. With an instruction template too (chat turns), only the spans from each response template
     to the next instruction template are trained. Our errors raised while reading ``texts`` come out unwrapped by
-    ``datasets``. ``num_proc`` processes tokenise (default ``default_num_proc``) once there are
-    ``PARALLEL_MIN_TEXTS`` texts: the same rows, in the same order, as one process makes."""
+    ``datasets``. ``num_proc`` processes (default one) tokenise once there are ``PARALLEL_MIN_TEXTS`` texts: the
+    same rows, in the same order, as one process makes."""
     cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
-    num_proc = default_num_proc() if num_proc is None else num_proc
-    if num_proc > 1:
+    if num_proc is not None and num_proc > 1:
         texts = iter(texts)
         first = list(itertools.islice(texts, PARALLEL_MIN_TEXTS))
         if len(first) == PARALLEL_MIN_TEXTS:  # enough to gain from more processes than one
@@ -206,29 +221,31 @@ def _text_rows(texts: Iterable[str]) -> Iterator[dict[str, str]]:
         yield {"text": text}
 
 
+def _encode(tokenizer, texts: list[str], max_length: int, offsets: bool):
+    """The texts' ``input_ids`` (and character offsets), truncated; nothing else the rows do not keep (an
+    attention mask or token types would cost a Python list per text)."""
+    return tokenizer(
+        texts,
+        truncation=True,
+        max_length=max_length,
+        return_offsets_mapping=offsets,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
+
+
 def _tokenize_batch(
     batch: dict[str, list], tokenizer, max_length: int, response_template: str | None, instruction_template
 ) -> dict[str, list]:
-    """One batch of texts as rows; a text without its response gets empty ``input_ids`` (dropped afterwards)."""
+    """One batch of texts as rows, less the texts without their response (counted by the caller from the rows
+    left), so that no second pass filters them."""
     texts = batch["text"]
-    encoded = tokenizer(
-        texts, truncation=True, max_length=max_length, return_offsets_mapping=response_template is not None
-    )
+    encoded = _encode(tokenizer, texts, max_length, response_template is not None)
     rows = {"input_ids": [], "labels": []}
-    for index, text in enumerate(texts):
-        input_ids = encoded["input_ids"][index]
-        labels = input_ids
-        if response_template is not None:
-            labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
-            if labels is None:
-                input_ids = labels = []
+    for input_ids, labels in _masked(texts, encoded, response_template, instruction_template):
         rows["input_ids"].append(input_ids)
         rows["labels"].append(labels)
     return rows
-
-
-def _has_tokens(row: dict) -> bool:
-    return len(row["input_ids"]) > 0
 
 
 def _tokenize_in_processes(
@@ -261,10 +278,5 @@ def _tokenize_in_processes(
         new_fingerprint=uuid.uuid4().hex,
         desc=f"tokenising {source}",
     )
-    total = len(rows)
-    if response_template is None:
-        return rows
-    kept = rows.filter(_has_tokens, num_proc=num_proc, new_fingerprint=uuid.uuid4().hex)
-    without_template = total - len(kept)
-    _check_skipped(without_template, total, source, response_template)
-    return kept
+    _check_skipped(len(text_rows) - len(rows), len(text_rows), source, response_template)
+    return rows
