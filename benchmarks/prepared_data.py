@@ -14,7 +14,9 @@ Arms: ``plain`` runs the plain flags (``--training_data_path``, ``--dataset_text
 same file through ``--data_config_path`` with v3.1.0's ``apply_custom_jinja_template`` handler (``datasets``' ``map``
 over the Arrow copy the line-numbered reader writes), the general path; ``before`` runs the plain flags with the
 ``tuning/sft_trainer.py`` of another checkout (``--before``, e.g. a ``git worktree`` of an older commit), in this
-Python environment. ``processes_2`` runs the plain flags tokenising on two processes (``--dataset_num_proc 2``).
+Python environment, with that checkout's defaults; ``before_plain`` the same with the flags of ``plain`` (a checkout
+that has ``--data_cache_dir`` and ``--dataset_num_proc``).
+``processes_2`` runs the plain flags tokenising on two processes (``--dataset_num_proc 2``).
 ``cache_miss`` fills an emptied processed-data cache (``--data_cache_dir WORKDIR/cache``) on one tokenising process,
 ``cache_miss_2`` the same on two, and ``cache_hit`` reads the entry the last miss left (both misses make the same
 entry: the number of processes is not part of the key). The other arms run with the cache off and one tokenising
@@ -178,11 +180,12 @@ def run(
     }
 
 
-ARMS = ("before", "plain", "data_config", "processes_2", "cache_miss", "cache_miss_2", "cache_hit")
+ARMS = ("before", "before_plain", "plain", "data_config", "processes_2", "cache_miss", "cache_miss_2", "cache_hit")
 CACHE_MISSES = ("cache_miss", "cache_miss_2")
 # Our arms' flags: the processed-data cache off and one tokenising process unless the arm is about them.
 ARM_FLAGS = {
     "plain": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
+    "before_plain": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),  # a checkout that has both flags
     "data_config": ("--data_cache_dir", "none", "--dataset_num_proc", "1"),
     "processes_2": ("--data_cache_dir", "none", "--dataset_num_proc", "2"),
     "cache_miss": ("--dataset_num_proc", "1"),  # + --data_cache_dir WORKDIR/cache, emptied first
@@ -203,7 +206,8 @@ def main() -> None:
     arms = args.arms.split(",")
     if unknown := sorted(set(arms) - set(ARMS)):
         parser.error(f"unknown arms {unknown}: choose from {', '.join(ARMS)}")
-    if "before" in arms and not (args.before and (args.before / "tuning" / "sft_trainer.py").is_file()):
+    before = args.before and (args.before / "tuning" / "sft_trainer.py").is_file()
+    if {"before", "before_plain"} & set(arms) and not before:
         parser.error("the 'before' arm needs --before, a checkout with tuning/sft_trainer.py")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +229,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for round_index in range(args.rounds):
         for arm in arms[round_index % len(arms) :] + arms[: round_index % len(arms)]:
-            checkout = args.before if arm == "before" else REPO_ROOT
+            checkout = args.before if arm.startswith("before") else REPO_ROOT
             config = data_config if arm == "data_config" else None
             extra = ARM_FLAGS.get(arm, ())
             if arm.startswith("cache_"):
@@ -279,6 +283,11 @@ def print_summary(results: dict[str, list[dict]], rows: int) -> None:
         )
     if "cache_hit" in results and "cache_miss" in results:
         print(f"\ncache_hit / cache_miss data preparation time: {_ratio(results['cache_hit'], results['cache_miss'])}")
+    if "before_plain" in results and "cache_miss" in results:
+        print(
+            "before_plain / cache_miss (how much faster one process prepares than the --before checkout's one): "
+            f"{_ratio(results['before_plain'], results['cache_miss'])}"
+        )
     if "cache_miss" in results and "cache_miss_2" in results:
         print(
             "cache_miss / cache_miss_2 (how much faster two processes prepare): "
