@@ -2,8 +2,10 @@
 its ``scripts/wrapper_sfttrainer.py``, which picks its thin wrapper for ``--fms_hf_tuning_version`` (its
 ``tuning_versions/at_least_*.py``) and calls ``tuning.sft_trainer.train()`` with ``fast_moe_config``, on a tiny
 GraniteMoe built here (``tuning.utils.tiny_model``), on CPU, with ado's own Aim callback (an ephemeral Aim repo).
+Full fine-tuning on the sample data with its response template; ``--ranks 2`` takes ado's DDP backend (its
+``accelerate launch --num_processes 2``), so ``--fast_moe 2`` shards the experts over the two ranks.
 
-    python benchmarks/ado_check.py /path/to/ado [--fms_hf_tuning_version 3.1.0] [--fast_moe 1] [--max_steps 2]
+    python benchmarks/ado_check.py /path/to/ado [--fms_hf_tuning_version 3.1.0] [--fast_moe 1] [--ranks 1]
 
 Run it with a python that has this package's requirements and ado's actuator's: ``ado-core`` (ado's plugin imports
 its ``orchestrator`` package: ``ado-core<2`` has it, 2.x renamed it ``ado``), ``aim`` and ``jwt``. Nothing of ado is
@@ -22,6 +24,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = Path("plugins", "actuators", "sfttrainer")
+RESPONSE_TEMPLATE = "\n### Response:"  # the sample data's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,14 +33,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fms_hf_tuning_version", default="3.1.0", help="what ado is told it runs (%(default)s)")
     parser.add_argument("--fast_moe", type=int, default=1, help="ado's fast_moe parameter, the EP degree (%(default)s)")
     parser.add_argument("--max_steps", type=int, default=2, help="(%(default)s)")
+    parser.add_argument(
+        "--ranks", type=int, default=1, help="processes: above 1, ado's DDP backend (`accelerate launch`) (%(default)s)"
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep the model and outputs in this folder")
     return parser.parse_args(argv)
 
 
-def _child_environment(plugin: Path) -> None:
-    """What ado's launch hands its ``python wrapper_sfttrainer.py`` child: this python first on PATH (ado runs
-    ``python``), ado's plugin and this checkout importable, nothing downloaded."""
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+def _child_environment(plugin: Path, workdir: Path) -> None:
+    """What ado's launch hands its child (``python wrapper_sfttrainer.py``, or ``accelerate launch ...`` for
+    several ranks): this python's, first on PATH (an ``accelerate`` command on this python is written to
+    ``workdir/bin``, as its environment may have none), ado's plugin and this checkout importable, nothing
+    downloaded."""
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    accelerate = bin_dir / "accelerate"
+    accelerate.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom accelerate.commands.accelerate_cli import main\nsys.exit(main())\n"
+    )
+    accelerate.chmod(0o755)
+    os.environ["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     paths = [str(plugin), str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)
     sys.path[:0] = [str(plugin), str(REPO_ROOT)]
@@ -50,7 +65,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     if not plugin.is_dir():
         print(f"ado_check: {args.ado} holds no {PLUGIN}", file=sys.stderr)
         return 1
-    _child_environment(plugin)
+    _child_environment(plugin, workdir)
     from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, build_tiny_moe
 
     model = build_tiny_moe(str(workdir / "tiny-moe"))
@@ -59,7 +74,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     fine_tune_args = finetune.FineTuneArgs(
         hf_home=str(workdir / "hf_home"),
         fms_hf_tuning_version=args.fms_hf_tuning_version,
-        number_gpus=0,  # no accelerate launch: ado runs `python wrapper_sfttrainer.py`
+        number_gpus=args.ranks if args.ranks > 1 else 0,  # 0: ado runs `python wrapper_sfttrainer.py`
         gradient_accumulation_steps=1,
         max_steps=args.max_steps,
         model_name_or_path=model,
@@ -72,6 +87,8 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         fast_moe=[args.fast_moe],
         peft_method=None,  # full fine-tuning (ado's default is prompt tuning)
         dataset_text_field="output",
+        # v3.1.0 refuses a text field with no response template unless packing or padding-free is on
+        response_template=RESPONSE_TEMPLATE,
     )
     print(f"ado_check: ado's launch_finetune with {dataclasses.asdict(fine_tune_args)}", flush=True)
     try:
@@ -79,7 +96,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             args=fine_tune_args,
             aim_metadata={"metadata": {"experiment": "ado_check", "entity": "tiny-moe"}},
             count_dataset_tokens=False,
-            distributed_settings=finetune.DistributedSettings(),
+            distributed_settings=finetune.DistributedSettings(backend="DDP" if args.ranks > 1 else None),
             multi_node=None,
         )
     except Exception:  # ado's own report of the failure, printed whole
