@@ -119,12 +119,22 @@ def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_mo
 
 @pytest.mark.slow
 def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_train, tmp_path):
-    repo, output_dir = tmp_path / "aim", tmp_path / "out"
+    """The design notes' command with Aim added: one Aim run, and the same training and files as without it (the
+    file logger stays on: rank 0's records; the processed-data cache: rank 0 builds the entry, rank 1 reads it)."""
+    repo, output_dir, cache = tmp_path / "aim", tmp_path / "out", tmp_path / "data-cache"
     command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=output_dir)
     command += f"--tracker aim --aim_repo {repo} --experiment sft-llama7b-test --exp_metadata '{METADATA_FLAG}'"
     env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env["TUNING_DATA_CACHE_DIR"] = str(cache)
     result = subprocess.run(command, shell=True, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records].count("model_load_time") == 1  # rank 0 only
+    assert len(list(cache.glob("*/meta.json"))) == 1
+    # 96 records / (2 ranks x batch 1 x accumulation 8) = 6 steps: the ranks really split the data, and only rank 0
+    # logs (logging_strategy defaults to epoch, as in fms-hf-tuning).
+    assert [r["data"]["step"] for r in records if r["name"] == "training_loss"] == [6]
+    assert (output_dir / "added_tokens_info.json").exists()  # no --save_model_dir: no final adapter (v3.1.0)
     assert DEGRADED_WARNING not in result.stderr
     (run,) = read_runs(repo)
     assert read_runs(repo, f'{METADATA_QUERY} and run.experiment == "sft-llama7b-test"')[0]["hash"] == run["hash"]
