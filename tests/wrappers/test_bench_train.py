@@ -370,10 +370,12 @@ def test_second_run_on_the_same_metrics_path_is_refused(bench_train, tiny_model,
     assert read_dump(metrics_path)["status"] == "ok"
 
 
-@pytest.mark.slow
-def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, tmp_path, small_filesystem):
-    """A real filesystem that fills up while training: the journal says so on a line of its own, the dump goes whole
-    to the output directory, named on stderr and in the termination log, and the run exits ``storage``."""
+def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(
+    bench_train, tiny_model, tmp_path, small_filesystem, monkeypatch, capfd
+):
+    """A real filesystem that fills up while training (bench_train's main in this process): the journal says so on a
+    line of its own, the dump goes whole to the output directory, named on stderr and in the termination log, and
+    the run exits ``storage``."""
     full = small_filesystem("24m")
     termination_log = tmp_path / "termination-log"
     args = bench_args(
@@ -383,7 +385,10 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
         max_steps=10,
         callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2",
     )
-    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+    monkeypatch.setenv("FILL_DIR", str(full))
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(termination_log))
+    returncode = bench_train.main(args)
+    stderr = capfd.readouterr().err
 
     assert returncode == 209, stderr[-3000:]
     fallback = tmp_path / "out" / "bench.json"
@@ -397,8 +402,9 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
     assert line.startswith("storage: StorageError: cannot write the dump to --metrics_path") and str(fallback) in line
 
 
-@pytest.mark.slow
-def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tiny_model, tmp_path, small_filesystem):
+def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(
+    bench_train, tiny_model, tmp_path, small_filesystem, monkeypatch, capfd
+):
     full = small_filesystem("24m")
     termination_log = tmp_path / "termination-log"
     args = bench_args(
@@ -408,7 +414,10 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
         max_steps=10,
         callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2,{BENCH_CALLBACKS}:OutOfMemoryOnLastRank",
     )
-    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+    monkeypatch.setenv("FILL_DIR", str(full))
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(termination_log))
+    returncode = bench_train.main(args)
+    stderr = capfd.readouterr().err
 
     assert returncode == 204, stderr[-3000:]  # the run's own failure decides
     fallback = tmp_path / "out" / "bench.json"
