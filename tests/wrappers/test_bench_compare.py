@@ -1,7 +1,7 @@
 """wrappers/bench_compare.py: synthetic dumps with known answers (in process) for each way the data can fail to
 support a verdict (values that are not positive numbers, one run a side, identical values, different configurations,
 dumps without a config block, failed runs), the command line's bad input, and real sweeps of the tiny model: a
-candidate slowed by 30 % per step is slower at every point within run (exit 1); identical runs, 2 a side, are
+candidate slowed by 30 % per step is slower within run (exit 1); identical runs, 2 a side, are
 inconclusive, never slower (exit 0), and say how many runs would decide."""
 
 import json
@@ -298,11 +298,16 @@ def assert_configs_recorded(directory: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny_model, tmp_path):
-    """Both sides run the same flags (the slowing callback too), one run a point: inconclusive without
-    --within_run (exit 0), slower at every point with it (exit 1), the rows saying the interval is within run."""
+def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(tiny_model, tmp_path):
+    """Both sides run the same flags (the slowing callback too), one run of one point: inconclusive without
+    --within_run (exit 0), slower with it (exit 1), the row saying the interval is within run. (Several points
+    matched and judged each: the synthetic dumps above.)"""
     spec = write_sweep_spec(
-        tmp_path / "sweep.yaml", tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction", max_steps=40
+        tmp_path / "sweep.yaml",
+        tiny_model,
+        batch_sizes=(2,),
+        callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction",
+        max_steps=40,
     )
     run_sweeps((spec, tmp_path / "base", 0.0), (spec, tmp_path / "cand", 0.3))
     assert_configs_recorded(tmp_path / "base")
@@ -313,7 +318,7 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_at_every_point(tiny
     result = compare_command(*sides, "--within_run", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1, result.stdout + result.stderr
     rows = read_rows(tmp_path / "out" / "comparison.csv")
-    assert len(rows) == 2 and {row["verdict"] for row in rows.values()} == {"slower"}, result.stdout
+    assert len(rows) == 1 and {row["verdict"] for row in rows.values()} == {"slower"}, result.stdout
     assert {row["interval"] for row in rows.values()} == {"within run (steps): ignores run-to-run noise"}
     assert "per_device_train_batch_size=2 | 1/1 |" in (tmp_path / "out" / "comparison.md").read_text()
 
