@@ -25,15 +25,11 @@ SHARED_FIXTURES = ("local_grid", "runs_dir", "healthy_jobs", "aim_server", "mlfl
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker, whose collection the scheduler hands out
-        # The workers take the groups first (the most tests first), then one test at a time in this order: the slow
-        # tests first, so that the run ends with short tests on both workers instead of one worker's long test.
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # A test not marked slow that takes seconds pushes `make test-fast` past its inner-loop budget: the summary names it
