@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.helpers.aim import AimServer, read_runs
 from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
-from tests.helpers.nvml import FAKE_NVML_DIR
+from tests.helpers.nvml import load_fake_nvml
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     BENCH_TRAIN,
@@ -503,9 +504,10 @@ FAKE_GPU = {
 }
 
 
-def with_fake_nvml(*devices: dict) -> dict[str, str]:
-    """The environment of a child whose NVML is the stand-in, over ``devices``."""
-    return {"FAKE_NVML_DEVICES": json.dumps(list(devices)), "PYTHONPATH": f"{FAKE_NVML_DIR}:{REPO_ROOT}"}
+def use_fake_nvml(monkeypatch, *devices: dict) -> None:
+    """This process's NVML is the stand-in, over ``devices``, for the test's duration."""
+    monkeypatch.setitem(sys.modules, "pynvml", load_fake_nvml())
+    monkeypatch.setenv("FAKE_NVML_DEVICES", json.dumps(list(devices)))
 
 
 def measured(dump: dict, name: str) -> float:
@@ -516,12 +518,14 @@ def measured(dump: dict, name: str) -> float:
     )
 
 
-@pytest.mark.slow
-def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(tiny_model, tmp_path):
-    """NVML's counter advances 7 J per read: read at train begin, warmup end and train end, so 7 J after the warmup."""
+def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(
+    bench_train, tiny_model, tmp_path, monkeypatch, capfd
+):
+    """NVML's counter advances 7 J per read: read at train begin, warmup end and train end, so 7 J after the warmup.
+    (bench_train's main in this process, its NVML the stand-in module.)"""
     args = bench_args(tiny_model, tmp_path, max_steps=6, peak_tflops=0.002)
-    returncode, _, stderr = run_bench(args, **with_fake_nvml({**FAKE_GPU, "energy_mj_per_read": 7_000}))
-    assert returncode == 0, stderr
+    use_fake_nvml(monkeypatch, {**FAKE_GPU, "energy_mj_per_read": 7_000})
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
     sequence_length = tokens / measured(dump, STEP_SAMPLES)
@@ -536,13 +540,15 @@ def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(tiny_
     assert len(summary["rank_forward_time_p50"]) == 1 and summary["rank_skew"] == 1.0
 
 
-@pytest.mark.slow
-def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(tiny_model, tmp_path):
-    """A GPU drawing a steady 200 W without an energy counter: 200 W times the time after the warmup, within 5 %."""
+def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(
+    bench_train, tiny_model, tmp_path, monkeypatch, capfd
+):
+    """A GPU drawing a steady 200 W without an energy counter: 200 W times the time after the warmup, within 5 %.
+    (bench_train's main in this process, its NVML the stand-in module.)"""
     gpu = {**FAKE_GPU, "unsupported": ["nvmlDeviceGetTotalEnergyConsumption"]}
     args = bench_args(tiny_model, tmp_path, max_steps=8, peft_method="lora", system_metrics_interval=0.05)
-    returncode, _, stderr = run_bench(args, **with_fake_nvml(gpu))
-    assert returncode == 0, stderr
+    use_fake_nvml(monkeypatch, gpu)
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
     vocab = json.loads((Path(tiny_model) / "config.json").read_text())["vocab_size"]
