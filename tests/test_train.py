@@ -14,7 +14,7 @@ from tests.helpers.training import (
     RESPONSE_TEMPLATE,
     cli_args,
     make_args,
-    run_sft_trainer,
+    run_main,
     subprocess_env,
 )
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
@@ -210,10 +210,12 @@ def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sam
     assert "model_load_time" not in tracker.tracked
 
 
-@pytest.mark.slow
-def test_cli_script_writes_training_logs(tiny_model, tmp_path):
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final"))
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_cli_writes_training_logs_and_the_lora_artifacts(tiny_model, tmp_path, monkeypatch, capfd):
+    """The command line through main() in this process (the script as a process of its own: test_preemption,
+    test_aim_e2e, test_error_logging_e2e)."""
+    args = cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final")
+    exit_code, stderr = run_main(args, monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
     losses = [r for r in records if r["name"] == "training_loss"]
     assert [r["data"]["step"] for r in losses] == [1, 2, 3]
