@@ -125,7 +125,15 @@ def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_
     assert first.startswith("gpu_oom: rank 1: OutOfMemoryError: CUDA out of memory")
     # What rank 0 saw depends on timing: its lost peer (communication) or the agent's SIGTERM (interrupted).
     assert second.startswith(("communication: rank 0: ", "interrupted: rank 0: "))
-    assert json.loads((tmp_path / "bench.json.rank1.error.json").read_text())["category"] == "gpu_oom"
+    # Each rank's own report: rank 1's error report and TUNING_ERROR line, rank 0's dump with its own, truthful error.
+    assert "TUNING_ERROR category=gpu_oom rank=1 step=2 exit_code=204" in stderr
+    report = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
+    assert report["category"] == "gpu_oom" and report["rank"] == 1 and report["global_step"] == 2
+    assert "injected by the test" in report["message"] and report["world_size"] == 2
+    dump = read_dump(tmp_path / "bench.json")
+    assert dump["error"]["rank"] == 0 and dump["error"]["category"] in ("communication", "interrupted")
+    assert dump["status"] == ("interrupted" if dump["error"]["category"] == "interrupted" else "error")
+    assert not (tmp_path / "bench.json.rank0.error.json").exists()
 
 
 def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):

@@ -171,17 +171,19 @@ def test_lora_with_added_tokens_trains_and_saves_their_rows(tied, tiny_model, sa
     assert not torch.allclose(loaded.get_input_embeddings().weight[token_id], starts["embed_tokens"], atol=1e-4)
 
 
-@pytest.mark.slow
-def test_bench_train_hands_padding_free_to_train(tiny_model, tmp_path):
-    """Through bench_train too: padding-free trains (its dump counts the examples' tokens, TRL's count of the
-    concatenated rows agreeing), and padding-free with packing is refused as a user error, not ignored."""
-    from tests.helpers.bench import bench_args, read_dump, run_bench, series
+def test_bench_train_hands_padding_free_to_train(tiny_model, tmp_path, capfd):
+    """Through bench_train's main too (in this process: the flags' path, not the process, is under test):
+    padding-free trains (its dump counts the examples' tokens, TRL's count of the concatenated rows agreeing), and
+    padding-free with packing is refused as a user error, not ignored."""
+    from tests.helpers.bench import bench_args, read_dump, series
+    from tests.helpers.training import BENCH_TRAIN, load_script
 
+    bench_train = load_script(BENCH_TRAIN)
     out = tmp_path / "ok"
-    code, _, stderr = run_bench(bench_args(tiny_model, out, padding_free="huggingface"))
-    assert code == 0, stderr[-3000:]
+    assert bench_train.main(bench_args(tiny_model, out, padding_free="huggingface")) == 0, capfd.readouterr().err
     dump = read_dump(out / "bench.json")
     assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1] > 0
+    capfd.readouterr()
     refused = tmp_path / "refused"
-    code, _, stderr = run_bench(bench_args(tiny_model, refused, padding_free="huggingface", packing="True"))
-    assert code == 1 and "--padding_free with --packing" in stderr
+    code = bench_train.main(bench_args(tiny_model, refused, padding_free="huggingface", packing="True"))
+    assert code == 1 and "--padding_free with --packing" in capfd.readouterr().err

@@ -23,8 +23,8 @@ from tests.helpers.training import (
     cli_args,
     logged_steps,
     make_args,
+    run_main,
     run_python,
-    run_sft_trainer,
     two_ranks,
     wait_for_steps,
 )
@@ -133,12 +133,14 @@ def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exac
         torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.slow
-def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step(tiny_model, tmp_path):
+def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step(
+    tiny_model, tmp_path, monkeypatch, capfd, caplog
+):
+    """Both runs through sft_trainer's main in this process (the damage is made by hand, no process is killed)."""
     output_dir = tmp_path / "out"
     flags = cli_args(tiny_model, str(output_dir), max_steps=5, save_strategy="steps", save_steps=2)
-    first = run_sft_trainer(flags)
-    assert first.returncode == 0, first.stderr[-3000:]
+    exit_code, stderr = run_main(flags, monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
     assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == [
         "checkpoint-2",
         "checkpoint-4",
@@ -152,11 +154,13 @@ def test_a_restart_skips_checkpoints_cut_short_and_keeps_one_log_record_per_step
     weights = output_dir / "checkpoint-6" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
-    restart = run_sft_trainer(cli_args(tiny_model, str(output_dir), max_steps=6, save_strategy="steps", save_steps=2))
-    assert restart.returncode == 0, restart.stderr[-3000:]
-    assert f"skipping {output_dir / 'checkpoint-6'}: model.safetensors is not a complete" in restart.stderr
-    assert f"skipping {output_dir / 'checkpoint-5'}: its write did not finish" in restart.stderr
-    assert "resuming from checkpoint-4 (global step 4)" in restart.stderr
+    caplog.clear()
+    restart = cli_args(tiny_model, str(output_dir), max_steps=6, save_strategy="steps", save_steps=2)
+    exit_code, stderr = run_main(restart, monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
+    assert f"skipping {output_dir / 'checkpoint-6'}: model.safetensors is not a complete" in caplog.text
+    assert f"skipping {output_dir / 'checkpoint-5'}: its write did not finish" in caplog.text
+    assert "resuming from checkpoint-4 (global step 4)" in caplog.text
     assert logged_steps(output_dir / "training_logs.jsonl") == [1, 2, 3, 4, 5, 6]  # step 5: the restart's
     assert checkpoint_problem(str(output_dir / "checkpoint-6")) is None  # rewritten in place, complete
     assert not (output_dir / "checkpoint-5").exists()  # left unfinished: removed once checkpoint-6 was complete

@@ -1,7 +1,7 @@
-"""Real training on the tiny model: full fine-tuning, LoRA, prompt tuning, callbacks, CLI, torchrun."""
+"""Real training on the tiny model: full fine-tuning, LoRA, prompt tuning, callbacks, CLI (the design notes' torchrun
+command: tests/trackers/test_aim_e2e.py)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,11 +12,9 @@ import tuning
 from tests.helpers.training import (
     REPO_ROOT,
     RESPONSE_TEMPLATE,
-    SEED_COMMAND,
     cli_args,
-    free_port,
     make_args,
-    run_sft_trainer,
+    run_main,
     subprocess_env,
 )
 from tuning.config.peft_config import LoraConfig, PromptTuningConfig
@@ -212,10 +210,12 @@ def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sam
     assert "model_load_time" not in tracker.tracked
 
 
-@pytest.mark.slow
-def test_cli_script_writes_training_logs(tiny_model, tmp_path):
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final"))
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_cli_writes_training_logs_and_the_lora_artifacts(tiny_model, tmp_path, monkeypatch, capfd):
+    """The command line through main() in this process (the script as a process of its own: test_preemption,
+    test_aim_e2e, test_error_logging_e2e)."""
+    args = cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final")
+    exit_code, stderr = run_main(args, monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
     losses = [r for r in records if r["name"] == "training_loss"]
     assert [r["data"]["step"] for r in losses] == [1, 2, 3]
@@ -240,21 +240,3 @@ def test_module_entry_point_shows_help():
     assert result.returncode == 0
     for flag in ("--training_data_path", "--peft_method", "--trackers", "--aim_repo", "--exp_metadata", "--r"):
         assert flag in result.stdout
-
-
-@pytest.mark.slow
-def test_seed_torchrun_command_with_two_ranks(tiny_model, sample_train, tmp_path):
-    """The design notes' command, with the file logger (the Aim variant lives with the Aim tests)."""
-    command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=tmp_path)
-    cache = tmp_path / "data-cache"  # the processed-data cache on: rank 0 builds the entry, rank 1 reads it
-    env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    env["TUNING_DATA_CACHE_DIR"] = str(cache)
-    result = subprocess.run(command, shell=True, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
-    assert [r["name"] for r in records].count("model_load_time") == 1  # rank 0 only
-    assert len(list(cache.glob("*/meta.json"))) == 1
-    # 96 records / (2 ranks x batch 1 x accumulation 8) = 6 steps: the ranks really split the data, and only rank 0
-    # logs (logging_strategy defaults to epoch, as in fms-hf-tuning).
-    assert [r["data"]["step"] for r in records if r["name"] == "training_loss"] == [6]
-    assert (tmp_path / "added_tokens_info.json").exists()  # no --save_model_dir: no final adapter (v3.1.0)

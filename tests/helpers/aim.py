@@ -28,11 +28,13 @@ class AimServer(ServerProcess):
         self.url = f"aim://127.0.0.1:{self.port}"
 
 
-def read_runs(repo: Path, query: str = "True") -> list[dict]:
-    """Runs matching ``query`` in a local repo, after rebuilding its index (SDK reads see nothing otherwise)."""
+def read_runs(repo: Path, query: str = "True", reindex: bool = True) -> list[dict]:
+    """Runs matching ``query`` in a local repo, after rebuilding its index (SDK reads see nothing otherwise; a caller
+    querying a repo nothing writes to any more passes ``reindex=False`` after its first query)."""
     from aim import Repo
 
-    subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
+    if reindex:
+        subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
     runs = []
     for found in Repo(str(repo)).query_runs(query, report_mode=0).iter_runs():
         run = found.run

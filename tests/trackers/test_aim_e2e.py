@@ -1,10 +1,11 @@
 """``sft_trainer --tracker aim`` end to end on the tiny model: real jobs, a real Aim server, real failures.
 
 Jobs run as users run them (``python tuning/sft_trainer.py …``, torchrun for the seed command); the three jobs
-that only need a healthy setup run concurrently to keep this file short on two cores.
+that only need a healthy setup run through sft_trainer's main in this process, to keep this file short on two cores.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -50,31 +51,50 @@ def check_run(run: dict, output_dir: Path, max_steps: int = MAX_STEPS) -> None:
     assert len(series(run, "model_load_time", {"subset": "additional_metrics"})) == 1
 
 
+class WarningRecords(logging.Handler):
+    """The messages of the warnings logged while it is attached to the root logger."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def healthy_jobs(tiny_model, tmp_path_factory):
-    """A local-repo job, a live-server job and a job whose server never existed, run at the same time."""
+    """A local-repo job, a live-server job and a job whose server never existed, one after the other through
+    sft_trainer's main in this process (the Aim writers are helper processes as always; the command as users type it
+    is test_seed_torchrun_command_makes_exactly_one_aim_run's): each job's logged warnings."""
     root = tmp_path_factory.mktemp("aim-e2e")
     server = AimServer(root / "server-repo")
+    warnings = {}
     try:
         flags = {
             "local": {"aim_repo": str(root / "local-repo")},
             "remote": {"aim_remote_server_ip": "127.0.0.1", "aim_remote_server_port": str(server.port)},
             "never": {"aim_url": f"aim://127.0.0.1:{free_port()}"},
         }
-        jobs = {
-            name: Job([SFT_TRAINER, *aim_job_args(tiny_model, root / name, **flag)], root / name)
-            for name, flag in flags.items()
-        }
-        stderr = {name: succeeded(job) for name, job in jobs.items()}
+        for name, flag in flags.items():
+            records = WarningRecords()
+            logging.getLogger().addHandler(records)
+            try:
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(sys, "argv", [SFT_TRAINER, *aim_job_args(tiny_model, root / name, **flag)])
+                    assert main() == 0, name
+            finally:
+                logging.getLogger().removeHandler(records)
+            warnings[name] = records.messages
     finally:
         server.stop()
-    return root, server, stderr
+    return root, server, warnings
 
 
 @pytest.mark.slow
 def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
-    root, _server, stderr = healthy_jobs
-    assert DEGRADED_WARNING not in stderr["local"]
+    root, _server, warnings = healthy_jobs
+    assert not [message for message in warnings["local"] if DEGRADED_WARNING in message]
     (run,) = read_runs(root / "local-repo", METADATA_QUERY)
     check_run(run, root / "local")
     assert logged_steps(root / "local" / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
@@ -82,16 +102,17 @@ def test_local_repo_gets_one_run_with_logs_load_time_and_metadata(healthy_jobs):
 
 @pytest.mark.slow
 def test_live_server_gets_the_same_run(healthy_jobs):
-    root, server, stderr = healthy_jobs
-    assert DEGRADED_WARNING not in stderr["remote"]
+    root, server, warnings = healthy_jobs
+    assert not [message for message in warnings["remote"] if DEGRADED_WARNING in message]
     (run,) = read_runs(server.repo, METADATA_QUERY)
     check_run(run, root / "remote")
 
 
 @pytest.mark.slow
 def test_server_that_never_existed_costs_one_warning(healthy_jobs):
-    root, _server, stderr = healthy_jobs
-    assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
+    root, _server, warnings = healthy_jobs
+    (warning,) = [message for message in warnings["never"] if DEGRADED_WARNING in message]
+    assert "unreachable" in warning
     assert logged_steps(root / "never" / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
     assert not (root / "never" / RUN_HASH_FILENAME).exists()
 
@@ -119,12 +140,22 @@ def test_server_killed_mid_run_job_ends_by_itself_with_every_step_logged(tiny_mo
 
 @pytest.mark.slow
 def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_train, tmp_path):
-    repo, output_dir = tmp_path / "aim", tmp_path / "out"
+    """The design notes' command with Aim added: one Aim run, and the same training and files as without it (the
+    file logger stays on: rank 0's records; the processed-data cache: rank 0 builds the entry, rank 1 reads it)."""
+    repo, output_dir, cache = tmp_path / "aim", tmp_path / "out", tmp_path / "data-cache"
     command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=output_dir)
     command += f"--tracker aim --aim_repo {repo} --experiment sft-llama7b-test --exp_metadata '{METADATA_FLAG}'"
     env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env["TUNING_DATA_CACHE_DIR"] = str(cache)
     result = subprocess.run(command, shell=True, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (output_dir / "training_logs.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in records].count("model_load_time") == 1  # rank 0 only
+    assert len(list(cache.glob("*/meta.json"))) == 1
+    # 96 records / (2 ranks x batch 1 x accumulation 8) = 6 steps: the ranks really split the data, and only rank 0
+    # logs (logging_strategy defaults to epoch, as in fms-hf-tuning).
+    assert [r["data"]["step"] for r in records if r["name"] == "training_loss"] == [6]
+    assert (output_dir / "added_tokens_info.json").exists()  # no --save_model_dir: no final adapter (v3.1.0)
     assert DEGRADED_WARNING not in result.stderr
     (run,) = read_runs(repo)
     assert read_runs(repo, f'{METADATA_QUERY} and run.experiment == "sft-llama7b-test"')[0]["hash"] == run["hash"]

@@ -29,6 +29,7 @@ from tests.helpers.training import (
     free_port,
     load_script,
     logged_steps,
+    run_main,
     subprocess_env,
     succeeded,
     wait_for_exit,
@@ -260,14 +261,17 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
 # ---- real jobs ----
 
 
-def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(tiny_model, tmp_path):
-    """Two jobs at once: one into a local directory store, one whose server never existed."""
+def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(
+    tiny_model, tmp_path, monkeypatch, capfd, caplog
+):
+    """Two jobs through sft_trainer's main (in this process; the writers are helper processes as always): one into a
+    local directory store, one whose server never existed."""
     store = tmp_path / "mlruns"
     flags = {
         "local": ["--mlflow_tracking_uri", str(store)],
         "never": ["--mlflow_tracking_uri", f"http://127.0.0.1:{free_port()}"],
     }
-    jobs = {}
+    warnings = {}
     for name, extra in flags.items():
         args = cli_args(tiny_model, str(tmp_path / name), max_steps=4)
         args += [
@@ -279,10 +283,12 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
             "--exp_metadata",
             json.dumps(METADATA),
         ]
-        jobs[name] = Job([SFT_TRAINER, *args, *extra], tmp_path / name)
-    stderr = {name: succeeded(job) for name, job in jobs.items()}
+        caplog.clear()
+        exit_code, stderr = run_main([*args, *extra], monkeypatch, capfd)
+        assert exit_code == 0, stderr[-3000:]
+        warnings[name] = degraded_warnings(caplog, DEGRADED_WARNING)
 
-    assert DEGRADED_WARNING not in stderr["local"]
+    assert warnings["local"] == []
     exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
     store_uri = f"sqlite:///{store}/mlflow.db"
     assert exported["tracking_uri"] == store_uri
@@ -292,7 +298,8 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(ti
     assert len(history(store_uri, run.info.run_id, "model_load_time")) == 1
     assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
 
-    assert stderr["never"].count(DEGRADED_WARNING) == 1 and "unreachable" in stderr["never"]
+    (warning,) = warnings["never"]
+    assert "unreachable" in warning
     assert logged_steps(tmp_path / "never" / "training_logs.jsonl") == [1, 2, 3, 4]
     assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
 

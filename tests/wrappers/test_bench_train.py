@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.helpers.aim import AimServer, read_runs
 from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
-from tests.helpers.nvml import FAKE_NVML_DIR
+from tests.helpers.nvml import load_fake_nvml
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     BENCH_TRAIN,
@@ -371,10 +372,12 @@ def test_second_run_on_the_same_metrics_path_is_refused(bench_train, tiny_model,
     assert read_dump(metrics_path)["status"] == "ok"
 
 
-@pytest.mark.slow
-def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, tmp_path, small_filesystem):
-    """A real filesystem that fills up while training: the journal says so on a line of its own, the dump goes whole
-    to the output directory, named on stderr and in the termination log, and the run exits ``storage``."""
+def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(
+    bench_train, tiny_model, tmp_path, small_filesystem, monkeypatch, capfd
+):
+    """A real filesystem that fills up while training (bench_train's main in this process): the journal says so on a
+    line of its own, the dump goes whole to the output directory, named on stderr and in the termination log, and
+    the run exits ``storage``."""
     full = small_filesystem("24m")
     termination_log = tmp_path / "termination-log"
     args = bench_args(
@@ -384,7 +387,10 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
         max_steps=10,
         callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2",
     )
-    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+    monkeypatch.setenv("FILL_DIR", str(full))
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(termination_log))
+    returncode = bench_train.main(args)
+    stderr = capfd.readouterr().err
 
     assert returncode == 209, stderr[-3000:]
     fallback = tmp_path / "out" / "bench.json"
@@ -398,8 +404,9 @@ def test_disk_full_mid_run_writes_the_whole_dump_to_the_output_dir(tiny_model, t
     assert line.startswith("storage: StorageError: cannot write the dump to --metrics_path") and str(fallback) in line
 
 
-@pytest.mark.slow
-def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tiny_model, tmp_path, small_filesystem):
+def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(
+    bench_train, tiny_model, tmp_path, small_filesystem, monkeypatch, capfd
+):
     full = small_filesystem("24m")
     termination_log = tmp_path / "termination-log"
     args = bench_args(
@@ -409,7 +416,10 @@ def test_failed_run_on_a_full_disk_keeps_its_category_and_names_the_fallback(tin
         max_steps=10,
         callbacks=f"{BENCH_CALLBACKS}:FillsDiskAfterStep2,{BENCH_CALLBACKS}:OutOfMemoryOnLastRank",
     )
-    returncode, _, stderr = run_bench(args, FILL_DIR=str(full), TERMINATION_LOG_FILE=str(termination_log))
+    monkeypatch.setenv("FILL_DIR", str(full))
+    monkeypatch.setenv("TERMINATION_LOG_FILE", str(termination_log))
+    returncode = bench_train.main(args)
+    stderr = capfd.readouterr().err
 
     assert returncode == 204, stderr[-3000:]  # the run's own failure decides
     fallback = tmp_path / "out" / "bench.json"
@@ -469,25 +479,6 @@ def test_tracking_server_killed_mid_run(
 
 
 @pytest.mark.slow
-def test_fault_on_one_rank_gives_per_rank_reports(tiny_model, tmp_path):
-    args = bench_args(
-        tiny_model, tmp_path, max_steps=6, tracker="none", callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"
-    )
-    returncode, _, stderr = run_bench(args, torchrun=True, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"))
-    assert returncode != 0
-    assert "TUNING_ERROR category=gpu_oom rank=1 step=2 exit_code=204" in stderr
-
-    report = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
-    assert report["category"] == "gpu_oom" and report["rank"] == 1 and report["global_step"] == 2
-    assert "injected by the test" in report["message"] and report["world_size"] == 2
-    dump = read_dump(tmp_path / "bench.json")  # rank 0 saw its peer vanish: its own, truthful report
-    assert dump["error"]["rank"] == 0 and dump["error"]["category"] in ("communication", "interrupted")
-    assert dump["status"] == ("interrupted" if dump["error"]["category"] == "interrupted" else "error")
-    assert not (tmp_path / "bench.json.rank0.error.json").exists()
-    assert "gpu_oom: rank 1: OutOfMemoryError" in (tmp_path / "termination-log").read_text()
-
-
-@pytest.mark.slow
 def test_stall_is_reported_as_hang(tiny_model, tmp_path):
     args = bench_args(tiny_model, tmp_path, max_steps=6, tracker="none", stall_timeout=2)
     args += ["--callbacks", f"{BENCH_CALLBACKS}:StallAtStep2"]
@@ -514,9 +505,10 @@ FAKE_GPU = {
 }
 
 
-def with_fake_nvml(*devices: dict) -> dict[str, str]:
-    """The environment of a child whose NVML is the stand-in, over ``devices``."""
-    return {"FAKE_NVML_DEVICES": json.dumps(list(devices)), "PYTHONPATH": f"{FAKE_NVML_DIR}:{REPO_ROOT}"}
+def use_fake_nvml(monkeypatch, *devices: dict) -> None:
+    """This process's NVML is the stand-in, over ``devices``, for the test's duration."""
+    monkeypatch.setitem(sys.modules, "pynvml", load_fake_nvml())
+    monkeypatch.setenv("FAKE_NVML_DEVICES", json.dumps(list(devices)))
 
 
 def measured(dump: dict, name: str) -> float:
@@ -527,12 +519,14 @@ def measured(dump: dict, name: str) -> float:
     )
 
 
-@pytest.mark.slow
-def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(tiny_model, tmp_path):
-    """NVML's counter advances 7 J per read: read at train begin, warmup end and train end, so 7 J after the warmup."""
+def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(
+    bench_train, tiny_model, tmp_path, monkeypatch, capfd
+):
+    """NVML's counter advances 7 J per read: read at train begin, warmup end and train end, so 7 J after the warmup.
+    (bench_train's main in this process, its NVML the stand-in module.)"""
     args = bench_args(tiny_model, tmp_path, max_steps=6, peak_tflops=0.002)
-    returncode, _, stderr = run_bench(args, **with_fake_nvml({**FAKE_GPU, "energy_mj_per_read": 7_000}))
-    assert returncode == 0, stderr
+    use_fake_nvml(monkeypatch, {**FAKE_GPU, "energy_mj_per_read": 7_000})
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
     sequence_length = tokens / measured(dump, STEP_SAMPLES)
@@ -547,13 +541,15 @@ def test_full_fine_tuning_dump_has_mfu_and_the_energy_counter_s_difference(tiny_
     assert len(summary["rank_forward_time_p50"]) == 1 and summary["rank_skew"] == 1.0
 
 
-@pytest.mark.slow
-def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(tiny_model, tmp_path):
-    """A GPU drawing a steady 200 W without an energy counter: 200 W times the time after the warmup, within 5 %."""
+def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(
+    bench_train, tiny_model, tmp_path, monkeypatch, capfd
+):
+    """A GPU drawing a steady 200 W without an energy counter: 200 W times the time after the warmup, within 5 %.
+    (bench_train's main in this process, its NVML the stand-in module.)"""
     gpu = {**FAKE_GPU, "unsupported": ["nvmlDeviceGetTotalEnergyConsumption"]}
     args = bench_args(tiny_model, tmp_path, max_steps=8, peft_method="lora", system_metrics_interval=0.05)
-    returncode, _, stderr = run_bench(args, **with_fake_nvml(gpu))
-    assert returncode == 0, stderr
+    use_fake_nvml(monkeypatch, gpu)
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
     summary, tokens = dump["summary"], measured(dump, STEP_TOKENS)
     vocab = json.loads((Path(tiny_model) / "config.json").read_text())["vocab_size"]
