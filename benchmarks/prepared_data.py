@@ -28,7 +28,7 @@ peaks, and the ratios the processed-data cache is judged by (``cache_hit`` over 
 over ``cache_miss_2``, per round, as the arms alternate). The figures of docs/performance.md come from
 
     OMP_NUM_THREADS=1 python benchmarks/prepared_data.py --rows 1000000 \\
-        --arms cache_miss,cache_hit,cache_miss_2 --rounds 3
+        --arms cache_miss,cache_hit,cache_miss_2,before_plain --before /tmp/old-checkout --rounds 3
 """
 
 import argparse

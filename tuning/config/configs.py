@@ -98,8 +98,8 @@ class DataArguments:
     dataset_num_proc: int | None = field(
         default=None,
         metadata={
-            "help": "Processes tokenising the data (default 1, which keeps two cores busy: more gain only on more "
-            "cores than that, docs/performance.md)."
+            "help": "Processes tokenising the data (default: the cores this process may use, at most 8; data of "
+            "fewer than 20,000 texts is tokenised in the process itself)."
         },
     )
     # fms-hf-tuning v3.1.0 flags of features tuning-bench does not implement (tuning.config.unsupported).

@@ -6,15 +6,16 @@ in context. Rows go a batch at a time to an Arrow file in a directory of its own
 (``tuning.data.cache``: removed when the run ends, or by the next run if it was killed): memory is bounded by a batch,
 not by the data.
 
-One process keeps two cores busy: the fast tokenizer encodes a batch on its own threads, without the GIL, while this
-process masks and writes the one before. More processes (``--dataset_num_proc``) each tokenise a contiguous shard;
-they pay a fork, a copy of the texts and ~210 MB each, and gain only where cores outnumber what one process keeps
-busy (docs/performance.md).
+In one process the fast tokenizer encodes a batch on its own threads, without the GIL, while this process masks and
+writes the one before. By default as many processes as the process may use cores (``--dataset_num_proc``, at most
+``MAX_DEFAULT_PROCESSES``) each tokenise a contiguous shard: the Python work around the encoding is most of it, and
+only more processes spread that (docs/performance.md); each costs a fork and ~200 MB.
 """
 
 import functools
 import itertools
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,9 +40,19 @@ _FEATURES = datasets.Features(
 # Below this many texts one process tokenises whatever --dataset_num_proc says: starting more costs more than they
 # gain.
 PARALLEL_MIN_TEXTS = 20_000
+MAX_DEFAULT_PROCESSES = 8
 _TEXT_FEATURES = datasets.Features({"text": datasets.Value("string")})
 
 logger = logging.getLogger(__name__)
+
+
+def default_num_proc() -> int:
+    """The cores this process may use (its CPU affinity), at most ``MAX_DEFAULT_PROCESSES``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_PROCESSES))
 
 
 def _response_spans(text: str, response_template: str, instruction_template: str | None) -> list[tuple[int, int]]:
@@ -175,10 +186,11 @@ def tokenize_and_mask(
     """Tokenise texts (read once, a batch at a time); with a response template, label every prompt token -100 and
     drop texts lacking it. With an instruction template too (chat turns), only the spans from each response template
     to the next instruction template are trained. Our errors raised while reading ``texts`` come out unwrapped by
-    ``datasets``. ``num_proc`` processes (default one) tokenise once there are ``PARALLEL_MIN_TEXTS`` texts: the
-    same rows, in the same order, as one process makes."""
+    ``datasets``. ``num_proc`` processes (default ``default_num_proc``) tokenise once there are ``PARALLEL_MIN_TEXTS``
+    texts: the same rows, in the same order, as one process makes."""
     cache_dir = new_cache_dir(datasets.config.HF_DATASETS_CACHE)
-    if num_proc is not None and num_proc > 1:
+    num_proc = default_num_proc() if num_proc is None else num_proc
+    if num_proc > 1:
         texts = iter(texts)
         first = list(itertools.islice(texts, PARALLEL_MIN_TEXTS))
         if len(first) == PARALLEL_MIN_TEXTS:  # enough to gain from more processes than one
