@@ -56,16 +56,20 @@ from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.data_handlers import DataHandler
 from tuning.data.prepared_cache import Preparation
-from tuning.data.setup_dataprocessor import check_data_arguments, prepare_with_cache, write_processed_datasets
+from tuning.data.setup_dataprocessor import (
+    check_data_arguments,
+    check_vision_arguments,
+    prepare_vision_datasets,
+    prepare_with_cache,
+    write_processed_datasets,
+)
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.data.vision import (
     VisionDataCollator,
-    check_vision_arguments,
     data_path_dir,
     images_per_row,
     is_vision_config,
     is_vision_data_config,
-    prepare_vision_datasets,
 )
 from tuning.trackers.tracker import Tracker
 from tuning.trackers.tracker_factory import (

@@ -12,6 +12,7 @@ and memory bounded by a batch whatever the file's size."""
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from datasets import Dataset, IterableDataset
 
@@ -38,6 +39,13 @@ from tuning.data.formatting import format_file, text_value
 from tuning.data.loading import iter_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.data.utils import get_loader_for_filepath
+from tuning.data.vision import (
+    MULTIMODAL_HANDLER,
+    VisionDataCollator,
+    check_vision_dataset,
+    data_path_dir,
+    find_conversation_column,
+)
 from tuning.utils.error_logging import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -262,14 +270,12 @@ def process_dataargs(
     """v3.1.0's ``(train_dataset, eval_dataset, dataset_text_field, data_collator, max_seq_length,
     dataset_kwargs)``; with ``--do_dataprocessing_only`` the datasets are written to ``output_dir`` and the last four
     are None. With a vision-language model's ``processor``, the vision data of the flags or data config
-    (``tuning.data.vision.prepare_vision_datasets``), its collator, and ``{"skip_prepare_dataset": True}``, as
+    (``prepare_vision_datasets``), its collator, and ``{"skip_prepare_dataset": True}``, as
     v3.1.0 returns them."""
     if odm_config is not None:
         raise UserInputError("online data mixing (odm) needs fms-acceleration and is not supported by tuning-bench")
     max_seq_length = min(train_args.max_seq_length, tokenizer.model_max_length)
     if processor is not None:
-        from tuning.data.vision import VisionDataCollator, data_path_dir, prepare_vision_datasets
-
         if getattr(data_args, "chat_template", None):
             processor.chat_template = data_args.chat_template
         train_dataset, eval_dataset = prepare_vision_datasets(
@@ -528,3 +534,89 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
             "--response_template is required with --dataset_text_field or --data_formatter_template unless "
             "--packing is on (training on every token)"
         )
+
+
+def check_vision_arguments(data_args, train_args, additional_data_handlers: dict | None = None) -> None:
+    """The checks of a vision run that need no model: where its data is (files, or a data config: that it parses
+    and names existing data and known handlers), and no packing (a row's image tokens and pixels cannot be cut apart
+    or joined with another row's)."""
+    if train_args.packing:
+        raise UserInputError("--packing with --dataset_image_field: vision-language rows cannot be packed")
+    if data_args.data_config_path:
+        check_data_arguments(data_args, additional_data_handlers)
+        return
+    if not data_args.training_data_path:
+        raise UserInputError("--training_data_path (or --data_path) is required")
+    check_data_path_flags(data_args)
+
+
+def _data_config_datasets(data_args, train_args, processor, additional_data_handlers) -> list[tuple[str, Any]]:
+    """``--data_config_path``'s (source, dataset) pairs, training then validation (None where absent), its handlers
+    run with the processor (``prepare_multimodal_data_processor`` among them, if the config has it)."""
+    train, evaluation, _, _ = process_dataconfig_file(
+        data_args, train_args, processor.tokenizer, additional_data_handlers, processor
+    )
+    if isinstance(train, IterableDataset) or isinstance(evaluation, IterableDataset):
+        raise UserInputError(
+            f"--data_config_path {data_args.data_config_path}: streaming vision data is not supported (each image "
+            "is checked before training)"
+        )
+    source = f"--data_config_path {data_args.data_config_path}"
+    return [(f"{source} (training data)", train), (f"{source} (validation data)", evaluation)]
+
+
+def _fields(data_args, dataset, source: str) -> tuple[str, str]:
+    """The conversation (or rendered text) and image columns: the flags', else those the multimodal handler left in
+    the rows' ``fields_name``; the conversations else found (``find_conversation_column``)."""
+    named = (dataset[0].get("fields_name") if len(dataset) else None) or {}
+    text = data_args.dataset_conversation_field or data_args.dataset_text_field or named.get("dataset_text_field")
+    image = data_args.dataset_image_field or named.get("dataset_image_field")
+    if not image:
+        raise UserInputError(
+            f"{source}: which column holds the images? Give --dataset_image_field (or run "
+            f"{MULTIMODAL_HANDLER} with fields_name)"
+        )
+    return text or find_conversation_column(dataset, source), image
+
+
+def prepare_vision_datasets(
+    data_args,
+    train_args,
+    processor=None,
+    max_images: int | None = None,
+    additional_data_handlers: dict | None = None,
+) -> tuple[Any, Any]:
+    """``(train, eval)`` datasets of messages (or rendered text) and images, checked (eval None without validation
+    data): from ``--training_data_path`` and ``--validation_data_path`` as they are, or from ``--data_config_path``
+    through its handlers. The conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``,
+    else the column a multimodal handler named, else the column ``find_conversation_column`` finds in the training
+    data; ``data_args.dataset_text_field`` and ``dataset_image_field`` are set to the columns used."""
+    if data_args.data_config_path:
+        sources, base_dir = _data_config_datasets(data_args, train_args, processor, additional_data_handlers), None
+    else:
+        sources, base_dir = [], data_path_dir(data_args)
+        for flag, path in (
+            ("--training_data_path", data_args.training_data_path),
+            ("--validation_data_path", data_args.validation_data_path),
+        ):
+            sources.append((f"{flag} {path}", load_data_path(path) if path else None))
+    for source, dataset in sources:
+        if dataset is None:
+            continue
+        data_args.dataset_text_field, data_args.dataset_image_field = _fields(data_args, dataset, source)
+        check_vision_dataset(
+            dataset,
+            data_args.dataset_text_field,
+            data_args.dataset_image_field,
+            source,
+            base_dir,
+            processor,
+            max_images,
+        )
+    datasets = [dataset for _, dataset in sources]
+    if train_args.eval_strategy != "no" and datasets[1] is None:
+        raise UserInputError(
+            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
+            "--validation_data_path or set --eval_strategy no"
+        )
+    return datasets[0], datasets[1]

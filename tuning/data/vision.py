@@ -1,12 +1,14 @@
 """Vision-language data (``--dataset_image_field``): rows of OpenAI-style ``messages`` (each ``content`` a string or
 a list of ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` parts) and an image column (one image or a list
 per row: PIL images, bytes, Parquet/Arrow image structs ``{"bytes", "path"}``, or file paths, relative ones read
-beside the training data file). ``prepare_vision_datasets`` loads them (from the data flags, or from a data config
-through its handlers, ``prepare_multimodal_data_processor`` among them), finds the conversations' column when none is
-named, and checks every row before the model loads (every image decoded once, each row's images matched to its image
-placeholders and the image tokens its rendered text holds; a model given one image a row keeps the first);
-``VisionDataCollator`` turns a batch into the processor's inputs through the chat template, with labels on the
-assistant turns' tokens only (never the prompt, never an image token, never padding)."""
+beside the training data file). ``tuning.data.setup_dataprocessor.prepare_vision_datasets`` loads them (from the data
+flags, or from a data config through its handlers, ``prepare_multimodal_data_processor`` among them); this module
+finds the conversations' column when none is named, and checks every row before the model loads (every image decoded
+once, each row's images matched to its image placeholders and the image tokens its rendered text holds; a model
+given one image a row keeps the first); ``VisionDataCollator`` turns a batch into the processor's inputs through the
+chat template, with labels on the assistant turns' tokens only (never the prompt, never an image token, never
+padding). It imports no data module above the handlers (only masking's constant and data_config), so that the
+handlers can use it."""
 
 import io
 import logging
@@ -233,101 +235,6 @@ def is_vision_data_config(data_args) -> bool:
     return any(
         handler.name == MULTIMODAL_HANDLER for dataset in config.datasets for handler in dataset.data_handlers or ()
     )
-
-
-def check_vision_arguments(data_args, train_args, additional_data_handlers: dict | None = None) -> None:
-    """The checks of a vision run that need no model: where its data is (files, or a data config: that it parses
-    and names existing data and known handlers), and no packing (a row's image tokens and pixels cannot be cut apart
-    or joined with another row's)."""
-    from tuning.data.data_processors import check_data_path_flags
-    from tuning.data.setup_dataprocessor import check_data_arguments
-
-    if train_args.packing:
-        raise UserInputError("--packing with --dataset_image_field: vision-language rows cannot be packed")
-    if data_args.data_config_path:
-        check_data_arguments(data_args, additional_data_handlers)
-        return
-    if not data_args.training_data_path:
-        raise UserInputError("--training_data_path (or --data_path) is required")
-    check_data_path_flags(data_args)
-
-
-def _data_config_datasets(data_args, train_args, processor, additional_data_handlers) -> list[tuple[str, Any]]:
-    """``--data_config_path``'s (source, dataset) pairs, training then validation (None where absent), its handlers
-    run with the processor (``prepare_multimodal_data_processor`` among them, if the config has it)."""
-    from datasets import IterableDataset
-
-    from tuning.data.setup_dataprocessor import process_dataconfig_file
-
-    train, evaluation, _, _ = process_dataconfig_file(
-        data_args, train_args, processor.tokenizer, additional_data_handlers, processor
-    )
-    if isinstance(train, IterableDataset) or isinstance(evaluation, IterableDataset):
-        raise UserInputError(
-            f"--data_config_path {data_args.data_config_path}: streaming vision data is not supported (each image "
-            "is checked before training)"
-        )
-    source = f"--data_config_path {data_args.data_config_path}"
-    return [(f"{source} (training data)", train), (f"{source} (validation data)", evaluation)]
-
-
-def _fields(data_args, dataset, source: str) -> tuple[str, str]:
-    """The conversation (or rendered text) and image columns: the flags', else those the multimodal handler left in
-    the rows' ``fields_name``; the conversations else found (``find_conversation_column``)."""
-    named = (dataset[0].get("fields_name") if len(dataset) else None) or {}
-    text = data_args.dataset_conversation_field or data_args.dataset_text_field or named.get("dataset_text_field")
-    image = data_args.dataset_image_field or named.get("dataset_image_field")
-    if not image:
-        raise UserInputError(
-            f"{source}: which column holds the images? Give --dataset_image_field (or run "
-            f"{MULTIMODAL_HANDLER} with fields_name)"
-        )
-    return text or find_conversation_column(dataset, source), image
-
-
-def prepare_vision_datasets(
-    data_args,
-    train_args,
-    processor=None,
-    max_images: int | None = None,
-    additional_data_handlers: dict | None = None,
-) -> tuple[Any, Any]:
-    """``(train, eval)`` datasets of messages (or rendered text) and images, checked (eval None without validation
-    data): from ``--training_data_path`` and ``--validation_data_path`` as they are, or from ``--data_config_path``
-    through its handlers. The conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``,
-    else the column a multimodal handler named, else the column ``find_conversation_column`` finds in the training
-    data; ``data_args.dataset_text_field`` and ``dataset_image_field`` are set to the columns used."""
-    from tuning.data.data_processors import load_data_path
-
-    if data_args.data_config_path:
-        sources, base_dir = _data_config_datasets(data_args, train_args, processor, additional_data_handlers), None
-    else:
-        sources, base_dir = [], data_path_dir(data_args)
-        for flag, path in (
-            ("--training_data_path", data_args.training_data_path),
-            ("--validation_data_path", data_args.validation_data_path),
-        ):
-            sources.append((f"{flag} {path}", load_data_path(path) if path else None))
-    for source, dataset in sources:
-        if dataset is None:
-            continue
-        data_args.dataset_text_field, data_args.dataset_image_field = _fields(data_args, dataset, source)
-        check_vision_dataset(
-            dataset,
-            data_args.dataset_text_field,
-            data_args.dataset_image_field,
-            source,
-            base_dir,
-            processor,
-            max_images,
-        )
-    datasets = [dataset for _, dataset in sources]
-    if train_args.eval_strategy != "no" and datasets[1] is None:
-        raise UserInputError(
-            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
-            "--validation_data_path or set --eval_strategy no"
-        )
-    return datasets[0], datasets[1]
 
 
 class VisionDataCollator:
