@@ -70,3 +70,55 @@ def test_the_floors_check_sees_an_upward_import():
     """The check itself: an import from a higher floor is found."""
     tree = ast.parse("def f():\n    from tuning.trackers import start_helpers\n")
     assert floor(next(iter(imported(tree, "tuning.utils")))) > floor("tuning.utils.prologue")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module's imports of the package's modules (a name that is no module, as ``from tuning.data import x``'s
+    package ``tuning.data``, stands for the package's ``__init__``)."""
+    graph = {}
+    for path in MODULES:
+        name = module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = imported(ast.parse(path.read_text(encoding="utf-8")), package)
+    return {name: {target for target in targets if target in graph} for name, targets in graph.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two or more modules that import each other, directly or around (strongly connected)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_each_other_around_a_circle():
+    """Within a floor too: a circle ties its modules into one, whichever floor they are on (lazy imports count)."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
