@@ -5,6 +5,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 import base64
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -760,3 +761,22 @@ def test_a_resume_with_another_configuration_is_refused_naming_the_difference(be
     assert journal.read_bytes() == before
     start(2, resume_from_checkpoint="true").record.journal.close()  # the same work resumes
     assert [record["type"] for record in read_journal(str(journal))].count("start") == 2
+
+
+def test_a_run_that_never_leaves_its_warmup_says_so(bench_train, tiny_model, tmp_path, caplog, capfd):
+    """Its figures then cover the warmup too and goodput has no productive part: one warning names the flags. A run
+    past its warmup gets none."""
+    with caplog.at_level(logging.WARNING, logger="tuning.benchmarking.job"):
+        assert bench_train.main(bench_args(tiny_model, tmp_path / "short", max_steps=2, skip_warmup_steps=5)) == 0
+        short = read_dump(tmp_path / "short" / "bench.json")
+        warned = [record.getMessage() for record in caplog.records if "never left its warmup" in record.getMessage()]
+        caplog.clear()
+        assert bench_train.main(bench_args(tiny_model, tmp_path / "long", max_steps=3)) == 0, capfd.readouterr().err
+        long = read_dump(tmp_path / "long" / "bench.json")
+        assert not [record for record in caplog.records if "never left its warmup" in record.getMessage()]
+    assert short["summary"]["measured_steps"] == 0 and short["summary"]["goodput"]["parts"]["productive_steps"] == 0
+    assert warned == [
+        "the run never left its warmup (--skip_warmup_steps, --skip_warmup_seconds): its step figures cover all 2 "
+        "steps, warmup included, and goodput has no productive part; train longer or warm up less"
+    ]
+    assert long["summary"]["measured_steps"] == 2

@@ -468,6 +468,12 @@ class BenchmarkJob:
         )
         if dump is None or self.rank != 0:
             return None
+        if dump["training_steps"] and not (dump.get("summary") or {}).get("measured_steps"):
+            logger.warning(
+                "the run never left its warmup (--skip_warmup_steps, --skip_warmup_seconds): its step figures cover "
+                "all %d steps, warmup included, and goodput has no productive part; train longer or warm up less",
+                dump["training_steps"],
+            )
         failures = []  # "path: reason", --metrics_path first
         candidates = [self.paths.dump, *self.paths.dump_fallbacks(self.output_dir, os.getpid())]
         for path in dict.fromkeys(candidates):  # in order, each once
