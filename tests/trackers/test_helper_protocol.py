@@ -94,6 +94,25 @@ def test_an_unreachable_server_is_gone_before_the_run_opens():
     assert served.ended() and served.backend.calls == []
 
 
+@pytest.mark.parametrize("dies", [True, False], ids=["server dies just after", "server stays"])
+def test_a_call_cut_short_by_a_server_that_dies_a_moment_later_names_the_dead_server(dies):
+    """A server being killed can fail a call and still accept a connection for a moment: the failure's reason is the
+    dead server if it stops accepting within SETTLE_S, else the call's own error."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    served = Served(FailingTrack())
+    assert served.send(opening(server=["127.0.0.1", port])) == {"ack": 1, "info": {"run_id": "echo-1", "options": {}}}
+    if dies:
+        threading.Timer(0.3, listener.close).start()
+    answer = served.send({"op": "track", "points": [[1.0, "loss", 1, None, {}, 0.0]]})
+    listener.close()
+    if dies:
+        assert f"127.0.0.1:{port} is unreachable" in answer["gone"] and "failed" not in answer
+    else:
+        assert answer["failed"] == "RuntimeError('the store is read-only')" and "gone" not in answer
+    assert served.ended()
+
+
 @pytest.mark.parametrize("backend", [EchoBackend, FailingTrack])
 def test_messages_after_the_end_are_never_handled(backend):
     served = Served(backend())

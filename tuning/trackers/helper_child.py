@@ -21,6 +21,9 @@ from typing import Any
 
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
+# After a failed call, how long the server must keep accepting connections for the call's own error to be the
+# reason: a server being killed can cut a call short and still accept a connection a moment later.
+SETTLE_S = 1.0
 DEFAULT_TIMEOUT_S = 30.0
 KILLED = "KILLED"  # tuning.trackers.tracker's, not imported: the child stays light
 
@@ -63,6 +66,17 @@ class HelperChild:
             socket.create_connection(self.server, timeout=PROBE_TIMEOUT_S).close()
         except OSError as exc:
             raise ServerGone("the tracking server {}:{} is unreachable ({})".format(*self.server, exc)) from exc
+
+    def probe_after_failure(self) -> None:
+        """``probe`` over ``SETTLE_S`` after a call failed: ``ServerGone`` if the server stops accepting meanwhile."""
+        if self.server is None:
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            self.probe()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.2)
 
     def watch_server(self) -> None:
         """A thread: probe the server every few seconds (also while the client is stuck inside a call); answer
@@ -111,7 +125,7 @@ class HelperChild:
                     answer["gone"] = str(exc)
                 except Exception as exc:
                     try:  # a call cut short by the server's death: the dead server is the reason
-                        self.probe()
+                        self.probe_after_failure()
                         answer["failed"] = repr(exc)
                     except ServerGone as gone:
                         answer["gone"] = str(gone)
