@@ -59,14 +59,11 @@ from tuning.data.prepared_cache import Preparation
 from tuning.data.setup_dataprocessor import (
     check_data_arguments,
     check_vision_arguments,
-    prepare_vision_datasets,
+    prepare_vision_data,
     prepare_with_cache,
-    write_processed_datasets,
 )
 from tuning.data.tokenizer_utils import tokenizer_and_embedding_resize
 from tuning.data.vision import (
-    VisionDataCollator,
-    data_path_dir,
     images_per_row,
     is_vision_config,
     is_vision_data_config,
@@ -674,21 +671,11 @@ def _train(
 
     data_collator = None
     if data_args.dataset_image_field or (vision and is_vision_data_config(data_args)):
-        if data_args.chat_template:
-            processor.chat_template = data_args.chat_template
-        max_images = images_per_row(config)
-        prepared = prepare_vision_datasets(data_args, train_args, processor, max_images, additional_data_handlers)
-        if data_args.do_dataprocessing_only:  # the checked rows; images and tokens are made batch by batch
-            write_processed_datasets(data_args, train_args, *prepared)
-            prepared = None
-        data_collator = VisionDataCollator(
-            processor,
-            data_args.dataset_text_field,
-            data_args.dataset_image_field,
-            data_path_dir(data_args),
-            max_length,
-            max_images,
+        prepared, data_collator = prepare_vision_data(
+            data_args, train_args, processor, max_length, images_per_row(config), additional_data_handlers
         )
+        if data_args.do_dataprocessing_only:
+            prepared = None
         preparation = Preparation("bypass")  # images are read and tokenised batch by batch, by the collator
     else:
         prepared, preparation = prepare_with_cache(

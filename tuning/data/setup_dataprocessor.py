@@ -250,6 +250,16 @@ def dump_dataset(output_dir: Path, nshards: int, d: Dataset | IterableDataset | 
     logger.info("saved %s in %d Parquet shard(s) to %s", name, nshards, folder)
 
 
+def require_evaluation_data(train_args, eval_data, source: str = "--validation_data_path") -> None:
+    """Refuse (``UserInputError``) an ``eval_strategy`` other than ``no`` without evaluation data, naming ``source``,
+    where it would come from."""
+    if train_args.eval_strategy != "no" and eval_data is None:
+        raise UserInputError(
+            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add {source} or set "
+            "--eval_strategy no"
+        )
+
+
 def write_processed_datasets(data_args, train_args, train_dataset, eval_dataset) -> None:
     """``--do_dataprocessing_only``'s result: the datasets written into ``output_dir`` as v3.1.0 writes them."""
     dump_dir = Path(train_args.output_dir).absolute()
@@ -276,21 +286,11 @@ def process_dataargs(
         raise UserInputError("online data mixing (odm) needs fms-acceleration and is not supported by tuning-bench")
     max_seq_length = min(train_args.max_seq_length, tokenizer.model_max_length)
     if processor is not None:
-        if getattr(data_args, "chat_template", None):
-            processor.chat_template = data_args.chat_template
-        train_dataset, eval_dataset = prepare_vision_datasets(
-            data_args, train_args, processor, additional_data_handlers=additional_data_handlers
+        (train_dataset, eval_dataset), collator = prepare_vision_data(
+            data_args, train_args, processor, max_seq_length, additional_data_handlers=additional_data_handlers
         )
         if data_args.do_dataprocessing_only:
-            write_processed_datasets(data_args, train_args, train_dataset, eval_dataset)
             return train_dataset, eval_dataset, None, None, None, None
-        collator = VisionDataCollator(
-            processor,
-            data_args.dataset_text_field,
-            data_args.dataset_image_field,
-            data_path_dir(data_args),
-            max_seq_length,
-        )
         return (
             train_dataset,
             eval_dataset,
@@ -314,11 +314,7 @@ def process_dataargs(
             is_padding_free,
             processor,
         )
-    if train_args.eval_strategy != "no" and eval_dataset is None:
-        raise UserInputError(
-            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
-            "--validation_data_path (or a validation split) or set --eval_strategy no"
-        )
+    require_evaluation_data(train_args, eval_dataset, "--validation_data_path (or a validation split)")
     if data_args.do_dataprocessing_only:
         if train_dataset is not None and "input_ids" in (train_dataset.column_names or []):
             train_dataset = trainable_rows(train_dataset, max_seq_length, "the training data")
@@ -487,11 +483,7 @@ def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_
                     num_proc=getattr(data_args, "dataset_num_proc", None),
                 )
             )
-        if train_args.eval_strategy != "no" and rows[1] is None:
-            raise UserInputError(
-                f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
-                "--validation_data_path or set --eval_strategy no"
-            )
+        require_evaluation_data(train_args, rows[1])
         return rows[0], rows[1]
     train_dataset, eval_dataset, field, *rest = process_dataargs(
         data_args, tokenizer, train_args, additional_data_handlers
@@ -614,9 +606,33 @@ def prepare_vision_datasets(
             max_images,
         )
     datasets = [dataset for _, dataset in sources]
-    if train_args.eval_strategy != "no" and datasets[1] is None:
-        raise UserInputError(
-            f"eval_strategy is '{train_args.eval_strategy}' but no evaluation dataset was given: add "
-            "--validation_data_path or set --eval_strategy no"
-        )
+    require_evaluation_data(train_args, datasets[1])
     return datasets[0], datasets[1]
+
+
+def prepare_vision_data(
+    data_args,
+    train_args,
+    processor,
+    max_length: int,
+    max_images: int | None = None,
+    additional_data_handlers: dict | None = None,
+) -> tuple[tuple[Any, Any], VisionDataCollator | None]:
+    """A vision run's ``((train, eval), collator)``: ``--chat_template`` set on the processor, the rows checked
+    (``prepare_vision_datasets``) and their collator; with ``--do_dataprocessing_only`` the rows written to
+    ``output_dir`` instead and no collator (images and tokens are made batch by batch, by the collator)."""
+    if getattr(data_args, "chat_template", None):
+        processor.chat_template = data_args.chat_template
+    datasets = prepare_vision_datasets(data_args, train_args, processor, max_images, additional_data_handlers)
+    if data_args.do_dataprocessing_only:
+        write_processed_datasets(data_args, train_args, *datasets)
+        return datasets, None
+    collator = VisionDataCollator(
+        processor,
+        data_args.dataset_text_field,
+        data_args.dataset_image_field,
+        data_path_dir(data_args),
+        max_length,
+        max_images,
+    )
+    return datasets, collator
