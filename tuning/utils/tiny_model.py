@@ -43,18 +43,27 @@ def build_tokenizer(output_dir: str, vocab_size: int = 512, model_max_length: in
     return wrapped
 
 
+# The tiny Llama's shape (``llama_config``'s keywords): the tests' and the demo's model, and the vision models' language
+# model.
+TINY_LLAMA_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_length": 512,
+}
+
+
 def build_tiny_model(output_dir: str, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
     """Write a randomly initialised ~100k-parameter Llama and its tokenizer to ``output_dir``."""
-    return build_llama(
-        output_dir,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_length=512,
-        seed=seed,
-    )
+    shape = {
+        **TINY_LLAMA_SHAPE,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_layers": num_layers,
+    }
+    return build_llama(output_dir, seed=seed, **shape)
 
 
 def llama_config(
@@ -201,15 +210,7 @@ def build_tiny_vision_model(output_dir: str, kind: str = "llava", seed: int = 0)
     os.makedirs(output_dir, exist_ok=True)
     tokenizer = build_tokenizer(output_dir)
     tokenizer.add_special_tokens({"extra_special_tokens": [IMAGE_TOKEN]})
-    text_config = llama_config(
-        tokenizer,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_length=512,
-    )
+    text_config = llama_config(tokenizer, **TINY_LLAMA_SHAPE)
     tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     crop = {"height": 32, "width": 32}
