@@ -26,7 +26,7 @@ from tests.helpers.training import (
     run_python,
     subprocess_env,
 )
-from tuning.benchmarking import quality, statistics
+from tuning.benchmarking import compare, quality, statistics
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 BENCH_COMPARE = REPO_ROOT / "wrappers" / "bench_compare.py"
@@ -38,9 +38,7 @@ SECONDS = [0.500, 0.504, 0.497, 0.502, 0.495, 0.506]
 
 @pytest.fixture(scope="module")
 def bench_compare():
-    sys.path.insert(0, str(REPO_ROOT / "wrappers"))  # bench_compare imports bench_report from beside itself
-    yield load_script(BENCH_COMPARE)
-    sys.path.remove(str(REPO_ROOT / "wrappers"))
+    return load_script(BENCH_COMPARE)
 
 
 def series_values(dump: dict, name: str) -> list[float]:
@@ -371,7 +369,7 @@ def test_a_faster_candidate_whose_loss_stays_flat_is_diverged_exit_4_with_the_ga
         learning_runs(tmp_path / "cand", seconds * 0.9, index, steps, [3.0 + wobble for wobble in noise])
     code, rows, out = run_compare(bench_compare, tmp_path, capsys)
     (row,) = rows.values()
-    assert code == bench_compare.EXIT_DIVERGED == 4, out
+    assert code == compare.EXIT_DIVERGED == 4, out
     assert (row["verdict"], row["loss_verdict"]) == ("faster", "diverged")
     assert float(row["loss_gap"]) == pytest.approx(float(row["loss_candidate"]) - float(row["loss_baseline"]))
     assert 1.3 < float(row["loss_gap"]) < 1.9 and 0 < float(row["loss_tolerance"]) < 0.2
@@ -421,7 +419,7 @@ def test_olympic_drops_each_side_s_fastest_and_slowest_run_and_needs_five(bench_
     code, rows, _ = run_compare(bench_compare, tmp_path, capsys, olympic=True)
     (row,) = rows.values()
     kept = ([100 / s for s in sorted(base_seconds)[1:-1]], [100 / s for s in [0.449, 0.45, 0.452]])
-    assert row["interval"] == bench_compare.OLYMPIC
+    assert row["interval"] == compare.OLYMPIC
     assert float(row["baseline"]) == pytest.approx(median(kept[0]), rel=1e-6)
     assert float(row["ratio"]) == pytest.approx(statistics.hodges_lehmann_ratio(*kept), rel=1e-6)
     assert statistics.olympic([3, 1, 2, 5, 4]) == [2, 3, 4]

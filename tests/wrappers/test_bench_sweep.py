@@ -28,6 +28,7 @@ from tests.helpers.training import (
     run_python,
     wait_until,
 )
+from tuning.benchmarking.sweep import ray_executor
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
@@ -311,18 +312,15 @@ def test_a_ray_sweep_stopped_by_sigterm_records_finished_points_and_leaves_nothi
 def test_scratch_directories_nothing_holds_are_removed_by_the_next_point(tmp_path, monkeypatch):
     """A SIGKILLed driver takes its Ray task with it and its point ends, leaving the point's scratch directory; the
     next point on the node removes every one whose lock nothing holds, and keeps those of points still running."""
-    spec = importlib.util.spec_from_file_location("bench_sweep_scratch", BENCH_SWEEP)
-    bench_sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_sweep)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    abandoned, running = (tmp_path / f"{bench_sweep.SCRATCH_PREFIX}{name}" for name in ("abandoned", "running"))
+    abandoned, running = (tmp_path / f"{ray_executor.SCRATCH_PREFIX}{name}" for name in ("abandoned", "running"))
     for directory in (abandoned, running):
         directory.mkdir()
         (directory / "point.journal.jsonl").write_text("{}\n")
     held = os.open(running, os.O_RDONLY | os.O_DIRECTORY)  # as its task and point hold it
     try:
         fcntl.flock(held, fcntl.LOCK_EX)
-        bench_sweep.remove_abandoned_scratch()
+        ray_executor.remove_abandoned_scratch()
         assert not abandoned.exists() and (running / "point.journal.jsonl").exists()
     finally:
         os.close(held)

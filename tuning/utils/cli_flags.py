@@ -2,7 +2,8 @@
 
 fire reports a flag it could not consume only after the function has run (a whole sweep, a report already written),
 and exits 2. ``reject_unknown_flags(main)`` before ``fire.Fire(main)`` makes a mistyped flag a one-line user error
-naming the closest valid one, exit 1.
+naming the closest valid one, exit 1. ``fire_flags(main, Flags, name)`` does both for a recipe whose flags are a
+dataclass.
 """
 
 import difflib
@@ -55,3 +56,19 @@ def reject_unknown_flags(function: Callable[..., Any], argv: list[str] | None = 
     ``function`` does not take; call it before ``fire.Fire(function)``."""
     if problem := unknown_flag(function, sys.argv[1:] if argv is None else argv):
         raise SystemExit(problem)
+
+
+def fire_flags(main: Callable[..., int], flags: type, name: str) -> int:
+    """Run ``main`` under fire with the fields of the dataclass ``flags`` as its command line: the fields without a
+    default positional, the others flags, the dataclass's docstring as ``--help``; an unknown flag rejected first.
+    ``main`` receives the values as fire parsed them, as ``flags``' fields by position and name."""
+    import fire  # the wrappers' command lines only: the trainer's modules that read this one never load it
+
+    reject_unknown_flags(flags)
+
+    def command_line(*args: Any, **kwargs: Any) -> int:
+        return main(*args, **kwargs)
+
+    command_line.__signature__ = inspect.signature(flags).replace(return_annotation=int)  # what fire reads
+    command_line.__doc__ = flags.__doc__
+    return fire.Fire(command_line, name=name, serialize=lambda _: None)
