@@ -358,15 +358,19 @@ def learning_runs(path: Path, seconds: float, index: int, steps: int = 4, losses
     (path / f"{index}.json").write_text(json.dumps({**dump, "config": CONFIG}))
 
 
-def test_a_faster_candidate_whose_loss_stays_flat_is_diverged_exit_4_with_the_gap(bench_compare, tmp_path, capsys):
-    """Six runs a side, the candidate 10 % faster per step and learning nothing: faster, and diverged, exit 4 (the
-    loss verdict outranks any speed verdict); the gap and the tolerance are in the row and the exit line."""
-    steps = 40
+def diverging_sides(path: Path, steps: int = 40) -> None:
+    """Six runs a side: the baseline's loss falls from 3 to 1, the candidate (10 % faster per step) stays at 3."""
     for index, seconds in enumerate(SECONDS):
         noise = [0.01 * ((step * 7 + index) % 5 - 2) for step in range(steps)]  # the runs differ a little
         learning = [3.0 - 2.0 * step / steps + wobble for step, wobble in enumerate(noise)]
-        learning_runs(tmp_path / "base", seconds, index, steps, learning)
-        learning_runs(tmp_path / "cand", seconds * 0.9, index, steps, [3.0 + wobble for wobble in noise])
+        learning_runs(path / "base", seconds, index, steps, learning)
+        learning_runs(path / "cand", seconds * 0.9, index, steps, [3.0 + wobble for wobble in noise])
+
+
+def test_a_faster_candidate_whose_loss_stays_flat_is_diverged_exit_4_with_the_gap(bench_compare, tmp_path, capsys):
+    """Six runs a side, the candidate 10 % faster per step and learning nothing: faster, and diverged, exit 4 (the
+    loss verdict outranks any speed verdict); the gap and the tolerance are in the row and the exit line."""
+    diverging_sides(tmp_path)
     code, rows, out = run_compare(bench_compare, tmp_path, capsys)
     (row,) = rows.values()
     assert code == compare.EXIT_DIVERGED == 4, out
@@ -378,6 +382,25 @@ def test_a_faster_candidate_whose_loss_stays_flat_is_diverged_exit_4_with_the_ga
     # A tolerance wider than the gap: the same runs match, and the speed decides again.
     code, rows, _ = run_compare(bench_compare, tmp_path, capsys, loss_tolerance=2.0)
     assert (code, next(iter(rows.values()))["loss_verdict"]) == (0, "matched")
+
+
+def test_a_diverged_point_stays_exit_4_when_its_candidate_never_reaches_the_target(bench_compare, tmp_path, capsys):
+    """The worst news wins: a candidate that never reaches --target_loss is also short of it on every run (exit 2
+    alone), but diverged stays the verdict and the exit code 4; the table's note says the candidate never reached the
+    target (no empty step or time) and how far the baseline got."""
+    diverging_sides(tmp_path)
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, target_loss=2.0)
+    (row,) = rows.values()
+    assert code == compare.EXIT_DIVERGED and row["loss_verdict"] == "diverged", out
+    assert row["candidate_steps_to_target"] == "" and row["candidate_not_converged"] == "6"
+    assert "6 candidate runs never reached loss 2" in row["loss_note"] and "gap +" in row["loss_note"]
+    step = float(row["baseline_steps_to_target"])
+    seconds = format(float(row["baseline_time_to_target"]), ".3g")
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert (
+        f"baseline to target: step {step:.4g}, {seconds} s of steps; candidate to target: never reached (6 runs short)"
+        in table
+    )
 
 
 def test_runs_without_a_loss_series_say_so_and_never_pass(bench_compare, tmp_path, capsys):

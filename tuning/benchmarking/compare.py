@@ -274,7 +274,7 @@ def compare_points(
 def quality_columns(point: Point, tolerance: float | None, target: float | None) -> dict[str, Any]:
     """The row's loss columns: the sides' smoothed end losses, the gap, the tolerance, the steps compared and the loss
     verdict; with ``target`` each side's median steps and step time to it over the runs that reached it, and how many
-    did not (more than one on a side: ``not converged``)."""
+    did not (more than one on a side: ``not converged``, unless the point diverged, the worse news)."""
     sides = [[quality.losses(sample.dump) for sample in runs] for runs in point.sides]
     result = quality.compare_losses(*sides, tolerance=tolerance) if all(point.sides) else quality.Quality("")
     columns = {
@@ -299,8 +299,10 @@ def quality_columns(point: Point, tolerance: float | None, target: float | None)
         columns[f"{name}_not_converged"] = len(reached) - len(steps)
         if len(reached) - len(steps) > 1:
             short.append(f"{len(reached) - len(steps)} {name} runs never reached loss {target:g}")
-    if short:
-        columns.update(loss_verdict=NOT_CONVERGED, loss_note="; ".join([*short, columns["loss_note"]]).strip("; "))
+    if short:  # worse news than not converging (diverged) keeps its verdict, and the note says both
+        verdict = columns["loss_verdict"] if columns["loss_verdict"] == quality.DIVERGED else NOT_CONVERGED
+        note = "; ".join(part for part in [*short, columns["loss_note"]] if part)
+        columns.update(loss_verdict=verdict, loss_note=note)
     return columns
 
 
@@ -338,6 +340,16 @@ def _number(value: float | None, digits: str = ".4g") -> str:
     return "" if value is None else format(value, digits)
 
 
+def to_target(row: dict[str, Any], side: str) -> str:
+    """A side's way to --target_loss for the table's note: the median step and step time over the runs that reached
+    it (a time only where the runs recorded their step times), and how many runs did not; or that none did."""
+    steps, seconds, short = (row[f"{side}_{key}"] for key in ("steps_to_target", "time_to_target", "not_converged"))
+    if steps is None:
+        return f"never reached ({short} runs short)" if short else "no runs"
+    reached = f"step {_number(steps)}" + (f", {_number(seconds, '.3g')} s of steps" if seconds is not None else "")
+    return reached + (f" ({short} runs short)" if short else "")
+
+
 def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
     header = ["point", "runs (baseline/candidate)", f"baseline {metric_name} (median)", "candidate", "ratio (HL)"]
     header += ["95 % interval", "over", "p (Holm)", "verdict", "loss verdict", "note"]
@@ -355,9 +367,7 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
                 note += f"; about {count} {samples} a side would likely decide"
         for name in ("baseline", "candidate"):
             if f"{name}_steps_to_target" in row:
-                steps, seconds = row[f"{name}_steps_to_target"], row[f"{name}_time_to_target"]
-                note += f"; {name} to target: step {_number(steps)}, {_number(seconds, '.3g')} s of steps"
-                note += f" ({row[f'{name}_not_converged']} runs short)" if row[f"{name}_not_converged"] else ""
+                note += f"; {name} to target: {to_target(row, name)}"
         note += f"; {row['loss_note']}" if row["loss_note"] else ""
         cells = [
             row["point"],
