@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -191,6 +192,10 @@ def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_gri
     assert len(lines) == POINTS and len({line["point"] for line in lines}) == POINTS  # the others once, by the rerun
     for line in before:
         assert attempts_in_log(out, line) == 1, line["point"]
+    for line in lines:  # a point the kill interrupted ran again: its attempts are numbered on across the drivers
+        log = (out / line["metrics_path"]).with_suffix(".log").read_text(errors="replace")
+        numbers = [int(number) for number in re.findall(r"=== bench_sweep: .*, attempt (\d+) ===", log)]
+        assert numbers == list(range(1, len(numbers) + 1)), (line["point"], numbers)
     again = sweep(local_grid["spec"], out, "--dry_run")
     assert again.returncode == 0 and again.stdout.strip().endswith(f"{POINTS} points, 0 to run"), again.stdout
 

@@ -85,6 +85,14 @@ class Sweep:
                 os.remove(name)
         shutil.rmtree(self.path(point, ""), ignore_errors=True)
 
+    def begin_attempt(self, point: Point) -> None:
+        """The point's log gets the header of its next attempt, numbered after every attempt the log already holds:
+        those of earlier drivers of this sweep too (a point resumed after a stop, or rerun with --rerun_failed)."""
+        log = Path(self.run_paths(point).log)
+        earlier = log.read_bytes().count(ATTEMPT_HEADER.encode()) if log.exists() else 0
+        header = f"{ATTEMPT_HEADER}{point.label}, attempt {earlier + 1} ===\n"
+        self.store_files({RunPaths.from_stem(point.id).log: header.encode()})
+
     def store_files(self, files: dict[str, bytes]) -> None:
         """Files of the points by name, a log appended to; a torn one is cleared before a rerun."""
         for name, data in files.items():
@@ -141,8 +149,7 @@ class Sweep:
                         finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
                         continue
                     attempts[point.id] += 1
-                    header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
-                    self.store_files({RunPaths.from_stem(point.id).log: header.encode()})
+                    self.begin_attempt(point)
                     executor.start(point)
                     bar.set_description_str(point.label[:60])
                 for point, ended in executor.wait():
