@@ -1,3 +1,5 @@
+import re
+
 from setuptools import find_packages, setup
 
 
@@ -7,8 +9,9 @@ def _read(path: str) -> str:
 
 
 def _requirements() -> list[str]:
-    lines = _read("requirements.txt").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    """requirements.txt's requirements: comments (whole lines, or after a requirement) and blank lines left out."""
+    lines = (re.sub(r"(^|\s)#.*", "", line).strip() for line in _read("requirements.txt").splitlines())
+    return [line for line in lines if line]
 
 
 setup(

@@ -2,14 +2,15 @@
 network (benchmarks/gpu_device.sh installs them there).
 
 Runs on any machine with the package registry and a recent pip (``make gpu-wheels`` makes one). pip resolves, for
-CPython 3.12 on manylinux x86-64 and from metadata alone, what the check imports (``requirements.txt``, the aim and
-nvml extras), with the GPU machine's versions (``benchmarks/gpu_machine_packages.txt``) as constraints; then only what
-that list lacks is downloaded, one wheel per package. The folder must stay under ``--limit_mib`` (what travels with the
-working tree). ``.whl/gpu_machine_closure.txt`` names the listed packages the check uses, at the resolved versions:
-what ``make gpu-rehearsal`` installs from the registry in their place.
+CPython 3.12 on manylinux x86-64 and from metadata alone, what the check imports (``requirements.txt``, setup.py's
+aim and nvml extras), with the GPU machine's versions (``benchmarks/gpu_machine_packages.txt``) as constraints; then
+only what that list lacks is downloaded, one wheel per package. The folder must stay under ``--limit_mib`` (what
+travels with the working tree). ``.whl/gpu_machine_closure.txt`` names the listed packages the check uses, at the
+resolved versions: what ``make gpu-rehearsal`` installs from the registry in their place.
 """
 
 import argparse
+import ast
 import json
 import re
 import shutil
@@ -21,8 +22,11 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MACHINE_PACKAGES = REPO_ROOT / "benchmarks" / "gpu_machine_packages.txt"
+REQUIREMENTS, SETUP = REPO_ROOT / "requirements.txt", REPO_ROOT / "setup.py"
 # setup.py's extras the check uses: bench_train's jobs track into a local Aim repo and sample NVML.
-EXTRAS = ("aim>=3.29,<4", "nvidia-ml-py>=12")
+EXTRAS = ("aim", "nvml")
+# pip's comment: a "#" opening the line or after whitespace, to the end of the line.
+COMMENT = re.compile(r"(^|\s)#.*")
 PYTHON_VERSION = "3.12"
 # pip matches a manylinux tag exactly: any glibc from 2.28 on takes these (the GPU machine's was not read; its CUDA 13
 # image's distribution is newer), and each package needed so far has a wheel for one of them.
@@ -52,9 +56,25 @@ def machine_packages(path: Path = MACHINE_PACKAGES) -> dict[str, str | None]:
     return packages
 
 
-def requirements() -> list[str]:
-    lines = (REPO_ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")] + list(EXTRAS)
+def requirement_lines(text: str) -> list[str]:
+    """A requirements file's requirement strings, as pip reads them: comments (whole lines, or after a requirement)
+    and blank lines left out."""
+    lines = (COMMENT.sub("", line).strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def setup_extras(path: Path = SETUP) -> dict[str, list[str]]:
+    """setup.py's ``extras_require``, read from its source (importing setup.py would run setup())."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup"]
+    return ast.literal_eval(next(kw.value for call in calls for kw in call.keywords if kw.arg == "extras_require"))
+
+
+def requirements(requirements_file: Path = REQUIREMENTS, setup: Path = SETUP) -> list[str]:
+    """What the check needs: requirements.txt's requirements and those of setup.py's ``EXTRAS``."""
+    extras = setup_extras(setup)
+    needs = requirement_lines(requirements_file.read_text(encoding="utf-8"))
+    return needs + [need for extra in EXTRAS for need in extras[extra]]
 
 
 def target_flags() -> list[str]:
