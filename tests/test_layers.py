@@ -122,3 +122,36 @@ def test_no_modules_import_each_other_around_a_circle():
 
 def test_the_circle_check_sees_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+TESTS = PACKAGE.parent / "tests"
+REGISTRY = "tuning.trackers.tracker_factory"
+
+
+def test_a_test_module_imports_helpers_only_from_tests_helpers():
+    """Shared test code lives in tests/helpers/ (fixtures in conftest.py): a test module never imports another."""
+    found = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        if wrong := sorted(n for n in names if n.startswith("tests.") and not n.startswith("tests.helpers")):
+            found[str(path.relative_to(TESTS.parent))] = wrong
+    assert found == {}
+
+
+def test_trackers_import_nothing_from_the_registry():
+    """The registry (tracker_factory, and the package that re-exports it) knows the trackers; a tracker does not know
+    the registry."""
+    trackers = [path for path in MODULES if path.parent.name == "trackers" and path.name != "__init__.py"]
+    assert len(trackers) > 5
+    found = {}
+    for path in trackers:
+        if (name := module_name(path)) != REGISTRY:
+            targets = imported(ast.parse(path.read_text(encoding="utf-8")), name.rpartition(".")[0])
+            if wrong := sorted(t for t in targets if t in (REGISTRY, "tuning.trackers")):
+                found[name] = wrong
+    assert found == {}

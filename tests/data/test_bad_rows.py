@@ -15,23 +15,16 @@ import pyarrow.parquet
 import pytest
 from transformers import AutoTokenizer
 
-from tests.data.test_data_config import CHAT_TEMPLATE, write_config, write_jsonl
-from tuning.config.configs import DataArguments, TrainingArguments
+from tests.helpers.data_files import CHAT_TEMPLATE, GOOD, prepare, write_config, write_jsonl
+from tuning.config.configs import DataArguments
 from tuning.data.data_handlers import IGNORE_INDEX
-from tuning.data.setup_dataprocessor import check_data_arguments, prepare_training_datasets
+from tuning.data.setup_dataprocessor import check_data_arguments
 from tuning.utils.error_logging import UserInputError
-
-GOOD = {"input": "What is 2 plus 2?", "output": "Four."}
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(tiny_model)
-
-
-def prepare(tokenizer, tmp_path: Path, max_length: int = 128, **data):
-    train_args = TrainingArguments(output_dir=str(tmp_path / "out"), eval_strategy="no", max_seq_length=max_length)
-    return prepare_training_datasets(DataArguments(**data), train_args, tokenizer, max_length)
 
 
 def _columns(rows: list[dict]) -> dict[str, list]:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from tests.helpers.data_files import CHAT_TEMPLATE, write_config, write_jsonl
 from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data.data_config import load_and_validate_data_config
@@ -20,10 +21,6 @@ from tuning.sft_trainer import train
 from tuning.utils.error_logging import ErrorCategory, UserInputError, classify
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 CONVERSATIONS = [
     [
         {"role": "system", "content": "Be brief."},
@@ -34,16 +31,6 @@ CONVERSATIONS = [
     ],
     [{"role": "user", "content": "Spell cat backwards."}, {"role": "assistant", "content": "tac"}],
 ]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return str(path)
-
-
-def write_config(path: Path, config: dict) -> str:
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return str(path)
 
 
 def sample_rows() -> list[dict]:

@@ -4,8 +4,7 @@ other keys, and applied (3.2's own test of the split name reads a Hub-hosted dat
 import pytest
 from transformers import AutoTokenizer
 
-from tests.data.test_bad_rows import GOOD, prepare
-from tests.data.test_data_config import write_config, write_jsonl
+from tests.helpers.data_files import GOOD, prepare, write_config, write_jsonl
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data.data_config import load_and_validate_data_config
 from tuning.data.setup_dataprocessor import process_dataargs

@@ -16,6 +16,7 @@ from tuning.config.tracker_configs import (
     TrackerConfigFactory,
     TrackerConfigs,
 )
+from tuning.trackers.helper_child import AIM_BACKEND, MLFLOW_BACKEND  # what each tracker's helper process runs
 from tuning.trackers.tracker import Tracker, run_status
 from tuning.utils.error_logging import UserInputError
 
@@ -27,9 +28,6 @@ if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays li
 TRACKER_FLAGS = ("--trackers", "--tracker")
 AIMSTACK_TRACKER = "aim"
 MLFLOW_TRACKER = "mlflow"
-# What the helper process of each runs (tuning.trackers.helper_child), named here only: get_tracker hands it over.
-AIM_BACKEND = "tuning.trackers.aim_writer:AimBackend"
-MLFLOW_BACKEND = "tuning.trackers.mlflow_writer:MlflowBackend"
 
 AVAILABLE_TRACKERS: list[str] = []  # every registered name, in registration order
 
