@@ -42,7 +42,6 @@ setup(
             "matplotlib>=3.7",
             "ray==2.60.0",
             "py-spy>=0.4",  # benchmarks/overhead.py's profiled runs
-            "scipy>=1.10",  # tests/benchmarking/test_statistics.py checks the statistics against it
             "bitsandbytes>=0.50,<0.51",  # the qlora extra: tests train QLoRA
         ],
     },

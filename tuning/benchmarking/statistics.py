@@ -5,13 +5,14 @@ the Hodges–Lehmann estimate of the candidate/baseline ratio (the median of all
 a percentile bootstrap interval for it over the samples, and the two-sided Mann–Whitney U p-value (exact without
 ties, else the normal approximation with tie and continuity corrections); Holm's step-down correction across the
 points of one comparison. ``verdict`` turns these into faster / slower / same / inconclusive against a relative noise
-band. docs/benchmarking.md ("Comparing two sweeps") states the rules; tests check the numbers against scipy.
+band. The distributions, the test and the bootstrap are scipy.stats' (imported when first needed); what is ours is
+how they are put together. docs/benchmarking.md ("Comparing two sweeps") states the rules.
 """
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ BOOTSTRAP_SEED = 0  # a fixed seed: the same dumps give the same interval every 
 MAX_PAIRS = 2500  # pairwise differences per bootstrap resample; beyond (over 50 x 50 samples), a random subset
 EXACT_LIMIT = 50  # exact U distribution up to this many samples a side (no ties); normal approximation beyond
 MAX_RUNS_NEEDED = 1000  # "more than this" when the noise is too large for any practical number of repeats
-POWER_Z = 0.8416212335729143  # standard normal quantile at 80 %: the power of the repeats-needed figure
+POWER = 0.8  # of the repeats-needed figure
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, IDENTICAL = "faster", "slower", "same", "inconclusive", "identical"
 OLYMPIC_MIN_RUNS = 5  # MLPerf's olympic scoring drops a side's fastest and slowest run: from 5 runs, 3 are left
@@ -66,78 +67,51 @@ def bootstrap_interval(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``hodges_lehmann_ratio``: each side resampled with replacement on its own,
-    ``resamples`` times (a resample's estimate from ``MAX_PAIRS`` of its pairs when it has more, as many steps do)."""
-    generator = np.random.default_rng(seed)
+    """Percentile bootstrap interval of ``hodges_lehmann_ratio`` (scipy.stats.bootstrap): each side resampled with
+    replacement on its own, ``resamples`` times (a resample's estimate from ``MAX_PAIRS`` of its pairs when it has
+    more, as many steps do)."""
+    from scipy import stats
+
     log_b, log_c = np.log(np.asarray(baseline, float)), np.log(np.asarray(candidate, float))
-    n_b, n_c = len(log_b), len(log_c)
-    pairs = min(n_b * n_c, MAX_PAIRS)
-    estimates = []
-    chunk = max(1, 2_000_000 // pairs)  # pairwise differences held at once
-    for start in range(0, resamples, chunk):
-        size = min(chunk, resamples - start)
-        b = log_b[generator.integers(0, n_b, (size, n_b))]
-        c = log_c[generator.integers(0, n_c, (size, n_c))]
-        if pairs == n_b * n_c:
-            differences = (c[:, :, None] - b[:, None, :]).reshape(size, -1)
-        else:  # many steps: the median of MAX_PAIRS pairs drawn from each resample stands for that of all its pairs
-            c_picks = np.take_along_axis(c, generator.integers(0, n_c, (size, pairs)), axis=1)
-            differences = c_picks - np.take_along_axis(b, generator.integers(0, n_b, (size, pairs)), axis=1)
-        estimates.append(np.median(differences, axis=1))
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(np.concatenate(estimates), [tail, 1 - tail])
-    return float(np.exp(low)), float(np.exp(high))
+    pairs = min(len(log_b) * len(log_c), MAX_PAIRS)
+    generator = np.random.default_rng(seed)  # the resamples', and the pairs picked from each: one stream
 
+    def log_ratio(b: np.ndarray, c: np.ndarray, axis: int = -1) -> Any:
+        """The log Hodges–Lehmann estimate of each resample (the last axis holds a resample's values; the samples
+        themselves, one axis, get the estimate from all their pairs)."""
+        if pairs == b.shape[-1] * c.shape[-1] or b.ndim == 1:
+            differences = c[..., :, None] - b[..., None, :]
+            return np.median(differences.reshape(*differences.shape[:-2], -1), axis=-1)
+        # many steps: the median of MAX_PAIRS pairs drawn from each resample stands for that of all its pairs
+        c_picks = np.take_along_axis(c, generator.integers(0, c.shape[-1], (*c.shape[:-1], pairs)), axis=-1)
+        b_picks = np.take_along_axis(b, generator.integers(0, b.shape[-1], (*b.shape[:-1], pairs)), axis=-1)
+        return np.median(c_picks - b_picks, axis=-1)
 
-def _u_distribution(n1: int, n2: int) -> list[int]:
-    """Counts of the arrangements of n1 + n2 distinct values with each U from 0 to n1·n2 (U: pairs in which the
-    first sample's value is the larger), by the recurrence f(m, n, u) = f(m-1, n, u-n) + f(m, n-1, u)."""
-    # counts[n][u] for the current m, every n from 0 to n2
-    counts = [[1] for _ in range(n2 + 1)]  # m = 0: U is 0 in the one arrangement
-    for m in range(1, n1 + 1):
-        row = [[1]]  # n = 0: U is 0
-        for n in range(1, n2 + 1):
-            size = m * n + 1
-            shifted, kept = counts[n], row[n - 1]  # f(m-1, n, u-n) and f(m, n-1, u)
-            row.append(
-                [
-                    (shifted[u - n] if 0 <= u - n < len(shifted) else 0) + (kept[u] if u < len(kept) else 0)
-                    for u in range(size)
-                ]
-            )
-        counts = row
-    return counts[n2]
+    interval = stats.bootstrap(
+        (log_b, log_c),
+        log_ratio,
+        n_resamples=resamples,
+        batch=max(1, 2_000_000 // pairs),  # pairwise differences held at once
+        vectorized=True,
+        confidence_level=confidence,
+        method="percentile",
+        random_state=generator,
+    ).confidence_interval
+    return float(np.exp(interval.low)), float(np.exp(interval.high))
 
 
 def mann_whitney_u(baseline: Sequence[float], candidate: Sequence[float]) -> tuple[float, float]:
-    """(U of the candidate, two-sided p-value). Exact when there are no ties and at most ``EXACT_LIMIT`` values a
-    side; otherwise the normal approximation with the tie correction of the variance and a continuity correction
-    of 0.5 (scipy.stats.mannwhitneyu's ``exact`` and ``asymptotic`` methods)."""
-    n_b, n_c = len(baseline), len(candidate)
-    pooled = sorted((value, side) for side, values in enumerate((baseline, candidate)) for value in values)
-    ranks, tie_sizes, index = [0.0] * len(pooled), [], 0
-    while index < len(pooled):
-        end = index
-        while end + 1 < len(pooled) and pooled[end + 1][0] == pooled[index][0]:
-            end += 1
-        for position in range(index, end + 1):
-            ranks[position] = (index + end) / 2 + 1
-        tie_sizes.append(end - index + 1)
-        index = end + 1
-    rank_sum = sum(rank for rank, (_, side) in zip(ranks, pooled, strict=True) if side == 1)
-    u = rank_sum - n_c * (n_c + 1) / 2
-    mean = n_b * n_c / 2
-    if max(tie_sizes) == 1 and max(n_b, n_c) <= EXACT_LIMIT:
-        counts = _u_distribution(n_c, n_b)
-        extreme = max(u, n_b * n_c - u)  # the distribution is symmetric: P(U >= extreme) on the far side
-        p = 2 * sum(counts[int(extreme) :]) / math.comb(n_b + n_c, n_b)
-        return u, min(1.0, p)
-    n = n_b + n_c
-    variance = n_b * n_c / 12 * ((n + 1) - sum(t**3 - t for t in tie_sizes) / (n * (n - 1)))
-    if variance == 0:  # every value the same
-        return u, 1.0
-    z = (abs(u - mean) - 0.5) / math.sqrt(variance)
-    return u, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+    """(U of the candidate, two-sided p-value), scipy.stats.mannwhitneyu's: exact when there are no ties and at most
+    ``EXACT_LIMIT`` values a side; otherwise the normal approximation with the tie correction of the variance and a
+    continuity correction of 0.5. Every value the same: p is 1."""
+    from scipy import stats
+
+    pooled = [*baseline, *candidate]
+    if len(set(pooled)) == 1:
+        return len(baseline) * len(candidate) / 2, 1.0
+    exact = len(set(pooled)) == len(pooled) and max(len(baseline), len(candidate)) <= EXACT_LIMIT
+    result = stats.mannwhitneyu(candidate, baseline, alternative="two-sided", method="exact" if exact else "asymptotic")
+    return float(result.statistic), min(1.0, float(result.pvalue))
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
@@ -168,10 +142,6 @@ def can_decide(n_baseline: int, n_candidate: int, tests: int, alpha: float = ALP
     return 2 / math.comb(n_baseline + n_candidate, n_baseline) <= alpha / max(tests, 1)
 
 
-def _normal_quantile(probability: float) -> float:
-    return statistics.NormalDist().inv_cdf(probability)
-
-
 def runs_needed(
     baseline: Sequence[float], candidate: Sequence[float], threshold: float, tests: int, alpha: float = ALPHA
 ) -> int:
@@ -191,7 +161,9 @@ def runs_needed(
         return floor
     if distance == 0:
         return MAX_RUNS_NEEDED + 1
-    z = _normal_quantile(1 - alpha / (2 * max(tests, 1))) + POWER_Z
+    from scipy import stats
+
+    z = stats.norm.ppf(1 - alpha / (2 * max(tests, 1))) + stats.norm.ppf(POWER)
     return max(floor, min(MAX_RUNS_NEEDED + 1, math.ceil(2 * (z * spread / distance) ** 2)))
 
 
