@@ -13,11 +13,13 @@ from transformers import AutoTokenizer
 
 from tests.helpers.data_files import CHAT_TEMPLATE, write_config, write_jsonl
 from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
+from tuning.benchmarking.data_description import describe_data
 from tuning.config.configs import DataArguments, TrainingArguments
+from tuning.data import data_config
 from tuning.data.data_config import load_and_validate_data_config
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler, DataHandlerType
 from tuning.data.setup_dataprocessor import process_dataargs
-from tuning.sft_trainer import train
+from tuning.sft_trainer import train, validate_arguments
 from tuning.utils.error_logging import ErrorCategory, UserInputError, classify
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
@@ -277,6 +279,33 @@ def test_base64_and_file_chat_templates_are_read(tmp_path):
     )
     with pytest.raises(UserInputError, match="Only one of"):
         load_and_validate_data_config(both)
+
+
+def test_a_job_start_parses_its_data_config_once_and_an_edit_is_read_anew(tiny_model, tokenizer, tmp_path, monkeypatch):
+    """The checks, the vision test, the dump's description and the data preparation of one job all ask for the data
+    config: one parse serves them (each gets a copy of its own); an edited file, or an edited chat template file it
+    names, is parsed again."""
+    parses = []
+    parse = data_config._parse_data_config
+    monkeypatch.setattr(data_config, "_parse_data_config", lambda path: parses.append(path) or parse(path))
+    template = tmp_path / "template.jinja"
+    template.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    dataset = {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]}
+    processor = {"chat_template_path": str(template)}
+    config = write_config(tmp_path / "c.yaml", {"dataprocessor": processor, "datasets": [dataset]})
+    model_args, _, train_args = make_args(tiny_model, str(tmp_path / "out"), SAMPLE_TRAIN_PATH)
+    data_args = DataArguments(data_config_path=config, response_template=RESPONSE_TEMPLATE, dataset_text_field="output")
+    validate_arguments(model_args, data_args, train_args)
+    describe_data(data_args, 128)
+    process_dataargs(data_args, tokenizer, train_args)
+    assert parses == [config]
+    first = load_and_validate_data_config(config)
+    first.datasets.clear()  # a caller's copy: the next one is whole
+    assert len(load_and_validate_data_config(config).datasets) == 1 and parses == [config]
+    template.write_text(CHAT_TEMPLATE + "{# edited #}", encoding="utf-8")
+    assert load_and_validate_data_config(config).dataprocessor.chat_template.endswith("{# edited #}")
+    write_config(tmp_path / "c.yaml", {"datasets": [{**dataset, "name": "other"}]})
+    assert load_and_validate_data_config(config).datasets[0].name == "other" and len(parses) == 3
 
 
 def test_cli_bad_data_config_exits_1_and_data_config_trains(tiny_model, tmp_path, monkeypatch, capfd):

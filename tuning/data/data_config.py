@@ -6,11 +6,14 @@ strategy of sampling, a chat template).
 Every fault is a ``UserInputError`` (a ``ValueError``) naming the file, the dataset and the key, raised before any
 model work. The online data mixing processor (``type: odm``) needs fms-acceleration and is refused."""
 
+import copy
+import hashlib
 import logging
 import os
 from base64 import b64decode
 from dataclasses import dataclass
 from numbers import Real
+from pathlib import Path
 from typing import Any
 
 from tuning.data.utils import get_extension, load_yaml_or_json
@@ -250,8 +253,39 @@ def validate_data_config(raw: dict, source: str = "<data config>") -> DataConfig
     return DataConfig(dataprocessor=processor, datasets=datasets)
 
 
+# Each data config file read and checked once while neither it nor the chat template file it names changes: a job's
+# start asks for it in several places (the checks, the vision test, the dump's description, the cache key, the data
+# preparation). Path → (what the parse depends on, the parse).
+_PARSED: dict[str, tuple[tuple, DataConfig]] = {}
+
+
+def _identity(config_file: str, config: DataConfig | None = None) -> tuple | None:
+    """What a parse of ``config_file`` depends on: the working directory (a relative template path is read from it),
+    and the bytes of the file and of the chat template file it names (hashed: an edit of the same size within a
+    timestamp's granularity counts too); None when one cannot be read."""
+    paths = [config_file] + ([config.dataprocessor.chat_template_path] if config else [])
+    try:
+        digests = [hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in paths if path]
+    except OSError:
+        return None
+    return (os.getcwd(), *digests)
+
+
 def load_and_validate_data_config(data_config_file: str) -> DataConfig:
-    """Read and check a ``.yaml``/``.yml``/``.json`` data config."""
+    """Read and check a ``.yaml``/``.yml``/``.json`` data config: a copy of the one parse of the file while neither it
+    nor its chat template file has changed (callers may fill the copy in)."""
+    key = os.path.abspath(data_config_file)
+    if (cached := _PARSED.get(key)) is not None and cached[0] == _identity(data_config_file, cached[1]):
+        return copy.deepcopy(cached[1])
+    before = _identity(data_config_file)
+    config = _parse_data_config(data_config_file)
+    after = _identity(data_config_file, config)
+    if before is not None and after is not None and after[: len(before)] == before:  # not edited while read
+        _PARSED[key] = (after, copy.deepcopy(config))
+    return config
+
+
+def _parse_data_config(data_config_file: str) -> DataConfig:
     import yaml
 
     where = _Where(data_config_file)
