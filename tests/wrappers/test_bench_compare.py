@@ -162,9 +162,9 @@ def test_different_configurations_outside_a_sweep_never_match(bench_compare, tmp
     """Batch size 2 against 4, the same (empty) metadata: no ratio between them; the error names the key."""
     runs(tmp_path / "base", [0.5], {})
     runs(tmp_path / "cand", [0.5], {}, config={**CONFIG, "per_device_train_batch_size": 4})
-    result = compare_command(str(tmp_path / "base"), str(tmp_path / "cand"), "--output_dir", str(tmp_path / "out"))
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "no point is on both sides: the 2 points differ in config.per_device_train_batch_size" in result.stderr
+    with pytest.raises(SystemExit) as refused:
+        bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), output_dir=str(tmp_path / "out"))
+    assert "no point is on both sides: the 2 points differ in config.per_device_train_batch_size" in str(refused.value)
 
 
 def test_points_match_on_metadata_and_config_and_list_one_sided_points(bench_compare, tmp_path, capsys):
@@ -219,29 +219,34 @@ def test_a_sweep_with_half_its_points_failed_exits_2_naming_them(bench_compare, 
 
 
 @pytest.mark.parametrize(
-    ("make_args", "message"),
+    ("make_args", "flags", "message"),
     [
-        (lambda d: [str(d / "empty"), str(d / "base")], "no ok or stopped benchmark dumps in"),
-        (lambda d: [str(d / "base"), str(d / "other"), "--match", "batch"], "no point is on both sides"),
-        (lambda d: [str(d / "base"), str(d / "old")], "has schema_version 0, this compares 1 only"),
-        (
-            lambda d: [str(d / "base"), str(d / "base"), "--metrc", "mfu"],
-            "unknown flag --metrc; did you mean --metric?",
-        ),
-        (lambda d: [str(d / "base"), str(d / "base"), "--metric", "speed"], "--metric 'speed': choose one of"),
-        (lambda d: [str(d / "base"), str(d / "nowhere")], "is not a directory"),
+        (lambda d: [d / "empty", d / "base"], {}, "no ok or stopped benchmark dumps in"),
+        (lambda d: [d / "base", d / "other"], {"match": "batch"}, "no point is on both sides"),
+        (lambda d: [d / "base", d / "old"], {}, "has schema_version 0, this compares 1 only"),
+        (lambda d: [d / "base", d / "base"], {"metric": "speed"}, "--metric 'speed': choose one of"),
+        (lambda d: [d / "base", d / "nowhere"], {}, "is not a directory"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_1(tmp_path, make_args, message):
+def test_bad_input_is_one_line_before_any_work(bench_compare, tmp_path, make_args, flags, message):
+    """In process: each refusal is a one-line SystemExit (exit 1, its line on stderr, as the unknown flag's below
+    shows through the command line) raised before anything is written."""
     write_dump(tmp_path / "base" / "a.json", [0.5] * 4, {"batch": 1})
     write_dump(tmp_path / "other" / "a.json", [0.5] * 4, {"batch": 2})
     old = write_dump(tmp_path / "old" / "a.json", [0.5] * 4, {"batch": 1})
     (tmp_path / "old" / "a.json").write_text(json.dumps({**old, "schema_version": 0}))
     (tmp_path / "empty").mkdir()
-    result = compare_command(*make_args(tmp_path), "--output_dir", str(tmp_path / "out"))
-    assert result.returncode == 1
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    with pytest.raises(SystemExit) as refused:
+        bench_compare.main(*map(str, make_args(tmp_path)), output_dir=str(tmp_path / "out"), **flags)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
     assert not (tmp_path / "out").exists()  # nothing done before the check
+
+
+def test_an_unknown_flag_is_one_line_and_exit_1(tmp_path):
+    result = compare_command(str(tmp_path), str(tmp_path), "--metrc", "mfu", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "unknown flag --metrc; did you mean --metric?", result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 # ---- two real sweeps ----
