@@ -14,6 +14,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 STEP_SECONDS = 0.3
+STEADY_STEP_SECONDS = 0.1
 STALL_SECONDS = 300
 
 
@@ -22,6 +23,14 @@ class SlowSteps(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(STEP_SECONDS)
+
+
+class SteadySteps(TrainerCallback):
+    """Every optimizer step takes STEADY_STEP_SECONDS longer: steady step times (a sleep outweighing the tiny model's
+    step and its jitter), for rules that wait for steady steps, at a third of SlowSteps' cost."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(STEADY_STEP_SECONDS)
 
 
 class StallAtStep2(TrainerCallback):

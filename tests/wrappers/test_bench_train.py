@@ -149,7 +149,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
         auto_stop_min_steps=3,
         auto_stop_min_seconds=0,
         auto_stop_tolerance=0.5,
-        callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
+        callbacks=f"{BENCH_CALLBACKS}:SteadySteps",
     )
     assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
     dump = read_dump(tmp_path / "bench.json")
