@@ -212,7 +212,7 @@ def test_real_memory_error_under_address_space_limit(allocation):
 
 def test_real_distributed_errors_are_communication():
     port = free_port()  # nobody listens: a real connect timeout from c10d's TCPStore
-    store_failure = raised(dist.TCPStore, "127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=1))
+    store_failure = raised(dist.TCPStore, "127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=0.2))
     assert isinstance(store_failure, dist.DistError)
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
