@@ -16,7 +16,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from tests.helpers.bench import read_dump, series
-from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_python, two_ranks
+from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_main, run_python, two_ranks
 from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
@@ -367,6 +367,69 @@ def test_do_dataprocessing_only_writes_the_checked_rows_and_loads_no_model(tiny_
     written = load_dataset("parquet", data_dir=str(tmp_path / "out" / "train_dataset"), split="train")
     assert len(written) == 6 and {"messages", "images"} <= set(written.column_names)
     assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def prompt_length(model: str, index: int, image: bytes) -> int:
+    """The tokens of row ``index``'s user turn and generation prompt with its image, as the processor makes them."""
+    processor = AutoProcessor.from_pretrained(model)
+    prompt = processor.apply_chat_template(conversation(index)[:1], tokenize=False, add_generation_prompt=True)
+    return len(processor(text=[prompt], images=[Image.open(io.BytesIO(image))])["input_ids"][0])
+
+
+def test_a_max_seq_length_that_cuts_every_assistant_token_is_refused(
+    tiny_llava, parquet_data, tmp_path, monkeypatch, capfd
+):
+    """The CLI (main()): a cut after the image tokens and before the first answer token left every label -100 (loss
+    0.0 at every step, exit 0); refused before the model loads, naming the data, its rows and the longest prompt."""
+    prompts = [prompt_length(tiny_llava, i, png(i, 32 + 16 * (i % 2))) for i in range(6)]
+    cut, longest = min(prompts), max(prompts)
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--max_seq_length", str(cut), "--torch_dtype", "float32"),
+        *("--trackers", "none", "--save_strategy", "no", "--max_steps", "2"),
+    ]
+    code, stderr = run_main(args, monkeypatch, capfd)
+    assert code == 1
+    assert (
+        f"UserInputError: --training_data_path {parquet_data}: none of its 6 rows keeps a token to train on: 6 lost "
+        f"every label to truncation at --max_seq_length {cut} (the longest prompt takes {longest} tokens); raise "
+        "--max_seq_length or shorten the prompts"
+    ) in stderr
+
+
+def test_rows_whose_answers_a_max_seq_length_cuts_away_are_left_out_with_one_warning(tiny_llava, tmp_path, caplog):
+    """train() with --do_dataprocessing_only: the rows written are those that keep an answer token; one warning
+    names how many were left out, of which data, and why."""
+    from datasets import load_dataset
+
+    long_question = [{"type": "image"}, {"type": "text", "text": "Which picture is it? " * 8}]
+    rows = [{"messages": conversation(i), "images": [png(i)]} for i in range(4)]
+    for row in rows[1:3]:
+        row["messages"] = [{"role": "user", "content": long_question}, row["messages"][1]]
+    data = _bad(tmp_path, rows)
+    short = prompt_length(tiny_llava, 0, png(0))
+    model_args, data_args, train_args = arguments(tiny_llava, data, tmp_path / "out", max_seq_length=short + 4)
+    data_args.do_dataprocessing_only = True
+    with caplog.at_level(logging.WARNING, logger="tuning.data.labels"):
+        sft_trainer.train(model_args, data_args, train_args)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(
+        f"--training_data_path {data}: 2 of 4 rows keep no token to train on and are left out: 2 lost every label "
+        f"to truncation at --max_seq_length {short + 4} (the longest prompt takes "
+    )
+    written = load_dataset("parquet", data_dir=str(tmp_path / "out" / "train_dataset"), split="train")
+    assert [row["messages"][0]["content"][1]["text"] for row in written] == [
+        "Which picture is 0?",
+        "Which picture is 3?",
+    ]
+
+
+def test_alora_whose_invocation_tokens_occur_in_no_conversation_is_refused(tiny_llava, parquet_data, tmp_path):
+    """train(), aLoRA on LLaVA: the conversations rendered by the chat template never hold the invocation's tokens."""
+    lora = LoraConfig(r=4)
+    lora.alora_invocation_string = "### Answer:"
+    with pytest.raises(UserInputError, match="occur in none of the 6 rows of --training_data_path"):
+        sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out"), lora)
 
 
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):

@@ -95,7 +95,9 @@ def test_masking_skips_examples_without_template(tokenizer):
 
 
 def test_template_in_no_example_is_an_error(tokenizer):
-    with pytest.raises(UserInputError, match="none of the 2 examples"):
+    with pytest.raises(
+        UserInputError, match="none of its 2 rows keeps a token to train on: 2 lack the response template"
+    ):
         tokenize_and_mask(["a</s>", "b</s>"], tokenizer, 64, "### Answer:")
 
 

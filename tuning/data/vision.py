@@ -7,8 +7,9 @@ finds the conversations' column when none is named, and checks every row before 
 once, each row's images matched to its image placeholders and the image tokens its rendered text holds; a model
 given one image a row keeps the first); ``VisionDataCollator`` turns a batch into the processor's inputs through the
 chat template, with labels on the assistant turns' tokens only (never the prompt, never an image token, never
-padding). It imports no data module above the handlers (only masking's constant and data_config), so that the
-handlers can use it."""
+padding); ``trainable_vision_rows`` refuses data where ``--max_seq_length`` leaves no row an assistant token (and
+leaves out, with one warning, the rows it leaves none). It imports no data module above the handlers (only masking's
+constant, labels and data_config), so that the handlers can use it."""
 
 import io
 import logging
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tuning.data.labels import LabelLoss, check_label_loss
 from tuning.data.masking import IGNORE_INDEX
 from tuning.utils.error_logging import UserInputError
 
@@ -219,6 +221,25 @@ def check_vision_dataset(
         )
 
 
+def trainable_vision_rows(dataset, collator: "VisionDataCollator", source: str):
+    """The rows of ``dataset`` that keep a label token within the collator's ``max_length``: none is a
+    ``UserInputError`` naming ``source``, its row count and the longest prompt (with its image tokens); rows left
+    out are one warning (``tuning.data.labels``)."""
+    if collator.max_length is None:
+        return dataset
+    loss, kept = LabelLoss(), []
+    for index, row in enumerate(dataset):
+        start = collator.first_label(row)
+        if start is None:
+            loss.unlabelled += 1
+        elif start >= collator.max_length:
+            loss.add_truncated(start)
+        else:
+            kept.append(index)
+    check_label_loss(loss, len(dataset), source, collator.max_length)
+    return dataset if len(kept) == len(dataset) else dataset.select(kept)
+
+
 MULTIMODAL_HANDLER = "prepare_multimodal_data_processor"
 
 
@@ -274,6 +295,30 @@ class VisionDataCollator:
         encoded = self.processor(text=[text], images=[used] if used else None)
         return len(encoded["input_ids"][0])
 
+    def first_label(self, row: dict) -> int | None:
+        """The position of a row's first label token before any cut (the tokens of its prompt), None when it has
+        no assistant turn; 0 for a rendered text (every token but image tokens is labelled)."""
+        text_field, image_field = self._fields(row)
+        text = row[text_field]
+        if isinstance(text, str):
+            return 0
+        images = [to_image(value, self.base_dir) for value in image_values(row.get(image_field))]
+        messages, images = model_row(text, images, self.max_images)
+        turn = next((index for index, message in enumerate(messages) if message.get("role") == "assistant"), None)
+        if turn is None:
+            return None
+        return self._length(messages[:turn], images, True) if turn else 0
+
+    def text_tokens(self, row: dict) -> list[int]:
+        """A row's text as rendered by the chat template and tokenised, each image as its one placeholder token
+        (no image is read)."""
+        text_field, image_field = self._fields(row)
+        text = row[text_field]
+        if not isinstance(text, str):
+            messages, _ = model_row(text, image_values(row.get(image_field)), self.max_images)
+            text = self.processor.apply_chat_template(messages, tokenize=False)
+        return self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     def assistant_spans(self, messages: list, images: list) -> list[tuple[int, int]]:
         """``(start, end)`` token positions of each assistant turn of a conversation."""
         spans = []
@@ -283,10 +328,14 @@ class VisionDataCollator:
                 spans.append((start, self._length(messages[: index + 1], images, False)))
         return spans
 
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        fields = features[0].get("fields_name") or {}
+    def _fields(self, row: dict) -> tuple[str, str | None]:
+        """The text and image columns: the collator's, else those the row's ``fields_name`` names."""
+        fields = row.get("fields_name") or {}
         text_field = self.text_field or fields.get("dataset_text_field", DEFAULT_MESSAGES_FIELD)
-        image_field = self.image_field or fields.get("dataset_image_field")
+        return text_field, self.image_field or fields.get("dataset_image_field")
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        text_field, image_field = self._fields(features[0])
         texts, images, spans = [], [], []
         for row in features:
             text = row[text_field]
