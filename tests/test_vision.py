@@ -453,6 +453,19 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
     base = AutoModelForImageTextToText.from_pretrained(tiny_llava).state_dict()
     assert any(not torch.equal(value, saved[name]) for name, value in base.items() if "vision_tower" in name)
     dump = read_dump(tmp_path / "bench.json")
+    # The vision collator tokenised the rows: no data handler ran (the dump once named the text path's).
+    assert dump["data"]["tokenised_by"] == "vision_collator"
+    assert [(d["name"], d["handlers"]) for d in dump["data"]["datasets"]] == [("training_data", [])]
+    # 3 steps of 2 rows: one epoch of the 6 rows, each trained on its answer's tokens (a row's first label excluded).
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    collate = VisionDataCollator(processor, "messages", "images")
+    answers = [
+        int(collate([row])["labels"][0, 1:].ne(IGNORE_INDEX).sum())
+        for row in datasets.load_dataset("parquet", data_files=parquet_data, split="train")
+    ]
+    steps = series(dump, "step_label_tokens")["values"]
+    assert len(steps) == 3 and all(step > 0 for step in steps)
+    assert dump["summary"]["label_tokens"] == sum(steps) == sum(answers)
     assert dump["config"]["dataset_image_field"] == "images"
     assert dump["config"]["model_class"] == "LlavaForConditionalGeneration"
     assert series(dump, "step_image_tokens")["values"] == [8, 8, 8]
