@@ -242,9 +242,22 @@ def test_alora_warns_how_many_rows_lack_its_invocation_tokens(tiny_model, tmp_pa
     with caplog.at_level(logging.WARNING, logger="tuning.data.labels"):
         sft_trainer.train(model_args, data_args, train_args, lora)
     assert [record.getMessage() for record in caplog.records] == [
-        f"--alora_invocation_string '### Response:': 2 of 4 rows of --training_data_path {data} lack its tokens "
-        "[260, 274, 28] as the data tokenises them; the adapter learns nothing from them"
+        f"--alora_invocation_string '### Response:': its tokens [260, 274, 28]: 2 of 4 rows of --training_data_path "
+        f"{data} lack them as the data tokenises them; the adapter learns nothing from them"
     ]
+
+
+def test_alora_tokens_given_as_v3_1_0_s_tests_give_them_are_looked_for_too(tiny_model, sample_train, tmp_path):
+    """train() with a LoRA config carrying alora_invocation_tokens themselves (no string), as v3.1.0's tests do."""
+    lora = LoraConfig(r=4)
+    lora.alora_invocation_tokens = AutoTokenizer.from_pretrained(tiny_model).encode(
+        "Response:", add_special_tokens=False
+    )
+    with pytest.raises(
+        UserInputError,
+        match=re.escape(f"aLoRA's invocation tokens {lora.alora_invocation_tokens} occur in none of the 96 rows"),
+    ):
+        sft_trainer.train(*make_args(tiny_model, str(tmp_path / "out"), sample_train), lora)
 
 
 def test_alora_needs_its_invocation_string(tiny_model, tmp_path):

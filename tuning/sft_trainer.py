@@ -803,7 +803,7 @@ def check_alora_rows(peft_config: Any, train_dataset: Any, vision_collator: Any,
         rows = (vision_collator.text_tokens(row) for row in train_dataset)
     else:
         rows = (ids for batch in train_dataset.iter(batch_size=1000) for ids in batch["input_ids"])
-    check_invocation(rows, tokens, peft_config.alora_invocation_string, source)
+    check_invocation(rows, tokens, getattr(peft_config, "alora_invocation_string", None), source)
 
 
 def with_new_token_rows_trained(peft_config: Any, model) -> Any:

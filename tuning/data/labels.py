@@ -85,24 +85,25 @@ def invocation_rows(rows: Iterable[Sequence[int]], tokens: Sequence[int]) -> tup
     return found, total
 
 
-def check_invocation(rows: Iterable[Sequence[int]], tokens: Sequence[int], text: str, source: str) -> None:
+def check_invocation(rows: Iterable[Sequence[int]], tokens: Sequence[int], text: str | None, source: str) -> None:
     """aLoRA trains only the tokens after its invocation tokens: refuse ``source`` when no row holds them as the
-    data tokenises them (every adapter weight would stay as initialised); warn how many rows lack them."""
+    data tokenises them (every adapter weight would stay as initialised); warn how many rows lack them. ``text``:
+    the --alora_invocation_string they came from (None: the tokens were given as such)."""
     found, total = invocation_rows(rows, tokens)
+    named = f"--alora_invocation_string {text!r}: its tokens" if text is not None else "aLoRA's invocation tokens"
     if not found:
         raise UserInputError(
-            f"--alora_invocation_string {text!r}: its tokens {list(tokens)} occur in none of the {total} rows of "
-            f"{source} as the data tokenises them, so the adapter would train on nothing; a string inside the text "
-            "may tokenise otherwise than alone (a leading space or newline joins its first token): give it as it "
-            "appears there, with the character before it"
+            f"{named} {list(tokens)} occur in none of the {total} rows of {source} as the data tokenises them, so "
+            "the adapter would train on nothing; a string inside the text may tokenise otherwise than alone (a "
+            "leading space or newline joins its first token): give it as it appears there, with the character "
+            "before it"
         )
     if found < total:
         logger.warning(
-            "--alora_invocation_string %r: %d of %d rows of %s lack its tokens %s as the data tokenises them; the "
-            "adapter learns nothing from them",
-            text,
+            "%s %s: %d of %d rows of %s lack them as the data tokenises them; the adapter learns nothing from them",
+            named,
+            list(tokens),
             total - found,
             total,
             source,
-            list(tokens),
         )
