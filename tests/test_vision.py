@@ -13,7 +13,7 @@ import datasets
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from tests.helpers.bench import read_dump, series
 from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_main, run_python, two_ranks
@@ -21,7 +21,7 @@ from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
 from tuning.data.masking import IGNORE_INDEX
-from tuning.data.vision import VisionDataCollator, find_conversation_column, images_per_row
+from tuning.data.vision import VisionDataCollator, find_conversation_column, images_per_row, model_row
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import build_tiny_vision_model
 
@@ -374,6 +374,24 @@ def prompt_length(model: str, index: int, image: bytes) -> int:
     processor = AutoProcessor.from_pretrained(model)
     prompt = processor.apply_chat_template(conversation(index)[:1], tokenize=False, add_generation_prompt=True)
     return len(processor(text=[prompt], images=[Image.open(io.BytesIO(image))])["input_ids"][0])
+
+
+@pytest.mark.parametrize("kind", ["llava", "llava-next"])
+def test_a_prompt_is_measured_as_the_processor_makes_it_without_processing_its_images(kind, request):
+    """first_label (one tokenisation a row, each image's tokens measured once per size) agrees with the collator's
+    own spans (the prompt processed with its images) for images of several sizes, one or two a row."""
+    model = request.getfixturevalue({"llava": "tiny_llava", "llava-next": "tiny_llava_next"}[kind])
+    processor = AutoProcessor.from_pretrained(model)
+    collate = VisionDataCollator(
+        processor, "messages", "images", max_images=images_per_row(AutoConfig.from_pretrained(model))
+    )
+    for index, widths in enumerate([(32,), (48,), (80, 32), (120, 48)]):
+        images = [png(index, width) for width in widths]
+        row = {"messages": conversation(index, len(images)), "images": images}
+        messages, kept = model_row(
+            row["messages"], [Image.open(io.BytesIO(image)).convert("RGB") for image in images], collate.max_images
+        )
+        assert collate.first_label(row) == collate.assistant_spans(messages, kept)[0][0]
 
 
 def test_a_max_seq_length_that_cuts_every_assistant_token_is_refused(

@@ -127,6 +127,22 @@ def to_image(value: Any, base_dir: str | None = None):
     return image.convert("RGB")
 
 
+def image_size(value: Any, base_dir: str | None = None) -> tuple[int, int]:
+    """An image cell item's (width, height), read from its header (a PIL image's own): nothing is decoded."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.size
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, str):
+        path = value if os.path.isabs(value) or base_dir is None else os.path.join(base_dir, value)
+        with Image.open(path) as image:
+            return image.size
+    with Image.open(io.BytesIO(value)) as image:
+        return image.size
+
+
 def image_placeholders(messages: Sequence[dict]) -> int:
     """The number of ``{"type": "image"}`` parts of a conversation."""
     count = 0
@@ -288,6 +304,7 @@ class VisionDataCollator:
         if processor.tokenizer.pad_token is None:  # padding is never labelled: any token will do, as train() does
             processor.tokenizer.pad_token = processor.tokenizer.eos_token
         self.image_token_id = getattr(processor, "image_token_id", None)
+        self._image_token_counts: dict[tuple[int, int], int] = {}
 
     def _length(self, messages: list, images: list, generation_prompt: bool) -> int:
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
@@ -297,17 +314,37 @@ class VisionDataCollator:
 
     def first_label(self, row: dict) -> int | None:
         """The position of a row's first label token before any cut (the tokens of its prompt), None when it has
-        no assistant turn; 0 for a rendered text (every token but image tokens is labelled)."""
+        no assistant turn; 0 for a rendered text (every token but image tokens is labelled). The prompt's text is
+        tokenised with each image as the tokens an image of its size becomes (``_image_tokens``): images are not
+        processed a row."""
         text_field, image_field = self._fields(row)
         text = row[text_field]
         if isinstance(text, str):
             return 0
-        images = [to_image(value, self.base_dir) for value in image_values(row.get(image_field))]
-        messages, images = model_row(text, images, self.max_images)
+        messages, values = model_row(text, image_values(row.get(image_field)), self.max_images)
         turn = next((index for index, message in enumerate(messages) if message.get("role") == "assistant"), None)
-        if turn is None:
-            return None
-        return self._length(messages[:turn], images, True) if turn else 0
+        if not turn:
+            return None if turn is None else 0
+        prompt = messages[:turn]
+        token = getattr(self.processor, "image_token", None)
+        if token is None:  # no placeholder to count by: the prompt processed with its images
+            return self._length(prompt, [to_image(value, self.base_dir) for value in values], True)
+        rendered = self.processor.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        length = len(self.processor.tokenizer(rendered)["input_ids"])
+        for value in values[: image_placeholders(prompt)]:
+            length += self._image_tokens(image_size(value, self.base_dir)) - 1
+        return length
+
+    def _image_tokens(self, size: tuple[int, int]) -> int:
+        """The tokens the processor turns one image placeholder into for an image of ``size`` (width, height),
+        measured once per size: the count depends on the size alone, not on the pixels."""
+        if size not in self._image_token_counts:
+            from PIL import Image
+
+            token = self.processor.image_token
+            expanded = self.processor(text=[token], images=[[Image.new("RGB", size)]])["input_ids"][0]
+            self._image_token_counts[size] = len(expanded) - len(self.processor.tokenizer(token)["input_ids"]) + 1
+        return self._image_token_counts[size]
 
     def text_tokens(self, row: dict) -> list[int]:
         """A row's text as rendered by the chat template and tokenised, each image as its one placeholder token
