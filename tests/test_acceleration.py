@@ -3,6 +3,7 @@ GraniteMoe (grouped-GEMM experts; expert parallelism on two torchrun ranks, pree
 bitsandbytes and aLoRA through peft, each trained for real; the refusals name what is missing."""
 
 import json
+import logging
 import re
 import signal
 import sys
@@ -20,6 +21,7 @@ from tests.helpers.training import (
     cli_args,
     logged_steps,
     make_args,
+    run_main,
     run_python,
     two_ranks,
     wait_for_steps,
@@ -198,6 +200,64 @@ def test_alora_from_the_command_line_trains_with_its_invocation_tokens(tiny_mode
     tokens = AutoTokenizer.from_pretrained(tiny_model).encode(invocation, add_special_tokens=False)
     assert tokens and adapter_config["alora_invocation_tokens"] == tokens
     assert adapter_config["peft_type"] == "LORA"
+
+
+@pytest.mark.parametrize(
+    "invocation",
+    [
+        "Response:",  # [267, 272, 28] alone; inside the rows' text "### Response:" tokenises as ĠResponse (274)
+        "### Answer:",  # in no row at all
+    ],
+)
+def test_alora_whose_invocation_tokens_occur_in_no_row_is_refused_before_the_model_loads(
+    tiny_model, sample_train, tmp_path, monkeypatch, capfd, invocation
+):
+    """The CLI (main()): every row's adapter would stay inactive, every lora_B 0.0; refused, exit 1, the reason."""
+    argv = [
+        *cli_args(tiny_model, str(tmp_path / "out")),
+        "--peft_method",
+        "alora",
+        "--alora_invocation_string",
+        invocation,
+    ]
+    code, stderr = run_main(argv, monkeypatch, capfd)
+    tokens = AutoTokenizer.from_pretrained(tiny_model).encode(invocation, add_special_tokens=False)
+    assert code == 1
+    assert (
+        f"--alora_invocation_string {invocation!r}: its tokens {tokens} occur in none of the 96 rows of "
+        f"--training_data_path {sample_train} as the data tokenises them"
+    ) in stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_alora_warns_how_many_rows_lack_its_invocation_tokens(tiny_model, tmp_path, caplog):
+    """train(): rows whose text holds the invocation only as the string tokenises otherwise train nothing; counted."""
+    rows = [{"output": f"### Input: {i}\n\n{'### ' if i % 2 else ''}Response: {i + 1}"} for i in range(4)]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path / "out"), str(data), max_steps=1)
+    data_args.response_template = "Response:"
+    lora = LoraConfig(r=4)
+    lora.alora_invocation_string = "### Response:"
+    with caplog.at_level(logging.WARNING, logger="tuning.data.labels"):
+        sft_trainer.train(model_args, data_args, train_args, lora)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"--alora_invocation_string '### Response:': its tokens [260, 274, 28]: 2 of 4 rows of --training_data_path "
+        f"{data} lack them as the data tokenises them; the adapter learns nothing from them"
+    ]
+
+
+def test_alora_tokens_given_as_v3_1_0_s_tests_give_them_are_looked_for_too(tiny_model, sample_train, tmp_path):
+    """train() with a LoRA config carrying alora_invocation_tokens themselves (no string), as v3.1.0's tests do."""
+    lora = LoraConfig(r=4)
+    lora.alora_invocation_tokens = AutoTokenizer.from_pretrained(tiny_model).encode(
+        "Response:", add_special_tokens=False
+    )
+    with pytest.raises(
+        UserInputError,
+        match=re.escape(f"aLoRA's invocation tokens {lora.alora_invocation_tokens} occur in none of the 96 rows"),
+    ):
+        sft_trainer.train(*make_args(tiny_model, str(tmp_path / "out"), sample_train), lora)
 
 
 def test_alora_needs_its_invocation_string(tiny_model, tmp_path):

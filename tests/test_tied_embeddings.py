@@ -9,8 +9,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from tests.helpers.training import make_args
-from tuning.config.peft_config import LoraConfig
+from tests.helpers.training import cli_args, make_args, run_main
+from tuning.config.peft_config import LoraConfig, check_lora_targets
 from tuning.sft_trainer import save, train
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
@@ -62,3 +62,17 @@ def test_an_adapter_that_would_sit_on_lm_head_is_refused_before_the_model_loads(
     model_args, data_args, train_args = make_args(tied_model, str(tmp_path / "out"), SAMPLE_TRAIN_PATH)
     with pytest.raises(UserInputError, match=f"{culprit}.*TRL"):
         train(model_args, data_args, train_args, LoraConfig(r=4, target_modules=target_modules))
+
+
+def test_the_refusal_reaches_stderr_and_the_termination_log_whole(tied_model, tmp_path, monkeypatch, capfd):
+    """The CLI (main()): the message, longer than the stderr marker's share, is printed whole on a line of its own
+    (no traceback holds it) and written whole to the termination log."""
+    with pytest.raises(UserInputError) as refused:
+        check_lora_targets(LoraConfig(target_modules=["embed_tokens"]), tied_model)
+    message = f"UserInputError: {refused.value}"
+    log = tmp_path / "termination.log"
+    argv = cli_args(tied_model, str(tmp_path / "out"), peft_method="lora", target_modules="embed_tokens")
+    code, stderr = run_main(argv, monkeypatch, capfd, TERMINATION_LOG_FILE=str(log))
+    assert code == 1
+    assert message in stderr.splitlines()
+    assert log.read_text() == f"user_error: {message}\n"

@@ -13,15 +13,15 @@ import datasets
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from tests.helpers.bench import read_dump, series
-from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_python, two_ranks
+from tests.helpers.training import BENCH_TRAIN, SFT_TRAINER, TORCHRUN, load_script, run_main, run_python, two_ranks
 from tuning import sft_trainer
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.config.peft_config import LoraConfig
 from tuning.data.masking import IGNORE_INDEX
-from tuning.data.vision import VisionDataCollator, find_conversation_column, images_per_row
+from tuning.data.vision import VisionDataCollator, find_conversation_column, images_per_row, model_row
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.tiny_model import build_tiny_vision_model
 
@@ -369,6 +369,87 @@ def test_do_dataprocessing_only_writes_the_checked_rows_and_loads_no_model(tiny_
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
+def prompt_length(model: str, index: int, image: bytes) -> int:
+    """The tokens of row ``index``'s user turn and generation prompt with its image, as the processor makes them."""
+    processor = AutoProcessor.from_pretrained(model)
+    prompt = processor.apply_chat_template(conversation(index)[:1], tokenize=False, add_generation_prompt=True)
+    return len(processor(text=[prompt], images=[Image.open(io.BytesIO(image))])["input_ids"][0])
+
+
+@pytest.mark.parametrize("kind", ["llava", "llava-next"])
+def test_a_prompt_is_measured_as_the_processor_makes_it_without_processing_its_images(kind, request):
+    """first_label (one tokenisation a row, each image's tokens measured once per size) agrees with the collator's
+    own spans (the prompt processed with its images) for images of several sizes, one or two a row."""
+    model = request.getfixturevalue({"llava": "tiny_llava", "llava-next": "tiny_llava_next"}[kind])
+    processor = AutoProcessor.from_pretrained(model)
+    collate = VisionDataCollator(
+        processor, "messages", "images", max_images=images_per_row(AutoConfig.from_pretrained(model))
+    )
+    for index, widths in enumerate([(32,), (48,), (80, 32), (120, 48)]):
+        images = [png(index, width) for width in widths]
+        row = {"messages": conversation(index, len(images)), "images": images}
+        messages, kept = model_row(
+            row["messages"], [Image.open(io.BytesIO(image)).convert("RGB") for image in images], collate.max_images
+        )
+        assert collate.first_label(row) == collate.assistant_spans(messages, kept)[0][0]
+
+
+def test_a_max_seq_length_that_cuts_every_assistant_token_is_refused(
+    tiny_llava, parquet_data, tmp_path, monkeypatch, capfd
+):
+    """The CLI (main()): a cut after the image tokens and before the first answer token left every label -100 (loss
+    0.0 at every step, exit 0); refused before the model loads, naming the data, its rows and the longest prompt."""
+    prompts = [prompt_length(tiny_llava, i, png(i, 32 + 16 * (i % 2))) for i in range(6)]
+    cut, longest = min(prompts), max(prompts)
+    args = [
+        *("--model_name_or_path", tiny_llava, "--training_data_path", parquet_data, "--dataset_image_field", "images"),
+        *("--output_dir", str(tmp_path / "out"), "--max_seq_length", str(cut), "--torch_dtype", "float32"),
+        *("--trackers", "none", "--save_strategy", "no", "--max_steps", "2"),
+    ]
+    code, stderr = run_main(args, monkeypatch, capfd)
+    assert code == 1
+    assert (
+        f"UserInputError: --training_data_path {parquet_data}: none of its 6 rows keeps a token to train on: 6 lost "
+        f"every label to truncation at --max_seq_length {cut} (the longest prompt takes {longest} tokens); raise "
+        "--max_seq_length or shorten the prompts"
+    ) in stderr
+
+
+def test_rows_whose_answers_a_max_seq_length_cuts_away_are_left_out_with_one_warning(tiny_llava, tmp_path, caplog):
+    """train() with --do_dataprocessing_only: the rows written are those that keep an answer token; one warning
+    names how many were left out, of which data, and why."""
+    from datasets import load_dataset
+
+    long_question = [{"type": "image"}, {"type": "text", "text": "Which picture is it? " * 8}]
+    rows = [{"messages": conversation(i), "images": [png(i)]} for i in range(4)]
+    for row in rows[1:3]:
+        row["messages"] = [{"role": "user", "content": long_question}, row["messages"][1]]
+    data = _bad(tmp_path, rows)
+    short = prompt_length(tiny_llava, 0, png(0))
+    model_args, data_args, train_args = arguments(tiny_llava, data, tmp_path / "out", max_seq_length=short + 4)
+    data_args.do_dataprocessing_only = True
+    with caplog.at_level(logging.WARNING, logger="tuning.data.labels"):
+        sft_trainer.train(model_args, data_args, train_args)
+    (warning,) = [record.getMessage() for record in caplog.records]
+    assert warning.startswith(
+        f"--training_data_path {data}: 2 of 4 rows keep no token to train on and are left out: 2 lost every label "
+        f"to truncation at --max_seq_length {short + 4} (the longest prompt takes "
+    )
+    written = load_dataset("parquet", data_dir=str(tmp_path / "out" / "train_dataset"), split="train")
+    assert [row["messages"][0]["content"][1]["text"] for row in written] == [
+        "Which picture is 0?",
+        "Which picture is 3?",
+    ]
+
+
+def test_alora_whose_invocation_tokens_occur_in_no_conversation_is_refused(tiny_llava, parquet_data, tmp_path):
+    """train(), aLoRA on LLaVA: the conversations rendered by the chat template never hold the invocation's tokens."""
+    lora = LoraConfig(r=4)
+    lora.alora_invocation_string = "### Answer:"
+    with pytest.raises(UserInputError, match="occur in none of the 6 rows of --training_data_path"):
+        sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out"), lora)
+
+
 def test_packing_is_refused(tiny_llava, parquet_data, tmp_path):
     with pytest.raises(UserInputError, match="--packing with --dataset_image_field"):
         sft_trainer.train(*arguments(tiny_llava, parquet_data, tmp_path / "out", packing=True))
@@ -390,6 +471,19 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
     base = AutoModelForImageTextToText.from_pretrained(tiny_llava).state_dict()
     assert any(not torch.equal(value, saved[name]) for name, value in base.items() if "vision_tower" in name)
     dump = read_dump(tmp_path / "bench.json")
+    # The vision collator tokenised the rows: no data handler ran (the dump once named the text path's).
+    assert dump["data"]["tokenised_by"] == "vision_collator"
+    assert [(d["name"], d["handlers"]) for d in dump["data"]["datasets"]] == [("training_data", [])]
+    # 3 steps of 2 rows: one epoch of the 6 rows, each trained on its answer's tokens (a row's first label excluded).
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    collate = VisionDataCollator(processor, "messages", "images")
+    answers = [
+        int(collate([row])["labels"][0, 1:].ne(IGNORE_INDEX).sum())
+        for row in datasets.load_dataset("parquet", data_files=parquet_data, split="train")
+    ]
+    steps = series(dump, "step_label_tokens")["values"]
+    assert len(steps) == 3 and all(step > 0 for step in steps)
+    assert dump["summary"]["label_tokens"] == sum(steps) == sum(answers)
     assert dump["config"]["dataset_image_field"] == "images"
     assert dump["config"]["model_class"] == "LlavaForConditionalGeneration"
     assert series(dump, "step_image_tokens")["values"] == [8, 8, 8]

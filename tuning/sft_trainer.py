@@ -26,6 +26,7 @@ if __name__ == "__main__":
 import torch
 import transformers
 from accelerate.utils import set_seed
+from datasets import IterableDataset
 from safetensors import SafetensorError, safe_open
 from transformers import HfArgumentParser, TrainerCallback
 from transformers.utils import is_flash_attn_2_available
@@ -55,10 +56,12 @@ from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, T
 from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
 from tuning.data.data_handlers import DataHandler
+from tuning.data.labels import check_invocation
 from tuning.data.prepared_cache import Preparation
 from tuning.data.setup_dataprocessor import (
     check_data_arguments,
     check_vision_arguments,
+    data_source,
     prepare_vision_data,
     prepare_with_cache,
 )
@@ -688,6 +691,8 @@ def _train(
         logger.info("only data processing was asked for: the datasets are in %s", train_args.output_dir)
         return None, None, None
     train_dataset, eval_dataset = prepared
+    peft_config = with_alora_invocation_tokens(peft_config, tokenizer)
+    check_alora_rows(peft_config, train_dataset, data_collator, data_source(data_args, "training"))
 
     checkpoint, skipped = _resume_choice(train_args)  # decided before the model loads
     for folder, problem in skipped:
@@ -733,7 +738,6 @@ def _train(
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
-    peft_config = with_alora_invocation_tokens(peft_config, tokenizer)
     if vision and isinstance(peft_config, LoraConfig) and peft_config.target_modules is None:
         peft_config = dataclasses.replace(peft_config, target_modules=VISION_LORA_TARGETS)
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
@@ -786,6 +790,20 @@ def with_alora_invocation_tokens(peft_config: Any, tokenizer) -> Any:
     peft_config = copy.copy(peft_config)
     peft_config.alora_invocation_tokens = tokens
     return peft_config
+
+
+def check_alora_rows(peft_config: Any, train_dataset: Any, vision_collator: Any, source: str) -> None:
+    """aLoRA's adapter acts only from its invocation tokens on: refuse training data where no row holds them as the
+    data tokenises them (``tuning.data.labels.check_invocation``; vision rows as the collator renders their text),
+    warn how many rows lack them. A streamed dataset is not read ahead."""
+    tokens = getattr(peft_config, "alora_invocation_tokens", None)
+    if not tokens or train_dataset is None or isinstance(train_dataset, IterableDataset):
+        return
+    if vision_collator is not None:
+        rows = (vision_collator.text_tokens(row) for row in train_dataset)
+    else:
+        rows = (ids for batch in train_dataset.iter(batch_size=1000) for ids in batch["input_ids"])
+    check_invocation(rows, tokens, getattr(peft_config, "alora_invocation_string", None), source)
 
 
 def with_new_token_rows_trained(peft_config: Any, model) -> Any:

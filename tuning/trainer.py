@@ -39,7 +39,8 @@ class TuningTrainer(SFTTrainer):
     Per-rank data timing: each optimizer step's batches are fetched in ``get_batch_samples``, which then counts the
     batch's items across ranks (a collective: every rank waits there for the slowest). Only the data loader's
     ``next`` calls are timed, and every callback with an ``on_batches_fetched(seconds)`` method gets this rank's
-    own fetch time of the step's batches (``tuning.benchmarking``'s callback does).
+    own fetch time of the step's batches (``tuning.benchmarking``'s callback does); ``on_label_tokens(count)`` gets
+    this rank's label tokens of those batches (``label_tokens``), the tokens its loss trains on.
 
     Checkpoints: each one is marked complete only after every rank has written its part (``tuning.utils.checkpoints``
     says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
@@ -169,7 +170,20 @@ class TuningTrainer(SFTTrainer):
         timed = _TimedIterator(epoch_iterator)
         result = super().get_batch_samples(timed, num_batches, device)
         self._tell("on_batches_fetched", timed.seconds)
+        self._tell("on_label_tokens", label_tokens(result[0]))
         return result
+
+
+def label_tokens(batches: list[dict[str, Any]]) -> torch.Tensor | int:
+    """The label tokens of one optimizer step's batches that the loss counts (a tensor where the labels lie): a
+    causal LM predicts each label from the tokens before it, so a row's first label is no target; a collator's
+    ``shift_labels`` (padding-free) are counted as given."""
+    counts = [
+        (batch["shift_labels"] if "shift_labels" in batch else batch["labels"][..., 1:]).ne(IGNORE_INDEX).sum()
+        for batch in batches
+        if isinstance(batch, dict) and isinstance(batch.get("shift_labels", batch.get("labels")), torch.Tensor)
+    ]
+    return torch.stack(counts).sum() if counts else 0
 
 
 class _TimedIterator:

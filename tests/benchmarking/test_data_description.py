@@ -76,6 +76,7 @@ def test_a_data_config_is_described_by_its_file_its_processor_and_each_dataset(t
                 "handlers": [],
             },
         ],
+        "tokenised_by": "data_preparation",
     }
 
 
@@ -108,4 +109,16 @@ def test_the_plain_flags_are_described_as_the_data_config_they_become_and_stay_a
             {"train": 0.0, "validation": 1.0},
             ["apply_custom_jinja_template"],
         ),
+    ]
+
+
+def test_vision_data_is_described_as_the_vision_collator_tokenises_it(tmp_path):
+    """--dataset_image_field: the rows go to the vision collator as they are (no data handler runs on them)."""
+    data = tmp_path / "pictures.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "Hi"}], "images": ["a.png"]}\n', encoding="utf-8")
+    description = describe_data(DataArguments(training_data_path=str(data), dataset_image_field="images"), 64)
+    assert DataDescription.model_validate(description)
+    assert description["tokenised_by"] == "vision_collator"
+    assert [(d["name"], d["data_paths"], d["handlers"]) for d in description["datasets"]] == [
+        ("training_data", [str(data)], [])
     ]

@@ -20,6 +20,9 @@ from tuning.config.configs import DataArguments
 from tuning.data.data_handlers import IGNORE_INDEX
 from tuning.data.setup_dataprocessor import check_data_arguments
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
+
+RESPONSE_TEMPLATE = "\n### Response:"
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +148,9 @@ def test_prompts_truncated_past_every_label(tokenizer, tmp_path, caplog):
     every = write_jsonl(tmp_path / "long.jsonl", [long] * 3)
     with pytest.raises(
         UserInputError,
-        match=r"all 3 rows of the training data lost every label to truncation at "
-        r"--max_seq_length 16: the longest prompt takes 16 tokens or more",
+        match=rf"^--training_data_path {re.escape(every)}: none of its 3 rows keeps a token to train on: 3 lost "
+        r"every label to truncation at --max_seq_length 16 \(the longest prompt takes 16 tokens or more\); raise "
+        r"--max_seq_length or shorten the prompts$",
     ):
         prepare(tokenizer, tmp_path, max_length=16, training_data_path=every)
     some = write_jsonl(tmp_path / "some.jsonl", [long, GOOD, long])
@@ -154,12 +158,47 @@ def test_prompts_truncated_past_every_label(tokenizer, tmp_path, caplog):
         train_rows, _ = prepare(tokenizer, tmp_path, max_length=16, training_data_path=some)
     assert len(train_rows) == 1
     assert [r.message for r in caplog.records if "truncation" in r.message] == [
-        "2 of 3 rows of the training data lost every label to truncation at --max_seq_length 16: they are not "
-        "trained on"
+        f"--training_data_path {some}: 2 of 3 rows keep no token to train on and are left out: 2 lost every label "
+        "to truncation at --max_seq_length 16 (the longest prompt takes 16 tokens or more)"
     ]
     assert prepare(tokenizer, tmp_path, max_length=16, training_data_path=some, do_dataprocessing_only=True) is None
     written = datasets.load_dataset("parquet", data_files=str(tmp_path / "out/train_dataset/*.parquet"), split="train")
     assert [row["input_ids"] for row in written] == [list(train_rows[0]["input_ids"])]
+
+
+def sample_prompts(tokenizer) -> dict[str, list[int]]:
+    """The token counts of the sample data's prompts: the text before its output (the input/output handler's) and
+    the output column up to the end of its response template (the text field's)."""
+    rows = [json.loads(line) for line in Path(SAMPLE_TRAIN_PATH).read_text(encoding="utf-8").splitlines()]
+    ends = [row["output"].index(RESPONSE_TEMPLATE) + len(RESPONSE_TEMPLATE) for row in rows]
+    return {
+        "input": [len(tokenizer(row["input"]).input_ids) for row in rows],
+        "output": [len(tokenizer(row["output"][:end]).input_ids) for row, end in zip(rows, ends, strict=True)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "prompt", "known"),
+    [
+        ({"dataset_text_field": "output", "response_template": RESPONSE_TEMPLATE}, "output", True),
+        ({}, "input", False),  # the input/output handler truncates the prompt itself: known to fill the length
+    ],
+)
+def test_every_prompt_longer_than_max_seq_length_is_one_message_with_file_rows_and_longest_prompt(
+    tokenizer, tmp_path, flags, prompt, known
+):
+    """Once two wordings ("response template occurs in none of the 96 examples (or every response was truncated
+    away)", "all 96 rows of the training data lost every label..."), neither naming both the file and the prompt."""
+    prompts = sample_prompts(tokenizer)[prompt]
+    cut = min(prompts)
+    longest = f"{max(prompts)} tokens" if known else f"{cut} tokens or more"
+    with pytest.raises(UserInputError) as refused:
+        prepare(tokenizer, tmp_path, max_length=cut, training_data_path=SAMPLE_TRAIN_PATH, **flags)
+    assert str(refused.value) == (
+        f"--training_data_path {SAMPLE_TRAIN_PATH}: none of its 96 rows keeps a token to train on: 96 lost every "
+        f"label to truncation at --max_seq_length {cut} (the longest prompt takes {longest}); raise "
+        "--max_seq_length or shorten the prompts"
+    )
 
 
 COLUMNS = {"input_column_name": "input", "output_column_name": "output"}

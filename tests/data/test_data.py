@@ -95,7 +95,9 @@ def test_masking_skips_examples_without_template(tokenizer):
 
 
 def test_template_in_no_example_is_an_error(tokenizer):
-    with pytest.raises(UserInputError, match="none of the 2 examples"):
+    with pytest.raises(
+        UserInputError, match="none of its 2 rows keeps a token to train on: 2 lack the response template"
+    ):
         tokenize_and_mask(["a</s>", "b</s>"], tokenizer, 64, "### Answer:")
 
 
@@ -477,8 +479,15 @@ def test_preparing_a_large_file_keeps_memory_well_below_its_size(tiny_model, tmp
             r"user_error: UserInputError: dataset 'training_data': .*qa.csv row 2: field 'output' is null or missing, "
             r"not a string \(data handler tokenize_and_apply_input_masking\)",
         ),
+        (  # the CLI's share of the no-label refusal (tests/data/test_bad_rows.py has its wording on every path)
+            lambda d: _write(d / "train.jsonl", Path(SAMPLE_TRAIN_PATH).read_bytes()),
+            {"max_seq_length": 4},
+            r"user_error: UserInputError: --training_data_path .*train.jsonl: none of its 96 rows keeps a token to "
+            r"train on: 96 lost every label to truncation at --max_seq_length 4 \(the longest prompt takes \d+ "
+            r"tokens\); raise --max_seq_length or shorten the prompts",
+        ),
     ],
-    ids=["directory", "not-utf8", "template-key-with-space", "csv-empty-cell"],
+    ids=["directory", "not-utf8", "template-key-with-space", "csv-empty-cell", "every-label-truncated"],
 )
 def test_cli_bad_data_exits_1_with_one_line_naming_it(make_data, extra, line, tiny_model, tmp_path, monkeypatch, capfd):
     termination_log = tmp_path / "termination-log"

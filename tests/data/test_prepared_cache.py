@@ -152,7 +152,10 @@ def test_several_processes_tokenise_the_same_rows_in_the_same_order(tokenizer, m
     assert len(one) == 300 - len(texts[5::7]) and one.to_dict() == two.to_dict()
     unmasked = masking.tokenize_and_mask(texts, tokenizer, 32, None, num_proc=2)
     assert len(unmasked) == 300 and unmasked["labels"] == unmasked["input_ids"]
-    with pytest.raises(UserInputError, match="occurs in none of the 300 examples of the shards"):
+    with pytest.raises(
+        UserInputError,
+        match="the shards: none of its 300 rows keeps a token to train on: 300 lack the response template '### Answer",
+    ):
         masking.tokenize_and_mask(texts, tokenizer, 32, "### Answer:", source="the shards", num_proc=2)
 
 

@@ -174,6 +174,11 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     assert sum(series(dump, "step_tokens")["values"]) == series(dump, "num_tokens")["values"][-1]
     assert "num_input_tokens_seen" not in names
     assert series(dump, "loss")["steps"] == list(range(1, dump["training_steps"] + 1))
+    # Every step trained on label tokens (the responses: fewer than its tokens); the summary says how many in all.
+    labels, tokens = series(dump, "step_label_tokens"), series(dump, "step_tokens")
+    assert labels["steps"] == tokens["steps"]
+    assert all(0 < n < t for n, t in zip(labels["values"], tokens["values"], strict=True))
+    assert dump["summary"]["label_tokens"] == sum(labels["values"])
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
 
 
@@ -635,6 +640,11 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
         (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
         (lambda d: {"max_stesp": "3"}, "unknown flag --max_stesp; did you mean --max_steps?"),
         (lambda d: {"stop_after_second": "3"}, "unknown flag --stop_after_second; did you mean --stop_after_seconds?"),
+        (
+            lambda d: {"max_seq_length": "4"},
+            f"--training_data_path {SAMPLE_TRAIN_PATH}: none of its 96 rows keeps a token to train on: 96 lost every "
+            "label to truncation at --max_seq_length 4",
+        ),
     ],
 )
 def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, capsys, make_flags, message):

@@ -1,7 +1,8 @@
 """The training-loop side of a benchmark: one transformers callback that measures every optimizer step.
 
 Per step, on global rank 0: the wall time since the previous step ended (data loading, logging, evaluation and
-checkpoints in between count), the global batch, the non-padding tokens of all ranks and their throughput; trainer
+checkpoints in between count), the global batch, the non-padding tokens of all ranks and their throughput, the label
+tokens all ranks trained on; trainer
 logs as every tracker names them, noted by ``log_recorder``, a callback of its own that goes after every callback
 adding numbers to the logs. A step's end only notes its time: points are built and recorded every
 ``RECORD_INTERVAL_S``, several steps together, off the caches the step just used. Trackers (the ``mirror``) get the
@@ -23,6 +24,7 @@ from transformers import TrainerCallback, TrainerControl
 from tuning.benchmarking.dump import (
     DATA_FETCH_SHARE,
     STEP_IMAGE_TOKENS,
+    STEP_LABEL_TOKENS,
     STEP_SAMPLES,
     STEP_TIME,
     STEP_TOKENS,
@@ -163,6 +165,11 @@ class BenchmarkCallback(TrainerCallback):
         if self._rank_times is not None:
             self._rank_times.batches_fetched(seconds)
 
+    def on_label_tokens(self, count: Any) -> None:
+        """``TuningTrainer``'s report: the label tokens of this rank's batches of the coming optimizer step."""
+        if self._tokens is not None:
+            self._tokens.add_label_tokens(count)
+
     def on_step_begin(self, args, state, control, **kwargs):
         if self._rank_times is not None:
             self._rank_times.step_begins(state.global_step + 1)
@@ -288,6 +295,8 @@ class BenchmarkCallback(TrainerCallback):
                     points += [(STEP_TOKENS, tokens, step, None), (TOKENS_PER_SECOND, throughput, step, None)]
                     if (images := self._tokens.image_tokens.pop(step, None)) is not None:
                         points.append((STEP_IMAGE_TOKENS, images, step, None))
+                    if (labels := self._tokens.label_tokens.pop(step, None)) is not None:
+                        points.append((STEP_LABEL_TOKENS, labels, step, None))
                     self._unmirrored_add(TOKENS_PER_SECOND, tokens, duration, step)
                 batches.append((now, points))
             if batches and self.record is not None:

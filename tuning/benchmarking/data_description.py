@@ -3,7 +3,9 @@ is described by that file (its path and the sha256 of its bytes, so that an edit
 used); a run from the plain flags by the data config they become (``tuning.data.setup_dataprocessor``), its path
 null. Only the settings that change which rows are trained, and in which mix: the processor's type, streaming, seed,
 stopping strategy and chat template (by its source and hash), and per dataset its name, paths, builder, sampling
-ratio, split and handler names in order. Handler arguments are left out: the config's hash covers them.
+ratio, split and handler names in order; and what tokenised the rows (``tokenised_by``: the data preparation before
+training, or for vision data the vision collator, batch by batch). Handler arguments are left out: the config's hash
+covers them.
 """
 
 import copy
@@ -12,6 +14,10 @@ from typing import Any
 
 from tuning.benchmarking.configuration import file_sha256
 from tuning.data.data_config import DataConfig, load_and_validate_data_config
+from tuning.data.vision import is_vision_data_config
+
+# The dump's data.tokenised_by: the rows tokenised (and masked) before training, or each batch by the vision collator.
+DATA_PREPARATION, VISION_COLLATOR = "data_preparation", "vision_collator"
 
 
 def describe_data(data_args: Any, max_seq_length: int) -> dict[str, Any]:
@@ -25,7 +31,11 @@ def describe_data(data_args: Any, max_seq_length: int) -> dict[str, Any]:
 
         # A copy: building the handlers fills in defaults (the text column) that the caller's arguments must not get.
         config, _ = raw_data_config(copy.copy(data_args), max_seq_length)
-    return data_config_description(config, path, data_args.chat_template)
+    vision = bool(data_args.dataset_image_field) or is_vision_data_config(data_args)
+    return {
+        **data_config_description(config, path, data_args.chat_template),
+        "tokenised_by": VISION_COLLATOR if vision else DATA_PREPARATION,
+    }
 
 
 def data_config_description(

@@ -38,6 +38,7 @@ STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed 
 STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
 TOKENS_PER_SECOND = "tokens_per_second"  # STEP_TOKENS / STEP_TIME, per step
 STEP_IMAGE_TOKENS = "step_image_tokens"  # the image tokens among STEP_TOKENS (vision-language models only)
+STEP_LABEL_TOKENS = "step_label_tokens"  # the label tokens one optimizer step's loss trained on, all ranks
 PROCESS_RSS = "process_rss_bytes"
 GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
@@ -436,6 +437,7 @@ def _summary(
         "step_time_p50": step_deciles[4] if step_deciles else None,
         "step_time_p90": step_deciles[8] if step_deciles else None,
         "measured_steps": len(measured),
+        "label_tokens": int(sum(labels.values())) if (labels := _per_step(series, STEP_LABEL_TOKENS)) else None,
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "peak_anon_rss_bytes": int(max(anon_rss)) if anon_rss else None,
         "cuda": end.get("cuda"),

@@ -125,6 +125,9 @@ class Summary(_Model):
     step_time_p90: Number
     measured_steps: int
     """post-warmup steps the step figures cover; 0 = never left warmup, the figures then cover all steps"""
+    label_tokens: int | None = None
+    """the label tokens the loss trained on, every step (warmup included) and rank: 0 means nothing was learned;
+    null when no step reported them (dumps before it lack the key)"""
     peak_rss_bytes: int | None
     """rank 0's peak resident memory"""
     peak_anon_rss_bytes: int | None = None
@@ -288,6 +291,9 @@ class DataDescription(_Model):
     chat_template: ChatTemplate | None
     """null: the tokenizer's own template, if any"""
     datasets: list[DataSet]
+    tokenised_by: Literal["data_preparation", "vision_collator"] | None = None
+    """what tokenised the rows: the data preparation before training (data handlers, loss masking), or for vision
+    data the vision collator, each batch (chat template, processor); dumps before it lack the key"""
     cache: DataCache | None = None
     """how the rows were prepared; absent in a dump of a run that failed before"""
 

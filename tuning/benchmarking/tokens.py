@@ -1,7 +1,8 @@
 """Non-padding tokens per optimizer step, without the trainer's device sync and collective per micro-batch: a forward
 pre-hook sums each training micro-batch's attention mask where it lies; at the step's end the sums are all-reduced
 once and copied to the host without blocking, to be read once there (``ready``) or when training ends. A
-vision-language model's image tokens are counted apart as well (they are among the non-padding tokens).
+vision-language model's image tokens are counted apart as well (they are among the non-padding tokens), and so are
+the label tokens the step trained on (``add_label_tokens``: the trainer counts them in each step's batches).
 """
 
 from collections import deque
@@ -16,15 +17,18 @@ StepTokens = tuple[int, float, int]  # (optimizer step, its duration in seconds,
 class StepTokenCounter:
     """Counts the tokens every training forward pass of ``model`` receives, per optimizer step. With
     ``image_token_id`` (a vision-language model's), the image tokens among them are counted apart too: ``ready``
-    then notes each step's image tokens in ``image_tokens`` (step → count over all ranks)."""
+    then notes each step's image tokens in ``image_tokens`` (step → count over all ranks). The label tokens given
+    to ``add_label_tokens`` are noted the same way in ``label_tokens``."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, image_token_id: int | None = None):
         self._device = device  # where a step's count goes for the all-reduce when it has none on a device
         self._world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._image_token_id = image_token_id
         self.image_tokens: dict[int, int] = {}
-        self._host_counts = [0, 0]  # (tokens, image tokens) counted on the host: CPU masks, rows without a mask
-        self._device_counts: list[torch.Tensor] = []  # (tokens, image tokens) still on an accelerator
+        self.label_tokens: dict[int, int] = {}
+        # (tokens, image tokens, label tokens) counted on the host: CPU masks, rows without a mask
+        self._host_counts = [0, 0, 0]
+        self._device_counts: list[torch.Tensor] = []  # (tokens, image tokens, label tokens) still on an accelerator
         # (step, duration, counts known on the host, the host copy of a device total, the event of that copy)
         self._pending: deque[tuple[int, float, list[int], torch.Tensor | None, Any]] = deque()
         self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
@@ -47,11 +51,20 @@ class StepTokenCounter:
             self._host_counts[1] += 0 if images is None else int(images)
         else:
             tokens = mask.sum(dtype=torch.int64)
-            self._device_counts.append(torch.stack([tokens, tokens.new_zeros(()) if images is None else images]))
+            none = tokens.new_zeros(())
+            self._device_counts.append(torch.stack([tokens, none if images is None else images, none]))
+
+    def add_label_tokens(self, count: torch.Tensor | int) -> None:
+        """Add ``count`` label tokens (a tensor where it lies, read at the step's end) to the step being trained."""
+        if isinstance(count, torch.Tensor) and not count.is_cpu:
+            none = count.new_zeros((), dtype=torch.int64)
+            self._device_counts.append(torch.stack([none, none, count.to(torch.int64)]))
+        else:
+            self._host_counts[2] += int(count)
 
     def end_step(self, step: int, duration: float) -> None:
         """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
-        host_counts, self._host_counts = self._host_counts, [0, 0]
+        host_counts, self._host_counts = self._host_counts, [0, 0, 0]
         if self._world_size == 1 and not self._device_counts:
             self._pending.append((step, duration, host_counts, None, None))
             return
@@ -63,11 +76,11 @@ class StepTokenCounter:
         if self._world_size > 1:
             dist.all_reduce(total)
         if total.is_cuda:
-            host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(3, dtype=torch.int64, pin_memory=True)
             host.copy_(total, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            self._pending.append((step, duration, [0, 0], host, copied))
+            self._pending.append((step, duration, [0, 0, 0], host, copied))
         else:
             self._pending.append((step, duration, total.tolist(), None, None))
 
@@ -81,9 +94,10 @@ class StepTokenCounter:
                     break
                 copied.synchronize()
             self._pending.popleft()
-            tokens, images = counts if host is None else host.tolist()
+            tokens, images, labels = counts if host is None else host.tolist()
             if self._image_token_id is not None:
                 self.image_tokens[step] = images
+            self.label_tokens[step] = labels
             done.append((step, duration, tokens))
         return done
 

@@ -25,6 +25,7 @@ from datasets import Dataset
 from datasets.exceptions import DatasetGenerationError
 
 from tuning.data.cache import new_cache_dir
+from tuning.data.labels import LabelLoss, check_label_loss
 from tuning.utils.error_logging import UserInputError
 
 IGNORE_INDEX = -100
@@ -77,9 +78,12 @@ def _mask(
     offsets: list[tuple[int, int]],
     response_template: str,
     instruction_template: str | None = None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> list[int] | None:
-    """Labels that keep only the responses' tokens; None when the text has no (untruncated) response."""
-    spans = _response_spans(text, response_template, instruction_template)
+    """Labels that keep only the responses' tokens (``spans``: the text's, when found already); None when the text
+    has no (untruncated) response."""
+    if spans is None:
+        spans = _response_spans(text, response_template, instruction_template)
     if not spans:
         return None
     if len(spans) == 1:  # the common case, without a generator per token
@@ -108,24 +112,6 @@ def _batches(texts: Iterable[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _check_skipped(without_template: int, total: int, source: str, response_template: str | None) -> None:
-    """Refuse data where no text has its response; warn of the texts skipped for lacking it."""
-    if without_template == total:
-        raise UserInputError(
-            f"response template {response_template!r} occurs in none of the {total} examples of {source} "
-            "(or every response was truncated away by max_seq_length)"
-        )
-    if without_template:
-        logger.warning(
-            "%d of %d examples of %s lack the response template %r (or lost their response to truncation); "
-            "they are skipped",
-            without_template,
-            total,
-            source,
-            response_template,
-        )
-
-
 def _encoded_batches(
     texts: Iterable[str], tokenizer, max_length: int, offsets: bool
 ) -> Iterator[tuple[list[str], dict]]:
@@ -144,17 +130,58 @@ def _encoded_batches(
 
 
 def _masked(
-    texts: list[str], encoded, response_template: str | None, instruction_template: str | None
+    texts: list[str],
+    encoded,
+    response_template: str | None,
+    instruction_template: str | None,
+    loss: LabelLoss | None = None,
+    tokenizer=None,
 ) -> Iterator[tuple[list[int], list[int]]]:
-    """``(input_ids, labels)`` of each text of a batch, less the texts without their (untruncated) response."""
+    """``(input_ids, labels)`` of each text of a batch, less the texts without their (untruncated) response, which
+    ``loss`` (with ``tokenizer``, which measures a truncated text's prompt) counts when given."""
     for index, text in enumerate(texts):
         input_ids = encoded["input_ids"][index]
         if response_template is None:
             yield input_ids, input_ids
             continue
-        labels = _mask(text, input_ids, encoded["offset_mapping"][index], response_template, instruction_template)
+        spans = _response_spans(text, response_template, instruction_template)
+        offsets = encoded["offset_mapping"][index]
+        labels = _mask(text, input_ids, offsets, response_template, instruction_template, spans)
         if labels is not None:
             yield input_ids, labels
+        elif loss is not None:
+            _count_loss(loss, text, spans, tokenizer)
+
+
+def _count_loss(loss: LabelLoss, text: str, spans: list[tuple[int, int]], tokenizer) -> None:
+    """Count a text that keeps no label: without its response template, or with its prompt's tokens (those before
+    its first response) filling ``max_seq_length``."""
+    if not spans:
+        loss.untemplated += 1
+        return
+    prompt = tokenizer(text[: spans[0][0]], return_attention_mask=False, return_token_type_ids=False)
+    loss.add_truncated(len(prompt["input_ids"]))
+
+
+def _label_loss(
+    texts: Iterable[str], tokenizer, max_length: int, response_template: str, instruction_template: str | None
+) -> LabelLoss:
+    """The texts that keep no label at all, and why: those without the response template, and those whose prompt
+    fills ``max_length`` (a pass of its own, encoding prompts only: the parallel tokenisers count none)."""
+    loss = LabelLoss(response_template)
+    for batch in _batches(texts):
+        prompts = []
+        for text in batch:
+            spans = _response_spans(text, response_template, instruction_template)
+            if spans:
+                prompts.append(text[: spans[0][0]])
+            else:
+                loss.untemplated += 1
+        encoded = tokenizer(prompts, return_attention_mask=False, return_token_type_ids=False) if prompts else None
+        for prompt in encoded["input_ids"] if encoded else ():
+            if len(prompt) >= max_length:
+                loss.add_truncated(len(prompt))
+    return loss
 
 
 def _rows(
@@ -165,13 +192,12 @@ def _rows(
     source: str,
     instruction_template: str | None = None,
 ) -> Iterator[dict[str, list[int]]]:
-    total = kept = 0
+    total, loss = 0, LabelLoss(response_template)
     for batch, encoded in _encoded_batches(texts, tokenizer, max_length, response_template is not None):
-        for input_ids, labels in _masked(batch, encoded, response_template, instruction_template):
-            kept += 1
+        for input_ids, labels in _masked(batch, encoded, response_template, instruction_template, loss, tokenizer):
             yield {"input_ids": input_ids, "labels": labels}
         total += len(batch)
-    _check_skipped(total - kept, total, source, response_template)
+    check_label_loss(loss, total, source, max_length)
 
 
 def tokenize_and_mask(
@@ -290,5 +316,9 @@ def _tokenize_in_processes(
         new_fingerprint=uuid.uuid4().hex,
         desc=f"tokenising {source}",
     )
-    _check_skipped(len(text_rows) - len(rows), len(text_rows), source, response_template)
+    if len(rows) < len(text_rows):
+        texts = (text for batch in text_rows.iter(batch_size=BATCH_TEXTS) for text in batch["text"])
+        loss = _label_loss(texts, tokenizer, max_length, response_template, instruction_template)
+        loss.truncated += len(text_rows) - len(rows) - loss.rows  # responses with no token of their own
+        check_label_loss(loss, len(text_rows), source, max_length)
     return rows

@@ -36,6 +36,7 @@ from tuning.data.data_processors import (
     ranks_in_turn,
 )
 from tuning.data.formatting import format_file, text_value
+from tuning.data.labels import LabelLoss, check_label_loss
 from tuning.data.loading import iter_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.data.utils import get_loader_for_filepath
@@ -45,6 +46,7 @@ from tuning.data.vision import (
     check_vision_dataset,
     data_path_dir,
     find_conversation_column,
+    trainable_vision_rows,
 )
 from tuning.utils.error_logging import UserInputError
 
@@ -134,12 +136,14 @@ def _input_output_handlers(tokenizer_kwargs: dict):
 
 def raw_data_config(data_args, max_seq_length: int) -> tuple[DataConfig, str | None]:
     """The data config the plain flags stand for (v3.1.0's ``_process_raw_data_args``), and the text column the
-    handlers leave (None when they leave tokenised rows)."""
+    handlers leave (None when they leave tokenised rows). Vision data (``--dataset_image_field``) has no handler."""
     if not isinstance(data_args.training_data_path, str) or not data_args.training_data_path:
         raise UserInputError("--training_data_path (or --data_path) is required without --data_config_path")
     eval_present = bool(data_args.validation_data_path)
     tokenizer_kwargs = {"max_length": max_seq_length, "truncation": True}
-    if is_pretokenized_dataset(data_args.training_data_path):
+    if data_args.dataset_image_field:  # vision rows go as they are: the collator tokenises each batch
+        handlers, field = [], data_args.dataset_text_field
+    elif is_pretokenized_dataset(data_args.training_data_path):
         handlers, field = _pretokenized_handlers(
             data_args, eval_present, is_pretokenized_dataset(data_args.validation_data_path)
         )
@@ -317,9 +321,9 @@ def process_dataargs(
     require_evaluation_data(train_args, eval_dataset, "--validation_data_path (or a validation split)")
     if data_args.do_dataprocessing_only:
         if train_dataset is not None and "input_ids" in (train_dataset.column_names or []):
-            train_dataset = trainable_rows(train_dataset, max_seq_length, "the training data")
+            train_dataset = trainable_rows(train_dataset, max_seq_length, data_source(data_args, "training"))
         if eval_dataset is not None and "input_ids" in (eval_dataset.column_names or []):
-            eval_dataset = trainable_rows(eval_dataset, max_seq_length, "the validation data")
+            eval_dataset = trainable_rows(eval_dataset, max_seq_length, data_source(data_args, "validation"))
         write_processed_datasets(data_args, train_args, train_dataset, eval_dataset)
         return train_dataset, eval_dataset, None, None, None, None
     tokenized = is_pretokenized_dataset(train_dataset or eval_dataset)
@@ -348,6 +352,13 @@ def _texts(dataset, field: str, source: str):
             index += 1
 
 
+def data_source(data_args, which: str) -> str:
+    """How messages name the ``which`` ("training" or "validation") data: its flag and path, or the data config's."""
+    if data_args.data_config_path:
+        return f"the {which} data of --data_config_path {data_args.data_config_path}"
+    return f"--{which}_data_path {getattr(data_args, f'{which}_data_path')}"
+
+
 def _trim(row: dict, max_length: int) -> dict:
     input_ids = list(row["input_ids"])[:max_length]
     labels = list(row["labels"] if row.get("labels") is not None else row["input_ids"])[:max_length]
@@ -358,37 +369,35 @@ def _keeps_a_label(row: dict, max_length: int) -> bool:
     return any(label != IGNORE_INDEX for label in row["labels"][:max_length])
 
 
-def _prompt_length(row: dict) -> int:
-    """Tokens before the first one trained on (all of them when none is)."""
+def _count_loss(loss: LabelLoss, row: dict, max_length: int) -> None:
+    """Count a row that keeps no label within ``max_length`` (``row`` as it came, before trimming): its prompt (the
+    tokens before its first label) filled ``max_length``, or it came without a label; one as long as ``max_length``
+    with no label was cut before (by a handler's truncation), its prompt at least that long."""
     labels = row["labels"] if row.get("labels") is not None else row["input_ids"]
-    return next((index for index, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+    prompt = next((index for index, label in enumerate(labels) if label != IGNORE_INDEX), None)
+    if prompt is not None:
+        loss.add_truncated(prompt)
+    elif len(labels) >= max_length:
+        loss.add_truncated(len(labels), at_least=True)
+    else:
+        loss.unlabelled += 1
 
 
 def trainable_rows(rows, max_length: int, source: str, untrimmed=None):
-    """The tokenised ``rows`` that keep a label within ``max_length`` tokens. None kept is a user error saying how
-    many rows lost every label and how long the longest prompt is (from ``untrimmed``, the rows before they were
-    cut); some dropped, one warning with the count."""
+    """The tokenised ``rows`` that keep a label within ``max_length`` tokens. None kept is a user error saying why
+    (``tuning.data.labels``: truncation, with the longest prompt's length read from ``untrimmed``, the rows before
+    they were cut; or no label at all); some dropped, one warning with the count."""
     if "labels" not in (rows.column_names or []):
         return rows
     kept = rows.filter(_keeps_a_label, fn_kwargs={"max_length": max_length}, desc="Dropping rows without labels")
     if isinstance(rows, IterableDataset):
         return kept
-    dropped = len(rows) - len(kept)
-    if dropped and not len(kept):
-        longest = max(_prompt_length(row) for row in (untrimmed if untrimmed is not None else rows))
-        raise UserInputError(
-            f"all {dropped} rows of {source} lost every label to truncation at --max_seq_length {max_length}: the "
-            f"longest prompt takes {longest} tokens{' or more' if longest >= max_length else ''}; raise "
-            "--max_seq_length or shorten the prompts"
-        )
-    if dropped:
-        logger.warning(
-            "%d of %d rows of %s lost every label to truncation at --max_seq_length %d: they are not trained on",
-            dropped,
-            len(rows),
-            source,
-            max_length,
-        )
+    if len(kept) < len(rows):
+        loss = LabelLoss()
+        for row in untrimmed if untrimmed is not None else rows:
+            if not _keeps_a_label(row, max_length):
+                _count_loss(loss, row, max_length)
+        check_label_loss(loss, len(rows), source, max_length)
     return kept
 
 
@@ -468,7 +477,7 @@ def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_
         if data_args.dataset_text_field and data_args.data_formatter_template:
             raise UserInputError("dataset_text_field and data_formatter_template are mutually exclusive options")
         rows = []
-        for path in (data_args.training_data_path, data_args.validation_data_path):
+        for which, path in (("training", data_args.training_data_path), ("validation", data_args.validation_data_path)):
             if not path:
                 rows.append(None)
                 continue
@@ -479,7 +488,7 @@ def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_
                     tokenizer,
                     max_length,
                     data_args.response_template,
-                    source=path,
+                    source=data_source(data_args, which),
                     num_proc=getattr(data_args, "dataset_num_proc", None),
                 )
             )
@@ -491,8 +500,8 @@ def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_
     if data_args.do_dataprocessing_only:
         return None
     return (
-        to_training_rows(train_dataset, data_args, tokenizer, max_length, field, "the training data"),
-        to_training_rows(eval_dataset, data_args, tokenizer, max_length, field, "the validation data"),
+        to_training_rows(train_dataset, data_args, tokenizer, max_length, field, data_source(data_args, "training")),
+        to_training_rows(eval_dataset, data_args, tokenizer, max_length, field, data_source(data_args, "validation")),
     )
 
 
@@ -619,14 +628,13 @@ def prepare_vision_data(
     additional_data_handlers: dict | None = None,
 ) -> tuple[tuple[Any, Any], VisionDataCollator | None]:
     """A vision run's ``((train, eval), collator)``: ``--chat_template`` set on the processor, the rows checked
-    (``prepare_vision_datasets``) and their collator; with ``--do_dataprocessing_only`` the rows written to
-    ``output_dir`` instead and no collator (images and tokens are made batch by batch, by the collator)."""
+    (``prepare_vision_datasets``), those with no assistant token within ``max_length`` left out
+    (``trainable_vision_rows``: none left is a user error), and their collator; with ``--do_dataprocessing_only``
+    the rows written to ``output_dir`` instead and no collator (images and tokens are made batch by batch, by the
+    collator)."""
     if getattr(data_args, "chat_template", None):
         processor.chat_template = data_args.chat_template
     datasets = prepare_vision_datasets(data_args, train_args, processor, max_images, additional_data_handlers)
-    if data_args.do_dataprocessing_only:
-        write_processed_datasets(data_args, train_args, *datasets)
-        return datasets, None
     collator = VisionDataCollator(
         processor,
         data_args.dataset_text_field,
@@ -635,4 +643,11 @@ def prepare_vision_data(
         max_length,
         max_images,
     )
+    datasets = tuple(
+        None if dataset is None else trainable_vision_rows(dataset, collator, data_source(data_args, which))
+        for which, dataset in zip(("training", "validation"), datasets, strict=True)
+    )
+    if data_args.do_dataprocessing_only:
+        write_processed_datasets(data_args, train_args, *datasets)
+        return datasets, None
     return datasets, collator

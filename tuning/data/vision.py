@@ -7,8 +7,9 @@ finds the conversations' column when none is named, and checks every row before 
 once, each row's images matched to its image placeholders and the image tokens its rendered text holds; a model
 given one image a row keeps the first); ``VisionDataCollator`` turns a batch into the processor's inputs through the
 chat template, with labels on the assistant turns' tokens only (never the prompt, never an image token, never
-padding). It imports no data module above the handlers (only masking's constant and data_config), so that the
-handlers can use it."""
+padding); ``trainable_vision_rows`` refuses data where ``--max_seq_length`` leaves no row an assistant token (and
+leaves out, with one warning, the rows it leaves none). It imports no data module above the handlers (only masking's
+constant, labels and data_config), so that the handlers can use it."""
 
 import io
 import logging
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tuning.data.labels import LabelLoss, check_label_loss
 from tuning.data.masking import IGNORE_INDEX
 from tuning.utils.error_logging import UserInputError
 
@@ -125,6 +127,22 @@ def to_image(value: Any, base_dir: str | None = None):
     return image.convert("RGB")
 
 
+def image_size(value: Any, base_dir: str | None = None) -> tuple[int, int]:
+    """An image cell item's (width, height), read from its header (a PIL image's own): nothing is decoded."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.size
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, str):
+        path = value if os.path.isabs(value) or base_dir is None else os.path.join(base_dir, value)
+        with Image.open(path) as image:
+            return image.size
+    with Image.open(io.BytesIO(value)) as image:
+        return image.size
+
+
 def image_placeholders(messages: Sequence[dict]) -> int:
     """The number of ``{"type": "image"}`` parts of a conversation."""
     count = 0
@@ -219,6 +237,25 @@ def check_vision_dataset(
         )
 
 
+def trainable_vision_rows(dataset, collator: "VisionDataCollator", source: str):
+    """The rows of ``dataset`` that keep a label token within the collator's ``max_length``: none is a
+    ``UserInputError`` naming ``source``, its row count and the longest prompt (with its image tokens); rows left
+    out are one warning (``tuning.data.labels``)."""
+    if collator.max_length is None:
+        return dataset
+    loss, kept = LabelLoss(), []
+    for index, row in enumerate(dataset):
+        start = collator.first_label(row)
+        if start is None:
+            loss.unlabelled += 1
+        elif start >= collator.max_length:
+            loss.add_truncated(start)
+        else:
+            kept.append(index)
+    check_label_loss(loss, len(dataset), source, collator.max_length)
+    return dataset if len(kept) == len(dataset) else dataset.select(kept)
+
+
 MULTIMODAL_HANDLER = "prepare_multimodal_data_processor"
 
 
@@ -267,12 +304,57 @@ class VisionDataCollator:
         if processor.tokenizer.pad_token is None:  # padding is never labelled: any token will do, as train() does
             processor.tokenizer.pad_token = processor.tokenizer.eos_token
         self.image_token_id = getattr(processor, "image_token_id", None)
+        self._image_token_counts: dict[tuple[int, int], int] = {}
 
     def _length(self, messages: list, images: list, generation_prompt: bool) -> int:
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
         used = images[: image_placeholders(messages)]
         encoded = self.processor(text=[text], images=[used] if used else None)
         return len(encoded["input_ids"][0])
+
+    def first_label(self, row: dict) -> int | None:
+        """The position of a row's first label token before any cut (the tokens of its prompt), None when it has
+        no assistant turn; 0 for a rendered text (every token but image tokens is labelled). The prompt's text is
+        tokenised with each image as the tokens an image of its size becomes (``_image_tokens``): images are not
+        processed a row."""
+        text_field, image_field = self._fields(row)
+        text = row[text_field]
+        if isinstance(text, str):
+            return 0
+        messages, values = model_row(text, image_values(row.get(image_field)), self.max_images)
+        turn = next((index for index, message in enumerate(messages) if message.get("role") == "assistant"), None)
+        if not turn:
+            return None if turn is None else 0
+        prompt = messages[:turn]
+        token = getattr(self.processor, "image_token", None)
+        if token is None:  # no placeholder to count by: the prompt processed with its images
+            return self._length(prompt, [to_image(value, self.base_dir) for value in values], True)
+        rendered = self.processor.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        length = len(self.processor.tokenizer(rendered)["input_ids"])
+        for value in values[: image_placeholders(prompt)]:
+            length += self._image_tokens(image_size(value, self.base_dir)) - 1
+        return length
+
+    def _image_tokens(self, size: tuple[int, int]) -> int:
+        """The tokens the processor turns one image placeholder into for an image of ``size`` (width, height),
+        measured once per size: the count depends on the size alone, not on the pixels."""
+        if size not in self._image_token_counts:
+            from PIL import Image
+
+            token = self.processor.image_token
+            expanded = self.processor(text=[token], images=[[Image.new("RGB", size)]])["input_ids"][0]
+            self._image_token_counts[size] = len(expanded) - len(self.processor.tokenizer(token)["input_ids"]) + 1
+        return self._image_token_counts[size]
+
+    def text_tokens(self, row: dict) -> list[int]:
+        """A row's text as rendered by the chat template and tokenised, each image as its one placeholder token
+        (no image is read)."""
+        text_field, image_field = self._fields(row)
+        text = row[text_field]
+        if not isinstance(text, str):
+            messages, _ = model_row(text, image_values(row.get(image_field)), self.max_images)
+            text = self.processor.apply_chat_template(messages, tokenize=False)
+        return self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def assistant_spans(self, messages: list, images: list) -> list[tuple[int, int]]:
         """``(start, end)`` token positions of each assistant turn of a conversation."""
@@ -283,10 +365,14 @@ class VisionDataCollator:
                 spans.append((start, self._length(messages[: index + 1], images, False)))
         return spans
 
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        fields = features[0].get("fields_name") or {}
+    def _fields(self, row: dict) -> tuple[str, str | None]:
+        """The text and image columns: the collator's, else those the row's ``fields_name`` names."""
+        fields = row.get("fields_name") or {}
         text_field = self.text_field or fields.get("dataset_text_field", DEFAULT_MESSAGES_FIELD)
-        image_field = self.image_field or fields.get("dataset_image_field")
+        return text_field, self.image_field or fields.get("dataset_image_field")
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        text_field, image_field = self._fields(features[0])
         texts, images, spans = [], [], []
         for row in features:
             text = row[text_field]

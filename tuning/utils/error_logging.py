@@ -276,6 +276,12 @@ def error_marker(report: dict[str, Any]) -> str:
     )
 
 
+def marker_cuts(report: dict[str, Any]) -> bool:
+    """Whether ``error_marker`` shows less than the whole message (a long or several-line one)."""
+    summary = _summary(report)
+    return "\n" in summary.strip() or len(one_line(summary).encode("utf-8", "replace")) > _MARKER_MESSAGE_MAX_BYTES
+
+
 def print_own_line(text: str) -> None:
     """Print ``text`` to stderr on a line of its own, in one write: a progress bar may have left the line open."""
     line = f"\n{text}\n"
@@ -364,6 +370,8 @@ def _report_failure(
     # A rejected input or a requested stop needs its message, not a traceback; argparse printed its own.
     if not isinstance(exc, UserInputError | SystemExit | TrainingInterrupted | SignalInterrupt):
         traceback.print_exception(exc, file=sys.stderr)
+    elif marker_cuts(report):  # no traceback holds the message: the whole of it, on a line of its own
+        print_own_line(one_line(_summary(report)))
     print_error_marker(report)
     if on_error is not None:
         try:
