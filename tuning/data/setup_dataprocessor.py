@@ -460,6 +460,7 @@ def prepare_with_cache(
             prepared_cache.resolve_cache_dir(getattr(data_args, "data_cache_dir", None)),
             lambda: prepared_cache.cache_key(data_args, train_args, tokenizer, max_length, additional_data_handlers),
             lambda: _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+            getattr(data_args, "data_cache_max_gb", None),
         )
 
 
@@ -502,6 +503,7 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
     num_proc = getattr(data_args, "dataset_num_proc", None)
     if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
         raise UserInputError(f"--dataset_num_proc must be a whole number of processes, at least 1: got {num_proc!r}")
+    prepared_cache.check_data_cache_flags(data_args)
     if data_args.data_config_path:
         if data_args.training_data_path or data_args.validation_data_path:
             raise UserInputError(
