@@ -386,7 +386,8 @@ def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
     """v3.1.0's vision handler: the row's text (messages, or text a chat template rendered) and its images as RGB PIL
     images (from any form ``tuning.data.vision`` reads: PIL, bytes, image structs, file paths), with ``fields_name``
     (``dataset_text_field``, ``dataset_image_field``) and ``processor_kwargs`` (when given), which the vision collator
-    reads from each row. The processor is a vision-language model's, handed over by the data processor."""
+    reads from each row. Relative image paths are read from ``image_dir``, which the data processor sets to the folder
+    of the dataset's files. The processor is a vision-language model's, handed over by the data processor."""
     from tuning.data.vision import image_values, to_image
 
     if kwargs.get("processor") is None:
@@ -405,7 +406,7 @@ def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
     images = []
     for number, value in enumerate(image_values(element[image_field])):
         try:
-            images.append(to_image(value))
+            images.append(to_image(value, kwargs.get("image_dir")))
         except ValueError as exc:
             raise RowError(f"field '{image_field}', image {number}: {exc}") from exc
     row = {text_field: element[text_field], image_field: images, "fields_name": fields}

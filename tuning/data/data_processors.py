@@ -30,6 +30,7 @@ from tuning.data.data_handlers import (
     RowError,
     check_tokenized_row,
     handler_argument_problem,
+    prepare_multimodal_data_processor,
 )
 from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
 from tuning.data.utils import (
@@ -250,6 +251,16 @@ def _expand(path: str) -> list[str]:
     return [path]
 
 
+def files_dir(paths: list[str]) -> str | None:
+    """The one folder holding every file the data ``paths`` name (absolute), or None when they are in several (or a
+    path names no local file: a Hub dataset id)."""
+    try:
+        folders = {os.path.dirname(os.path.abspath(file)) for path in paths for file in _expand(path)}
+    except InputFileNotFoundError:
+        return None
+    return folders.pop() if len(folders) == 1 else None
+
+
 def load_data_path(path: str, builder: str | None = None, streaming: bool = False, split: str | None = None):
     """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions; without a
     ``builder``, a path naming nothing here that looks like a Hub dataset id is loaded from the Hub."""
@@ -458,6 +469,8 @@ class DataPreProcessor:
         fn_kwargs["tokenizer"] = self.tokenizer
         if self.processor is not None:
             fn_kwargs["processor"] = self.processor
+            if handler.op is prepare_multimodal_data_processor:  # relative image paths: beside the dataset's files
+                fn_kwargs.setdefault("image_dir", files_dir(dataset_config.data_paths))
         processed = {}
         for split, dataset in raw_datasets.items():
             split_kwargs = dict(kwargs)
@@ -495,6 +508,11 @@ class DataPreProcessor:
                 for split, dataset in loaded.items():
                     if split in (TRAIN_SPLIT, EVAL_SPLIT):
                         raw[split] = dataset
+            if self.processor is not None:  # vision: images decode where errors name the row (tuning.data.vision)
+                from tuning.data.vision import undecoded_images
+
+                for split in list(raw):
+                    raw[split] = undecoded_images(raw[split])
             if not streaming:
                 self._check_tokenized_rows(raw, config)
             for handler_config in config.data_handlers or []:

@@ -45,6 +45,7 @@ from tuning.data.vision import (
     check_vision_dataset,
     data_path_dir,
     find_conversation_column,
+    undecoded_images,
 )
 from tuning.utils.error_logging import UserInputError
 
@@ -585,15 +586,16 @@ def prepare_vision_datasets(
     through its handlers. The conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``,
     else the column a multimodal handler named, else the column ``find_conversation_column`` finds in the training
     data; ``data_args.dataset_text_field`` and ``dataset_image_field`` are set to the columns used."""
+    base_dir = data_path_dir(data_args)
     if data_args.data_config_path:
-        sources, base_dir = _data_config_datasets(data_args, train_args, processor, additional_data_handlers), None
+        sources = _data_config_datasets(data_args, train_args, processor, additional_data_handlers)
     else:
-        sources, base_dir = [], data_path_dir(data_args)
+        sources = []
         for flag, path in (
             ("--training_data_path", data_args.training_data_path),
             ("--validation_data_path", data_args.validation_data_path),
         ):
-            sources.append((f"{flag} {path}", load_data_path(path) if path else None))
+            sources.append((f"{flag} {path}", undecoded_images(load_data_path(path)) if path else None))
     for source, dataset in sources:
         if dataset is None:
             continue
