@@ -296,14 +296,21 @@ def load_data_path(path: str, builder: str | None = None, streaming: bool = Fals
     return loaded
 
 
+def local_split_problem(split: str, rows: int = 1) -> str | None:
+    """What is wrong with ``split`` for local data files (``rows`` long), which have one split, train, or a slice of
+    it (``datasets``' split syntax: ``train[:50%]``); None when nothing is."""
+    try:
+        datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: rows})
+    except (ValueError, KeyError) as exc:
+        return f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
+    return None
+
+
 def _slice(dataset: Dataset, split: str) -> Dataset:
     """``train[:N]``-style slices (``datasets``' split syntax) of a loaded dataset."""
-    try:
-        absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
-    except (ValueError, KeyError) as exc:
-        raise UserInputError(
-            f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
-        ) from None
+    if problem := local_split_problem(split, len(dataset)):
+        raise UserInputError(problem)
+    absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
     start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
     return dataset.select(range(start, stop))
 
@@ -381,7 +388,15 @@ class DataPreProcessor:
         if datafile:
             return load_data_path(datafile, streaming=False, split=splitName)
         split = datasetconfig.dataset_split_name or splitName
-        loaded = [load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths]
+        try:
+            loaded = [
+                load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths
+            ]
+        except UserInputError as exc:
+            if split and str(exc).startswith(f"split {split!r}"):  # name the dataset and the key it came from
+                key = "dataset_split_name" if datasetconfig.dataset_split_name else "splitName"
+                raise UserInputError(f"dataset '{datasetconfig.name}': key '{key}': {exc}") from None
+            raise
         return try_concatenate_datasets(loaded)
 
     def split_dataset(self, dataset_config: DataSetConfig, dataset):
@@ -599,6 +614,9 @@ def check_data_config(config: DataConfig, source: str, handler_names) -> None:
                 if str(exc).startswith(where):  # a Hub id's refusal names where it stands already
                     raise
                 raise InputFileNotFoundError(f"{where}: {exc}") from None
+            local = dataset.builder is not None or not is_hub_dataset_id(path)
+            if dataset.dataset_split_name and local and (problem := local_split_problem(dataset.dataset_split_name)):
+                raise UserInputError(f"{label}: key 'dataset_split_name': {problem}")
         for index, handler in enumerate(dataset.data_handlers or []):
             if handler.name not in handler_names:
                 raise UserInputError(
