@@ -212,6 +212,25 @@ def _bad(tmp_path, rows) -> str:
     return str(path)
 
 
+def _image_column(folder, images: list, remove: str | None = None) -> str:
+    """Parquet rows whose ``images`` column is ``datasets``' Image feature (as a Hub dataset's Parquet carries it):
+    ``bytes``, or a file name written beside the data file (``remove``: deleted once written)."""
+    for image in images:
+        if isinstance(image, str):
+            (folder / image).write_bytes(png(1))
+    structs = [
+        {"bytes": None, "path": str(folder / image)} if isinstance(image, str) else {"bytes": image, "path": None}
+        for image in images
+    ]
+    rows = [{"messages": conversation(i), "images": [image]} for i, image in enumerate(structs)]
+    path = folder / "images.parquet"
+    data = datasets.Dataset.from_list(rows).cast_column("images", datasets.List(datasets.Image()))
+    data.to_parquet(str(path))
+    if remove:
+        (folder / remove).unlink()
+    return str(path)
+
+
 def _no_processor(model: str, tmp_path) -> str:
     copy = tmp_path / "no-processor"
     shutil.copytree(model, copy)
@@ -246,15 +265,23 @@ BAD_INPUTS = {
                 tmp, [{"messages": conversation(i), "images": [png(i) if i != 1 else b"not a png"]} for i in range(3)]
             ),
         ),
-        "row 1, image 0: the image does not decode",
+        "row 2, image 0: the image does not decode",  # rows counted from 1
     ),
     "more images than placeholders": (  # LLaVA-Next takes them all (LLaVA would use the first)
         lambda tmp, m: _one(tmp, m["llava-next"], images=[png(0), png(1)]),
-        "row 0: 2 images but 1 image placeholders",
+        "row 1: 2 images but 1 image placeholders",
     ),
     "images but no image token in the rendered text": (
         lambda tmp, m: (*_one(tmp, m["llava"]), {"chat_template": TEXT_ONLY_TEMPLATE}),
-        "row 0: 1 images but its text, rendered by the chat template, holds 0 image tokens ('<image>')",
+        "row 1: 1 images but its text, rendered by the chat template, holds 0 image tokens ('<image>')",
+    ),
+    "a corrupt image in an Image column": (  # datasets decoded it before any check: exit 203 and a traceback
+        lambda tmp, m: (m["llava"], _image_column(tmp, [png(0), b"not a png", png(2)])),
+        "images.parquet, row 2, image 0: the image does not decode",
+    ),
+    "an image struct whose file is gone": (
+        lambda tmp, m: (m["llava"], _image_column(tmp, [png(0), "gone.png"], remove="gone.png")),
+        "images.parquet, row 2, image 0: image file",
     ),
     "no conversation column found": (
         lambda tmp, m: (m["llava"], _bad(tmp, [{"text": "Picture 0.", "images": [png(0)]}])),
@@ -328,6 +355,33 @@ def test_a_data_config_with_the_multimodal_handler_trains(tiny_llava_next, tiny_
         sft_trainer.train(
             ModelArguments(model_name_or_path=tiny_model), DataArguments(data_config_path=config), train_args
         )
+
+
+def test_relative_image_paths_are_read_beside_the_data_file(tiny_llava, tmp_path, monkeypatch):
+    """Not from the working directory: path structs of an Image column, and file names in rows a data config's
+    multimodal handler reads."""
+    from tuning.data.setup_dataprocessor import prepare_vision_data
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "picture.png").write_bytes(png(3))
+    rows = [{"messages": conversation(i), "images": [{"bytes": None, "path": "picture.png"}]} for i in range(2)]
+    monkeypatch.chdir(folder)  # datasets measures the images as it writes
+    structs = str(folder / "structs.parquet")
+    datasets.Dataset.from_list(rows).cast_column("images", datasets.List(datasets.Image())).to_parquet(structs)
+    names = folder / "names.jsonl"
+    names.write_text(
+        "".join(json.dumps({"messages": conversation(i), "images": ["picture.png"]}) + "\n" for i in range(2))
+    )
+    monkeypatch.chdir(tmp_path)
+    processor = AutoProcessor.from_pretrained(tiny_llava)
+    train_args = arguments(tiny_llava, structs, tmp_path / "out")[2]
+    for data_args in (
+        DataArguments(training_data_path=structs, dataset_image_field="images"),
+        DataArguments(data_config_path=multimodal_data_config(folder, str(names))),
+    ):
+        (train, _), collator = prepare_vision_data(data_args, train_args, processor, 256)
+        assert collator([train[0], train[1]])["pixel_values"].shape[0] == 2
 
 
 def test_the_chat_template_handler_refuses_a_row_with_images_and_no_image_token(tiny_llava):

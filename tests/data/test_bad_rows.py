@@ -224,3 +224,31 @@ def test_handler_argument_typos_name_file_dataset_handler_and_closest_name(token
         check_data_arguments(DataArguments(data_config_path=config))  # what train() checks before the model loads
     with pytest.raises(UserInputError, match=f"dataset qa: data handler tokenize_and_apply_input_masking: {problem}"):
         prepare(tokenizer, tmp_path, data_config_path=config)
+
+
+TEXT = "### Input: What is 2 plus 2? ### Response: Four."  # one line: write_rows writes CSV unquoted
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "field"),
+    [
+        ("struct.parquet", {"a": TEXT}, "field 'text' is an object"),
+        ("list.arrow", [TEXT], "field 'text' is a list"),
+        ("null.parquet", None, "field 'text' is null"),
+        ("empty-cell.csv", None, "field 'text' is null"),
+    ],
+)
+def test_a_text_field_that_is_no_text_names_file_row_and_field(tokenizer, tmp_path, name, bad, field):
+    """A struct, a list or a null given as the text field was trained on as its Python form ({'a': '### Input…'})."""
+    good = {"a": TEXT} if isinstance(bad, dict) else [TEXT] if isinstance(bad, list) else TEXT
+    rows = [{"id": index, "text": good if index != 1 else bad} for index in range(3)]
+    if bad is not None:  # the whole column is of the wrong kind: its first row is named
+        rows = [{"id": index, "text": bad} for index in range(3)]
+    path = write_rows(tmp_path / name, rows)
+    with pytest.raises(UserInputError) as caught:
+        prepare(
+            tokenizer, tmp_path, training_data_path=path, dataset_text_field="text", response_template="### Response:"
+        )
+    message = str(caught.value)
+    row = "row 1" if bad is not None else "row 2"
+    assert "\n" not in message and f"{path} {row}: {field}, not text" in message, message

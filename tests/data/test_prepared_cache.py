@@ -234,3 +234,80 @@ def test_concurrent_builders_make_one_entry_and_a_killed_builder_leaves_none(tin
 def test_dataset_num_proc_below_one_is_refused_before_the_model_loads(data):
     with pytest.raises(UserInputError, match="--dataset_num_proc must be a whole number of processes, at least 1"):
         check_data_arguments(DataArguments(training_data_path=data, dataset_num_proc=0))
+
+
+# --- a damaged entry, a cache that cannot serve ------------------------------------------------------------------
+
+
+def damage(entry: Path, how: str) -> None:
+    arrow = next(entry.glob("train/*.arrow"))
+    if how == "arrow cut short":
+        arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    elif how == "arrow byte changed":  # the same size: only the checksum shows it
+        data = bytearray(arrow.read_bytes())
+        data[-100] ^= 0xFF
+        arrow.write_bytes(bytes(data))
+    else:
+        meta = entry / prepared_cache.META_FILE
+        meta.write_text(meta.read_text()[:200])
+
+
+def test_a_damaged_entry_is_never_read_it_is_removed_and_built_again(data, tokenizer, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    built, first = prepare(data_args(data, cache), tokenizer)
+    built = built.to_dict()  # read before its files are damaged (they are memory-mapped)
+    for how in ("arrow cut short", "arrow byte changed", "meta.json cut short"):
+        damage(cache / first.key, how)
+        caplog.clear()
+        rows, again = prepare(data_args(data, cache), tokenizer)
+        assert (again.status, again.key) == ("miss", first.key), how
+        assert rows.to_dict() == built, how
+        assert [entry.name for entry in entries(cache)] == [first.key] and not list(cache.glob(".damaged-*"))
+        assert any(f"entry {cache / first.key} is damaged" in r.message for r in caplog.records), how
+    assert prepare(data_args(data, cache), tokenizer)[1].status == "hit"
+
+
+def test_a_damaged_entry_that_cannot_be_removed_is_prepared_without_the_cache(
+    data, tokenizer, tmp_path, caplog, monkeypatch
+):
+    cache = tmp_path / "cache"
+    built, first = prepare(data_args(data, cache), tokenizer)
+    built = built.to_dict()
+    damage(cache / first.key, "arrow cut short")
+    rename = Path.rename
+
+    def refused(self, target):  # a stand-in: this machine's tests run as root, whom no permission stops
+        if self.name == first.key:
+            raise PermissionError(13, "Permission denied", str(self))
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refused)
+    rows, how = prepare(data_args(data, cache), tokenizer)
+    assert how.status == "uncached" and rows.to_dict() == built
+    warned = [r.message for r in caplog.records if r.levelname == "WARNING" and "cannot be removed" in r.message]
+    assert len(warned) == 1 and str(cache) in warned[0] and "without the cache" in warned[0]
+
+
+def test_a_cache_that_cannot_serve_never_fails_the_run(data, tokenizer, tmp_path, caplog, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    rows, how = prepare(data_args(data, blocked / "cache"), tokenizer)
+    assert how.status == "uncached" and len(rows) > 0
+    assert any(
+        f"processed-data cache {blocked / 'cache'}: the directory cannot be written" in r.message
+        for r in caplog.records
+    )
+
+    monkeypatch.setenv(prepared_cache.MAX_SIZE_ENV, "lots")
+    caplog.clear()
+    rows, how = prepare(data_args(data, tmp_path / "cache"), tokenizer)
+    assert how.status == "uncached" and len(rows) > 0
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == [
+        f"processed-data cache {tmp_path / 'cache'}: {prepared_cache.MAX_SIZE_ENV}=lots: 'lots' is not a number of "
+        "GB: the data is prepared without the cache"
+    ]
+    # The flag wins over the variable; a bad flag is refused before any work.
+    assert prepare(data_args(data, tmp_path / "cache", data_cache_max_gb=1.0), tokenizer)[1].status == "miss"
+    for bad in (-1.0, float("nan"), "lots"):
+        with pytest.raises(UserInputError, match="--data_cache_max_gb: .* not a"):
+            check_data_arguments(DataArguments(training_data_path=data, data_cache_max_gb=bad))

@@ -1,13 +1,15 @@
 """fms-hf-tuning 3.2's per-dataset ``dataset_split_name`` and ``shuffle`` in a data config: accepted, checked like the
 other keys, and applied (3.2's own test of the split name reads a Hub-hosted dataset: not runnable offline)."""
 
+import re
+
 import pytest
 from transformers import AutoTokenizer
 
 from tests.helpers.data_files import GOOD, prepare, write_config, write_jsonl
 from tuning.config.configs import DataArguments, TrainingArguments
 from tuning.data.data_config import load_and_validate_data_config
-from tuning.data.setup_dataprocessor import process_dataargs
+from tuning.data.setup_dataprocessor import check_data_arguments, process_dataargs
 from tuning.utils.error_logging import UserInputError
 
 HANDLER = {
@@ -52,6 +54,9 @@ def test_bad_split_name_and_shuffle_values_are_user_errors(tokenizer, tmp_path):
         config = write_config(tmp_path / "c.yaml", {"datasets": [dataset(path, **keys)]})
         with pytest.raises(UserInputError, match=f"dataset 'qa': key '{culprit}'"):
             load_and_validate_data_config(config)
-    config = write_config(tmp_path / "c.yaml", {"datasets": [dataset(path, dataset_split_name="train_sft")]})
-    with pytest.raises(UserInputError, match="split 'train_sft': local data files have one split, train"):
+    config = write_config(tmp_path / "c.yaml", {"datasets": [dataset(path, dataset_split_name="validation")]})
+    named = r"dataset 'qa': key 'dataset_split_name': split 'validation': local data files have one split, train"
+    with pytest.raises(UserInputError, match=f"^data config {re.escape(config)}: {named}"):
+        check_data_arguments(DataArguments(data_config_path=config))  # before the model loads
+    with pytest.raises(UserInputError, match=f"^{named}"):
         prepare(tokenizer, tmp_path, data_config_path=config)

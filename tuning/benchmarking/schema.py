@@ -267,9 +267,11 @@ class DataSet(_Model):
 class DataCache(_Model):
     """How the run's rows were prepared: the processed-data cache (--data_cache_dir)."""
 
-    status: Literal["hit", "miss", "off", "bypass"]
+    status: Literal["hit", "miss", "off", "bypass", "uncached"]
     """hit: read from the cache; miss: built and stored; off: --data_cache_dir none; bypass: not cacheable (a Hub
-    dataset id, streaming, --do_dataprocessing_only)"""
+    dataset id, streaming, --do_dataprocessing_only); uncached: the cache could not serve (its directory unwritable or
+    full, a damaged entry that could not be removed, a bad $TUNING_DATA_CACHE_MAX_GB), the rows were prepared without
+    it"""
     key: str | None
     """the entry's key: the sha256 of its parts (data files, arguments, tokenizer, code...)"""
     cache_dir: str | None

@@ -95,6 +95,13 @@ class DataArguments:
             "$TUNING_DATA_CACHE_DIR, else tuning-bench/prepared-data beside the datasets cache; 'none': off)."
         },
     )
+    data_cache_max_gb: float | None = field(
+        default=None,
+        metadata={
+            "help": "The processed-data cache's size limit in GB: least recently used entries go beyond it "
+            "(default $TUNING_DATA_CACHE_MAX_GB, else 50)."
+        },
+    )
     dataset_num_proc: int | None = field(
         default=None,
         metadata={

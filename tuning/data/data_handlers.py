@@ -4,8 +4,10 @@ tokenizer as ``fn_kwargs["tokenizer"]``; users register their own with ``train(.
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from enum import Enum
+from numbers import Number
 from typing import Any
 
 from tuning.data.formatting import value_kind
@@ -153,18 +155,34 @@ def tokenize_and_apply_input_masking(
     return {"input_ids": input_ids, "labels": labels, "attention_mask": list(whole.attention_mask)}
 
 
+_rendering = threading.local()  # the row being rendered, for ``_text_only`` to name a key
+
+
+def _text_only(value: Any) -> Any:
+    """Each ``{{ }}`` value of a template, before it becomes text: a string or a number, else a ``RowError`` naming
+    the row's key that holds it (a struct, a list, null or a boolean would train on its Python form)."""
+    from jinja2 import Undefined
+
+    if isinstance(value, str | Undefined) or (isinstance(value, Number) and not isinstance(value, bool)):
+        return value
+    element = getattr(_rendering, "element", None) or {}
+    key = next((key for key, field in element.items() if field is value), None)
+    what = "a template value" if key is None else f"field '{key}'"
+    raise RowError(f"{what} is {'null' if value is None else value_kind(value)}, not text (a string or a number)")
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(template: str):
     """A template compiled once per process, not once per row."""
     from jinja2 import StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
-    return SandboxedEnvironment(undefined=StrictUndefined).from_string(template)
+    return SandboxedEnvironment(undefined=StrictUndefined, finalize=_text_only).from_string(template)
 
 
 def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, template: str, **kwargs) -> dict:
     """Render ``template`` (sandboxed Jinja2; ``element``, the row's keys and the tokenizer's special tokens by name)
-    into the column ``formatted_text_column_name``."""
+    into the column ``formatted_text_column_name``. A value rendered must be a string or a number (``_text_only``)."""
     tokenizer = _tokenizer(kwargs)
     special_tokens = {
         name: value
@@ -177,9 +195,12 @@ def apply_custom_jinja_template(element: dict, formatted_text_column_name: str, 
         if value is not None
     }
     compiled = _render(lambda: _compiled(template))
-    return {
-        formatted_text_column_name: _render(lambda: compiled.render({**special_tokens, **element, "element": element}))
-    }
+    _rendering.element = element
+    try:
+        text = _render(lambda: compiled.render({**special_tokens, **element, "element": element}))
+    finally:
+        _rendering.element = None
+    return {formatted_text_column_name: text}
 
 
 def _render_whole_record(tokenizer, element: dict) -> str:
@@ -365,7 +386,8 @@ def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
     """v3.1.0's vision handler: the row's text (messages, or text a chat template rendered) and its images as RGB PIL
     images (from any form ``tuning.data.vision`` reads: PIL, bytes, image structs, file paths), with ``fields_name``
     (``dataset_text_field``, ``dataset_image_field``) and ``processor_kwargs`` (when given), which the vision collator
-    reads from each row. The processor is a vision-language model's, handed over by the data processor."""
+    reads from each row. Relative image paths are read from ``image_dir``, which the data processor sets to the folder
+    of the dataset's files. The processor is a vision-language model's, handed over by the data processor."""
     from tuning.data.vision import image_values, to_image
 
     if kwargs.get("processor") is None:
@@ -384,7 +406,7 @@ def prepare_multimodal_data_processor(element: dict, **kwargs) -> dict:
     images = []
     for number, value in enumerate(image_values(element[image_field])):
         try:
-            images.append(to_image(value))
+            images.append(to_image(value, kwargs.get("image_dir")))
         except ValueError as exc:
             raise RowError(f"field '{image_field}', image {number}: {exc}") from exc
     row = {text_field: element[text_field], image_field: images, "fields_name": fields}

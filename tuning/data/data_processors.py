@@ -30,6 +30,7 @@ from tuning.data.data_handlers import (
     RowError,
     check_tokenized_row,
     handler_argument_problem,
+    prepare_multimodal_data_processor,
 )
 from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
 from tuning.data.utils import (
@@ -250,6 +251,16 @@ def _expand(path: str) -> list[str]:
     return [path]
 
 
+def files_dir(paths: list[str]) -> str | None:
+    """The one folder holding every file the data ``paths`` name (absolute), or None when they are in several (or a
+    path names no local file: a Hub dataset id)."""
+    try:
+        folders = {os.path.dirname(os.path.abspath(file)) for path in paths for file in _expand(path)}
+    except InputFileNotFoundError:
+        return None
+    return folders.pop() if len(folders) == 1 else None
+
+
 def load_data_path(path: str, builder: str | None = None, streaming: bool = False, split: str | None = None):
     """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions; without a
     ``builder``, a path naming nothing here that looks like a Hub dataset id is loaded from the Hub."""
@@ -285,14 +296,21 @@ def load_data_path(path: str, builder: str | None = None, streaming: bool = Fals
     return loaded
 
 
+def local_split_problem(split: str, rows: int = 1) -> str | None:
+    """What is wrong with ``split`` for local data files (``rows`` long), which have one split, train, or a slice of
+    it (``datasets``' split syntax: ``train[:50%]``); None when nothing is."""
+    try:
+        datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: rows})
+    except (ValueError, KeyError) as exc:
+        return f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
+    return None
+
+
 def _slice(dataset: Dataset, split: str) -> Dataset:
     """``train[:N]``-style slices (``datasets``' split syntax) of a loaded dataset."""
-    try:
-        absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
-    except (ValueError, KeyError) as exc:
-        raise UserInputError(
-            f"split {split!r}: local data files have one split, train (or a slice of it: train[:50%]): {exc}"
-        ) from None
+    if problem := local_split_problem(split, len(dataset)):
+        raise UserInputError(problem)
+    absolute = datasets.ReadInstruction.from_spec(split).to_absolute({TRAIN_SPLIT: len(dataset)})[0]
     start, stop = absolute.from_ or 0, absolute.to if absolute.to is not None else len(dataset)
     return dataset.select(range(start, stop))
 
@@ -370,7 +388,15 @@ class DataPreProcessor:
         if datafile:
             return load_data_path(datafile, streaming=False, split=splitName)
         split = datasetconfig.dataset_split_name or splitName
-        loaded = [load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths]
+        try:
+            loaded = [
+                load_data_path(path, datasetconfig.builder, streaming, split) for path in datasetconfig.data_paths
+            ]
+        except UserInputError as exc:
+            if split and str(exc).startswith(f"split {split!r}"):  # name the dataset and the key it came from
+                key = "dataset_split_name" if datasetconfig.dataset_split_name else "splitName"
+                raise UserInputError(f"dataset '{datasetconfig.name}': key '{key}': {exc}") from None
+            raise
         return try_concatenate_datasets(loaded)
 
     def split_dataset(self, dataset_config: DataSetConfig, dataset):
@@ -458,6 +484,8 @@ class DataPreProcessor:
         fn_kwargs["tokenizer"] = self.tokenizer
         if self.processor is not None:
             fn_kwargs["processor"] = self.processor
+            if handler.op is prepare_multimodal_data_processor:  # relative image paths: beside the dataset's files
+                fn_kwargs.setdefault("image_dir", files_dir(dataset_config.data_paths))
         processed = {}
         for split, dataset in raw_datasets.items():
             split_kwargs = dict(kwargs)
@@ -495,6 +523,11 @@ class DataPreProcessor:
                 for split, dataset in loaded.items():
                     if split in (TRAIN_SPLIT, EVAL_SPLIT):
                         raw[split] = dataset
+            if self.processor is not None:  # vision: images decode where errors name the row (tuning.data.vision)
+                from tuning.data.vision import undecoded_images
+
+                for split in list(raw):
+                    raw[split] = undecoded_images(raw[split])
             if not streaming:
                 self._check_tokenized_rows(raw, config)
             for handler_config in config.data_handlers or []:
@@ -581,6 +614,9 @@ def check_data_config(config: DataConfig, source: str, handler_names) -> None:
                 if str(exc).startswith(where):  # a Hub id's refusal names where it stands already
                     raise
                 raise InputFileNotFoundError(f"{where}: {exc}") from None
+            local = dataset.builder is not None or not is_hub_dataset_id(path)
+            if dataset.dataset_split_name and local and (problem := local_split_problem(dataset.dataset_split_name)):
+                raise UserInputError(f"{label}: key 'dataset_split_name': {problem}")
         for index, handler in enumerate(dataset.data_handlers or []):
             if handler.name not in handler_names:
                 raise UserInputError(

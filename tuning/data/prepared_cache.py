@@ -21,6 +21,7 @@ import importlib.metadata
 import inspect
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -35,6 +36,7 @@ from filelock import FileLock
 from tuning.data.cache import new_cache_dir, remove_orphaned_caches
 from tuning.data.data_config import DataConfig, load_and_validate_data_config
 from tuning.data.data_processors import _expand, is_hub_dataset_id
+from tuning.utils.error_logging import UserInputError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ DEFAULT_MAX_SIZE_GB = 50.0
 OFF = "none"
 META_FILE = "meta.json"
 SPLITS = ("train", "eval")
-KEY_VERSION = 1
+KEY_VERSION = 2
 _HASH_CHUNK = 1 << 20
 _CALL_STATE = ("truncation", "padding")
 _code_version: str | None = None
@@ -64,8 +66,42 @@ def resolve_cache_dir(flag: str | None) -> str | None:
     return None if root.strip().lower() == OFF else os.path.abspath(os.path.expanduser(root))
 
 
-def max_size_bytes() -> int:
-    return int(float(os.environ.get(MAX_SIZE_ENV) or DEFAULT_MAX_SIZE_GB) * (1 << 30))
+class CacheUnusable(Exception):
+    """The cache cannot serve this run (its directory unwritable or full, a damaged entry that cannot be removed, a
+    bad size limit): the run prepares its rows without it, and says why in one warning."""
+
+
+class DamagedEntry(Exception):
+    """A published entry that is not what was published (a file missing, cut short or changed; ``meta.json``
+    unreadable): never read."""
+
+
+def size_limit_problem(value: Any) -> str | None:
+    """What is wrong with a size limit in GB (a finite number, at least 0), or None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return f"{value!r} is not a number of GB"
+    if not math.isfinite(number) or number < 0:
+        return f"{value!r} is not a finite number of GB, at least 0"
+    return None
+
+
+def max_size_bytes(flag: float | None = None) -> int:
+    """The cache's size limit: ``--data_cache_max_gb`` (``flag``), else ``$TUNING_DATA_CACHE_MAX_GB``, else 50 GB.
+    ``CacheUnusable`` naming the variable when it is not a finite number, at least 0 (the flag is checked before
+    any work, by ``check_data_cache_flags``)."""
+    value = flag if flag is not None else os.environ.get(MAX_SIZE_ENV) or DEFAULT_MAX_SIZE_GB
+    if flag is None and (problem := size_limit_problem(value)):
+        raise CacheUnusable(f"{MAX_SIZE_ENV}={os.environ.get(MAX_SIZE_ENV)}: {problem}")
+    return int(float(value) * (1 << 30))
+
+
+def check_data_cache_flags(data_args) -> None:
+    """Before any work: ``--data_cache_max_gb`` is a finite number of GB, at least 0 (``UserInputError``)."""
+    flag = getattr(data_args, "data_cache_max_gb", None)
+    if flag is not None and (problem := size_limit_problem(flag)):
+        raise UserInputError(f"--data_cache_max_gb: {problem}")
 
 
 def _sha256(text: str | bytes) -> str:
@@ -148,7 +184,13 @@ def _data_paths(data_args, config: DataConfig | None) -> list[str] | None:
 
 
 # DataArguments fields that do not change the rows.
-_NOT_IN_KEY = {"data_cache_dir", "dataset_num_proc", "num_train_dataset_shards", "num_eval_dataset_shards"}
+_NOT_IN_KEY = {
+    "data_cache_dir",
+    "data_cache_max_gb",
+    "dataset_num_proc",
+    "num_train_dataset_shards",
+    "num_eval_dataset_shards",
+}
 
 
 def cache_key(data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None) -> dict | None:
@@ -200,15 +242,53 @@ class Preparation:
         return dataclasses.asdict(self)
 
 
+def _file_checksums(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every file under ``folder`` but ``meta.json``: its path relative to ``folder``, size and sha256."""
+    checksums = {}
+    for file in sorted(folder.rglob("*")):
+        if file.is_file() and file.name != META_FILE:
+            digest = hashlib.sha256()
+            with open(file, "rb") as handle:
+                while chunk := handle.read(_HASH_CHUNK):
+                    digest.update(chunk)
+            checksums[str(file.relative_to(folder))] = {"bytes": file.stat().st_size, "sha256": digest.hexdigest()}
+    return checksums
+
+
+def _features(dataset) -> str:
+    return json.dumps(dataset.features.to_dict(), sort_keys=True, default=str)
+
+
 def _load(entry: Path):
-    """The rows of a published entry, or None when it is not (or no longer) there."""
+    """The rows of a published entry once verified against what was published (its files' sizes and sha256, each
+    split's row count and features); None when there is no entry (or it was evicted meanwhile); ``DamagedEntry``
+    saying what differs when it is not what was published."""
+    if not entry.is_dir():
+        return None
     try:
         meta = json.loads((entry / META_FILE).read_text(encoding="utf-8"))
-        rows = tuple(
-            datasets.load_from_disk(str(entry / split)) if split in meta["splits"] else None for split in SPLITS
-        )
-    except (OSError, ValueError, KeyError):  # evicted meanwhile, or not ours
-        return None
+        published, splits = meta["files"], meta["splits"]
+        for name, expected in published.items():
+            file = entry / name
+            if not file.is_file():
+                raise DamagedEntry(f"{name} is missing")
+            if file.stat().st_size != expected["bytes"]:
+                raise DamagedEntry(f"{name} is {file.stat().st_size} bytes, {expected['bytes']} were published")
+        if _file_checksums(entry) != published:
+            raise DamagedEntry("a file's sha256 differs from the one published")
+        rows = tuple(datasets.load_from_disk(str(entry / split)) if split in splits else None for split in SPLITS)
+        for split, dataset in zip(SPLITS, rows, strict=True):
+            if dataset is not None and (dataset.num_rows, _features(dataset)) != (
+                meta["rows"][split],
+                meta["features"][split],
+            ):
+                raise DamagedEntry(f"its {split} rows differ from those published")
+    except DamagedEntry:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if not entry.is_dir():  # evicted meanwhile
+            return None
+        raise DamagedEntry(f"{type(exc).__name__}: {one_line(exc)}") from None
     os.utime(entry / META_FILE)  # the entry's last use, for eviction
     return rows
 
@@ -250,8 +330,11 @@ def load_or_build(
     root: str | None,
     key_parts: Callable[[], dict | None],
     build: Callable[[], tuple | None],
+    max_gb: float | None = None,
 ) -> tuple[tuple | None, Preparation]:
-    """The rows (train, eval) from the cache under ``root`` or from ``build`` (then stored), and how they came."""
+    """The rows (train, eval) from the cache under ``root`` or from ``build`` (then stored), and how they came. The
+    cache never fails the run: where it cannot serve (``CacheUnusable``), one warning says why and the rows are
+    built without it (``uncached``)."""
     started = time.perf_counter()
     if root is None:
         return build(), Preparation("off", seconds=time.perf_counter() - started)
@@ -259,39 +342,99 @@ def load_or_build(
     if parts is None:
         return build(), Preparation("bypass", cache_dir=root, seconds=time.perf_counter() - started)
     key = key_digest(parts)
-    folder = Path(root)
-    entry = folder / key
-    rows = _load(entry)
-    status = "hit"
-    if rows is None:
-        folder.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder / f".{key}.lock")):
-            rows = _load(entry)  # another builder may have published it while this one waited
-            if rows is None:
-                built = build()
-                if built is None:
-                    return None, Preparation("bypass", key, root, time.perf_counter() - started)
-                _publish(folder, key, parts, built)
-                rows, status = _load(entry), "miss"
-        if status == "miss":
-            evict(folder, max_size_bytes(), keep=key)
+    built: list = []  # what build() returned, so that a cache failing after it does not build twice
+
+    def build_once():
+        built.append(build())
+        return built[0]
+
+    try:
+        rows, status = _load_or_build(Path(root), key, parts, build_once, max_size_bytes(max_gb))
+    except CacheUnusable as exc:
+        logger.warning("processed-data cache %s: %s: the data is prepared without the cache", root, exc)
+        rows, status = (built[0] if built else build()), "uncached"
     seconds = time.perf_counter() - started
-    logger.info("processed-data cache %s: %s, key %s (%.1f s)", root, status, key, seconds)
+    if status != "bypass":
+        logger.info("processed-data cache %s: %s, key %s (%.1f s)", root, status, key, seconds)
     return rows, Preparation(status, key, root, seconds)
 
 
+def _read(entry: Path):
+    """The entry's rows, or None when it is absent or damaged (then it is removed first: ``CacheUnusable`` when it
+    cannot be)."""
+    try:
+        return _load(entry)
+    except DamagedEntry as exc:
+        logger.warning("processed-data cache entry %s is damaged (%s): it is removed and built again", entry, exc)
+        doomed = entry.parent / f".damaged-{entry.name}-{uuid.uuid4().hex}"
+        try:
+            entry.rename(doomed)
+        except OSError as error:
+            if entry.exists():
+                raise CacheUnusable(
+                    f"entry {entry.name} is damaged ({exc}) and cannot be removed ({one_line(error)})"
+                ) from None
+            return None  # removed meanwhile by another run
+        shutil.rmtree(doomed, ignore_errors=True)
+        return None
+
+
+def _load_or_build(folder: Path, key: str, parts: dict, build: Callable[[], tuple | None], limit: int):
+    """``load_or_build``'s work: ``(rows, status)``; ``CacheUnusable`` where the directory cannot serve."""
+    entry = folder / key
+    rows = _read(entry)
+    if rows is not None:
+        return rows, "hit"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / f".{key}.lock"))
+        lock.acquire()
+    except OSError as exc:
+        raise CacheUnusable(f"the directory cannot be written ({one_line(exc)})") from None
+    try:
+        rows = _read(entry)  # another builder may have published it while this one waited
+        if rows is not None:
+            return rows, "hit"
+        rows = build()
+        if rows is None:
+            return None, "bypass"
+        try:
+            _publish(folder, key, parts, rows)
+            published = _load(entry)
+        except (OSError, DamagedEntry) as exc:
+            raise CacheUnusable(f"the entry could not be stored ({one_line(exc)})") from None
+    finally:
+        lock.release()
+    evict(folder, limit, keep=key)
+    return published, "miss"
+
+
 def _publish(folder: Path, key: str, parts: dict, rows: tuple) -> None:
-    """Write ``rows`` to a private directory of this process, then rename it to ``key``: complete or absent."""
+    """Write ``rows`` to a private directory of this process, with ``meta.json`` (the key's parts, each split's row
+    count and features, each file's size and sha256) written last; then rename it to ``key``: complete or absent.
+    ``OSError`` when it cannot be written (nothing is left of it then)."""
     remove_orphaned_caches(str(folder))  # the private directories of builders that died
     private = Path(new_cache_dir(str(folder)))
-    splits = []
-    for name, dataset in zip(SPLITS, rows, strict=True):
-        if dataset is not None:
-            dataset.save_to_disk(str(private / name))
-            splits.append(name)
-    meta = {"key": key, "parts": parts, "splits": splits, "created": time.time(), "bytes": _directory_size(private)}
-    (private / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
     try:
+        splits = {}
+        for name, dataset in zip(SPLITS, rows, strict=True):
+            if dataset is not None:
+                dataset.save_to_disk(str(private / name))
+                splits[name] = dataset
+        meta = {
+            "key": key,
+            "parts": parts,
+            "splits": list(splits),
+            "rows": {name: dataset.num_rows for name, dataset in splits.items()},
+            "features": {name: _features(dataset) for name, dataset in splits.items()},
+            "files": _file_checksums(private),
+            "created": time.time(),
+            "bytes": _directory_size(private),
+        }
+        (private / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         os.rename(private, folder / key)
-    except OSError:  # published meanwhile by a builder the lock did not hold off (a filesystem without locks)
+    except OSError:
         shutil.rmtree(private, ignore_errors=True)
+        if not (folder / key).is_dir():
+            raise
+        # else published meanwhile by a builder the lock did not hold off (a filesystem without locks)

@@ -47,6 +47,7 @@ from tuning.data.vision import (
     data_path_dir,
     find_conversation_column,
     trainable_vision_rows,
+    undecoded_images,
 )
 from tuning.utils.error_logging import UserInputError
 
@@ -469,6 +470,7 @@ def prepare_with_cache(
             prepared_cache.resolve_cache_dir(getattr(data_args, "data_cache_dir", None)),
             lambda: prepared_cache.cache_key(data_args, train_args, tokenizer, max_length, additional_data_handlers),
             lambda: _prepare_rows(data_args, train_args, tokenizer, max_length, additional_data_handlers),
+            getattr(data_args, "data_cache_max_gb", None),
         )
 
 
@@ -511,6 +513,7 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
     num_proc = getattr(data_args, "dataset_num_proc", None)
     if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
         raise UserInputError(f"--dataset_num_proc must be a whole number of processes, at least 1: got {num_proc!r}")
+    prepared_cache.check_data_cache_flags(data_args)
     if data_args.data_config_path:
         if data_args.training_data_path or data_args.validation_data_path:
             raise UserInputError(
@@ -592,15 +595,16 @@ def prepare_vision_datasets(
     through its handlers. The conversations are in ``--dataset_conversation_field``, else ``--dataset_text_field``,
     else the column a multimodal handler named, else the column ``find_conversation_column`` finds in the training
     data; ``data_args.dataset_text_field`` and ``dataset_image_field`` are set to the columns used."""
+    base_dir = data_path_dir(data_args)
     if data_args.data_config_path:
-        sources, base_dir = _data_config_datasets(data_args, train_args, processor, additional_data_handlers), None
+        sources = _data_config_datasets(data_args, train_args, processor, additional_data_handlers)
     else:
-        sources, base_dir = [], data_path_dir(data_args)
+        sources = []
         for flag, path in (
             ("--training_data_path", data_args.training_data_path),
             ("--validation_data_path", data_args.validation_data_path),
         ):
-            sources.append((f"{flag} {path}", load_data_path(path) if path else None))
+            sources.append((f"{flag} {path}", undecoded_images(load_data_path(path)) if path else None))
     for source, dataset in sources:
         if dataset is None:
             continue

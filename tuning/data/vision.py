@@ -11,6 +11,7 @@ padding); ``trainable_vision_rows`` refuses data where ``--max_seq_length`` leav
 leaves out, with one warning, the rows it leaves none). It imports no data module above the handlers (only masking's
 constant, labels and data_config), so that the handlers can use it."""
 
+import copy
 import io
 import logging
 import os
@@ -154,9 +155,41 @@ def image_placeholders(messages: Sequence[dict]) -> int:
 
 
 def data_path_dir(data_args) -> str | None:
-    """Where relative image paths are read from: the folder of ``--training_data_path`` when it is one file."""
-    path = data_args.training_data_path
-    return os.path.dirname(os.path.abspath(path)) if isinstance(path, str) and os.path.isfile(path) else None
+    """Where relative image paths are read from: the folder holding the data files (``--training_data_path`` and
+    ``--validation_data_path``, or every dataset of ``--data_config_path``), when they are all in one; else None
+    (the working directory)."""
+    from tuning.data.data_processors import files_dir
+
+    if data_args.data_config_path:
+        from tuning.data.data_config import load_and_validate_data_config
+
+        config = load_and_validate_data_config(data_args.data_config_path)
+        return files_dir([path for dataset in config.datasets for path in dataset.data_paths])
+    return files_dir([path for path in (data_args.training_data_path, data_args.validation_data_path) if path])
+
+
+def _undecoded(feature):
+    """``feature`` with an ``Image`` in it (alone, or a list's items) set not to decode; None when it has none."""
+    from datasets import Image
+
+    if isinstance(feature, Image):
+        return Image(mode=feature.mode, decode=False) if feature.decode else None
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, Image) and inner.decode:
+        changed = copy.copy(feature)
+        changed.feature = Image(mode=inner.mode, decode=False)
+        return changed
+    return None
+
+
+def undecoded_images(dataset):
+    """``dataset`` with its ``datasets`` Image columns (Parquet and Arrow files carry the feature) read as
+    ``{bytes, path}`` structs: images then decode in ``to_image``, whose errors name the row, and a struct's relative
+    path is read beside the data file, never by ``datasets`` from the working directory."""
+    for name, feature in dict(getattr(dataset, "features", None) or {}).items():
+        if (changed := _undecoded(feature)) is not None:
+            dataset = dataset.cast_column(name, changed)
+    return dataset
 
 
 def _check_placeholders(messages: list, images: list, where: str, processor) -> None:
@@ -202,7 +235,7 @@ def check_vision_dataset(
         raise UserInputError(f"{source} has no rows")
     images_seen, first_only = 0, []
     image_token = getattr(processor, "image_token", None)
-    for index, row in enumerate(dataset):
+    for index, row in enumerate(dataset, 1):  # rows counted from 1, as everywhere in errors
         where = f"{source}, row {index}"
         messages, images = row[text_field], image_values(row[image_field])
         if isinstance(messages, str):  # rendered already (a data config's apply_tokenizer_chat_template)
