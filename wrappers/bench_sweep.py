@@ -512,7 +512,7 @@ class Sweep:
             for point in self.points
             if (line := state.get(point.id)) is not None
             and line.get("config") == point.config
-            and (not rerun_failed or line["status"] in report.DONE_STATUSES)
+            and (not rerun_failed or line["status"] in report.FINISHED_STATUSES)
         }
 
     def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
@@ -562,7 +562,7 @@ class Sweep:
                 reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
         if ended["timed_out"]:
             status, reason = "timeout", f"ran past --point_timeout {self.point_timeout:g}s"
-        elif status in report.DONE_STATUSES and exit_code != 0:
+        elif status in report.FINISHED_STATUSES and exit_code != 0:
             status, reason = "error", f"exited {exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
@@ -578,7 +578,7 @@ class Sweep:
         def finish(line: dict[str, Any]) -> None:
             finished[line["point"]] = line
             status = line["status"]
-            done = status in report.DONE_STATUSES
+            done = status in report.FINISHED_STATUSES
             counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
