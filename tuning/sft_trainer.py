@@ -80,6 +80,7 @@ from tuning.utils.acceleration import (
     LoadSettings,
     expert_counts,
     load_settings,
+    loaded_experts_implementation,
     local_experts,
     name_expert_count,
     world_size,
@@ -243,7 +244,12 @@ def parse_arguments_by_type(
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
-        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+        try:
+            *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(
+                args=args, return_remaining_strings=True
+            )
+        except ValueError as exc:  # a value a flag's dataclass refuses (--fast_moe 0): its reason names the flag
+            raise UserInputError(" ".join(str(exc).split())) from None
         if remaining:
             logger.warning("ignoring command-line arguments that are no sft_trainer flag: %s", " ".join(remaining))
     parsed = dict(zip(parser.dataclass_types, dataclass_args, strict=True))
@@ -762,6 +768,16 @@ def _train(
         **load.keywords,
     )
     name_expert_count(model)
+    if load.prepare_for_kbit_training:  # --bnb_qlora QUANT True: peft readies the 4-bit model as v3.1.0's TRL did
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=train_args.gradient_checkpointing,
+            gradient_checkpointing_kwargs=train_args.gradient_checkpointing_kwargs,
+        )
+    for tracker in trackers:  # what the loaded model runs, whatever the flags asked (the dump's config says it)
+        tracker.set_params({"experts_implementation": loaded_experts_implementation(model)}, "loaded_model")
     if load.sharded:
         logger.warning(
             "--fast_moe %d: rank %s holds %s of the %d experts of each layer",

@@ -44,6 +44,7 @@ GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
 DATA_FETCH_SHARE = "data_fetch_share"  # rank 0's own data-loader fetch time of a step over the step's time
 DATA_CACHE = "data_cache"  # train()'s params: how its rows were prepared (tuning.data.prepared_cache.Preparation)
+LOADED_MODEL = "loaded_model"  # train()'s params: what the loaded model runs (experts_implementation)
 # How much longer than the other ranks' median a rank's own time per step (forward + data fetch) must be for the dump
 # to name it the straggler.
 STRAGGLER_MIN_EXCESS = 0.10
@@ -499,6 +500,13 @@ def _data(notes: dict[str, Any]) -> dict[str, Any] | None:
     return {**data, "cache": notes[DATA_CACHE]}
 
 
+def _config(config: dict[str, Any] | None, notes: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's ``config``, its ``experts_implementation`` the loaded model's once it loaded (the flags' before)."""
+    if not isinstance(config, dict) or LOADED_MODEL not in notes:
+        return config
+    return {**config, "experts_implementation": notes[LOADED_MODEL]["experts_implementation"]}
+
+
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     header, notes, series = run.header, run.notes, run.metrics()
     step_times, tokens = _per_step(series, STEP_TIME), _per_step(series, STEP_TOKENS)
@@ -525,7 +533,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
-        "config": header.get("config"),
+        "config": _config(header.get("config"), notes),
         "data": _data(notes),
         "host": header["host"],
         "rank": header["rank"],
