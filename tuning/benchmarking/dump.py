@@ -565,7 +565,7 @@ def _goodput(run: RunData, endings: list[dict[str, Any]], spans: list[_Span | No
         if first is None and "train_start" in segment.notes:  # a journal from before segments noted first steps
             first = 0
         start = segment.header["time"]
-        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points))
+        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points, ending["status"]))
     in_warmup = [lambda step, span=span: span is not None and span.in_warmup(step) for span in spans]
     return goodput(segments, run.last_steps(), in_warmup)
 
