@@ -4,6 +4,7 @@ bitsandbytes and aLoRA through peft, each trained for real; the refusals name wh
 
 import json
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from tuning.config.acceleration_configs import FastMoeConfig, FusedOpsAndKernels
 from tuning.config.acceleration_configs.needs import QLORA_EXTRA
 from tuning.config.peft_config import LoraConfig
 from tuning.utils.acceleration import load_settings
+from tuning.utils.checkpoints import COMPLETED_FILE
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.sharded_state import check_resume_layout
 from tuning.utils.tiny_model import build_tiny_hybrid
@@ -180,6 +182,24 @@ def test_bnb_qlora_second_value_readies_the_4bit_model_as_v3_1_0(tiny_model, sam
         kinds[no_peft_model] = trainer.model.get_base_model().model.norm.weight.dtype
         train_args.resume_from_checkpoint = "false"
     assert kinds == {"False": torch.bfloat16, "True": torch.float32}
+
+
+def test_a_resumed_qlora_run_trains_on_as_the_run_it_continues(tiny_model, sample_train, tmp_path):
+    """TRL trains a quantised model's LoRA weights in bfloat16; transformers' resume reloaded them in float32, so a
+    resumed QLoRA run drifted from the uninterrupted one (step 4: 6.211875 vs 6.211697). Now its weights after the
+    resumed step are those of the uninterrupted run, bit for bit."""
+    args = make_args(tiny_model, str(tmp_path), sample_train, max_steps=3, save_strategy="steps", save_steps=2)
+    qlora = QuantizedLoraConfig(bnb_qlora=["nf4"])
+    sft_trainer.train(*args, LoraConfig(), quantized_lora_config=qlora)
+    uninterrupted = load_file(str(tmp_path / "checkpoint-3" / "adapter_model.safetensors"))
+    shutil.rmtree(tmp_path / "checkpoint-3")  # as if stopped after step 2's checkpoint
+    (tmp_path / COMPLETED_FILE).unlink()
+    trainer, info, _ = sft_trainer.train(*args, LoraConfig(), quantized_lora_config=qlora)
+    assert (info["resumed_from_step"], trainer.state.global_step) == (2, 3)
+    resumed = load_file(str(tmp_path / "checkpoint-3" / "adapter_model.safetensors"))
+    assert {tensor.dtype for tensor in resumed.values()} == {torch.bfloat16}
+    for name, tensor in uninterrupted.items():
+        assert torch.equal(tensor, resumed[name]), name
 
 
 def test_qlora_needs_lora(tiny_model, sample_train, tmp_path):
