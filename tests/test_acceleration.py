@@ -58,6 +58,7 @@ def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safeten
     # Its checkpoint, as an expert-parallel run would have written it, resumed by this unsharded run: refused.
     (output_dir / "checkpoint-2" / "sharded_state").mkdir()
     (output_dir / "checkpoint-2" / "sharded_state" / "layout.json").write_text('{"world_size": 2, "ep_degree": 2}')
+    args[2].max_steps = 4  # more steps to train: at its final step the job would be finished, nothing resumed
     with pytest.raises(UserInputError, match=re.escape("checkpoint-2 was written by a run with 2 processes at")):
         sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=["1"]))
 
