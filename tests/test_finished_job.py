@@ -4,8 +4,10 @@ past --max_steps."""
 
 import json
 
-from tests.helpers.bench import bench_args, read_dump
-from tests.helpers.training import BENCH_TRAIN, cli_args, load_script, logged_steps, make_args, run_main
+import pytest
+
+from tests.helpers.bench import bench_args, csv_by, read_dump
+from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, cli_args, load_script, logged_steps, make_args, run_main
 from tuning.benchmarking import report
 from tuning.sft_trainer import train
 from tuning.utils.checkpoints import COMPLETED_FILE
@@ -64,3 +66,9 @@ def test_bench_train_rerun_of_a_finished_job_dumps_already_complete(tiny_model, 
     runs = report.load(report.find_files([str(tmp_path / "bench.json")]))
     assert [run.status for run in runs] == ["already_complete"]
     assert "already_complete" not in report.DONE_STATUSES and "already_complete" in report.FINISHED_STATUSES
+    load_script(REPO_ROOT / "wrappers" / "bench_report.py").main(str(tmp_path), output_dir=str(tmp_path / "report"))
+    assert csv_by(tmp_path / "report" / "report.csv", "run")["bench"]["status"] == "already_complete"
+    compare = load_script(REPO_ROOT / "wrappers" / "bench_compare.py")
+    with pytest.raises(SystemExit, match="no ok or stopped benchmark dumps"):  # no measurement, and no failure
+        compare.read_side(str(tmp_path))
+    assert "bench: already_complete (a rerun of a finished job: it measured nothing)" in capfd.readouterr().out
