@@ -5,6 +5,7 @@ bitsandbytes and aLoRA through peft, each trained for real; the refusals name wh
 import json
 import logging
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -14,11 +15,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
+from tests.helpers.bench import bench_args, read_dump
 from tests.helpers.training import (
+    BENCH_TRAIN,
     SFT_TRAINER,
     TORCHRUN,
     Job,
     cli_args,
+    load_script,
     logged_steps,
     make_args,
     run_main,
@@ -31,6 +35,7 @@ from tuning.config.acceleration_configs import FastMoeConfig, FusedOpsAndKernels
 from tuning.config.acceleration_configs.needs import QLORA_EXTRA
 from tuning.config.peft_config import LoraConfig
 from tuning.utils.acceleration import load_settings
+from tuning.utils.checkpoints import COMPLETED_FILE
 from tuning.utils.error_logging import UserInputError
 from tuning.utils.sharded_state import check_resume_layout
 from tuning.utils.tiny_model import build_tiny_hybrid
@@ -54,6 +59,7 @@ def test_fast_moe_1_trains_with_grouped_experts_and_checkpoints_loadable_safeten
     # Its checkpoint, as an expert-parallel run would have written it, resumed by this unsharded run: refused.
     (output_dir / "checkpoint-2" / "sharded_state").mkdir()
     (output_dir / "checkpoint-2" / "sharded_state" / "layout.json").write_text('{"world_size": 2, "ep_degree": 2}')
+    args[2].max_steps = 4  # more steps to train: at its final step the job would be finished, nothing resumed
     with pytest.raises(UserInputError, match=re.escape("checkpoint-2 was written by a run with 2 processes at")):
         sft_trainer.train(*args, fast_moe_config=FastMoeConfig(fast_moe=["1"]))
 
@@ -114,13 +120,31 @@ def test_fast_moe_degree_must_divide_experts_and_world_size(tiny_moe, sample_tra
     ("flag", "message"),
     [
         (["--bnb_qlora", "int8"], "--bnb_qlora int8: quant_type can only be either 'nf4' or 'fp4'"),
-        (["--fast_moe", "0"], "--fast_moe 0: the expert-parallel degree is at least 1"),
-        (["--fast_moe", "many"], "--fast_moe many: a boolean expected (yes/no, true/false, t/f, y/n, 1/0), got 'many'"),
+        (["--fast_moe", "0"], "--fast_moe 0: the expert-parallel degree is at least 1 (or True)"),
+        (["--fast_moe", "-2"], "--fast_moe -2: the expert-parallel degree is at least 1 (or True)"),
+        (["--fast_moe", "many"], "--fast_moe many: a number or a boolean (true/false, yes/no...) expected, got 'many'"),
+        (["--bnb_qlora", "nf4", "maybe"], "--bnb_qlora nf4 maybe: a boolean expected"),
+        (["--auto_gptq", "foo"], "--auto_gptq foo: only 'triton_v2' kernel currently supported."),
     ],
 )
-def test_a_bad_flag_value_is_refused_naming_the_flag(flag, message, tiny_moe, tmp_path):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        sft_trainer.parse_arguments(sft_trainer.get_parser(), args=[*cli_args(tiny_moe, str(tmp_path)), *flag])
+def test_a_bad_flag_value_is_refused_naming_the_flag(flag, message, tiny_moe, tmp_path, monkeypatch, capfd):
+    """One line through main(): the marker, exit 1, no traceback (a chained pair of them before)."""
+    exit_code, stderr = run_main([*cli_args(tiny_moe, str(tmp_path)), *flag], monkeypatch, capfd)
+    assert exit_code == 1
+    assert f"type=UserInputError: {message}" in stderr and "Traceback" not in stderr
+    assert stderr.count(flag[0]) == 1  # the flag named once, not "--fast_moe 0: --fast_moe 0: ..."
+
+
+def test_fast_moe_false_is_off_and_the_dump_names_the_experts_the_loaded_model_runs(tiny_moe, tmp_path, capfd):
+    """--fast_moe False loads as if not given; without --fast_moe transformers 5 loads grouped_mm experts all the
+    same, and the dump's config says so, read from the loaded model (it said null before, and grouped_mm for
+    --fast_moe 1, as if that changed the run)."""
+    assert FastMoeConfig(fast_moe=["False"]).fast_moe is None
+    bench_train = load_script(BENCH_TRAIN)
+    args = bench_args(tiny_moe, tmp_path, max_steps=1, system_metrics_interval=0, fast_moe="False")
+    assert bench_train.main(args) == 0, capfd.readouterr().err[-3000:]
+    config = read_dump(tmp_path / "bench.json")["config"]
+    assert (config["experts_implementation"], config["ep_degree"], config["fast_moe"]) == ("grouped_mm", None, None)
 
 
 def test_fast_moe_on_a_dense_model_is_a_user_error(tiny_model, sample_train, tmp_path):
@@ -145,6 +169,39 @@ def test_qlora_nf4_trains_and_saves_an_adapter_that_loads(tiny_model, sample_tra
     assert weights[lora_b].abs().sum() > 0  # trained: B starts at zero
     module_name = lora_b.removeprefix("base_model.model.").removesuffix(".lora_B.weight")
     assert torch.equal(loaded.get_base_model().get_submodule(module_name).lora_B["default"].weight, weights[lora_b])
+
+
+def test_bnb_qlora_second_value_readies_the_4bit_model_as_v3_1_0(tiny_model, sample_train, tmp_path):
+    """--bnb_qlora nf4 True (v3.1.0's no_peft_model): the base model readied for LoRA by peft's
+    prepare_model_for_kbit_training, as v3.1.0's TRL did: its 16-bit parameters (norms, embeddings) trained in
+    float32; without it they stay in --torch_dtype."""
+    model_args, data_args, train_args = make_args(tiny_model, str(tmp_path), sample_train, max_steps=1)
+    model_args.torch_dtype = "bfloat16"
+    kinds = {}
+    for no_peft_model in ("False", "True"):
+        qlora = QuantizedLoraConfig(bnb_qlora=["nf4", no_peft_model])
+        trainer, _, _ = sft_trainer.train(model_args, data_args, train_args, LoraConfig(), quantized_lora_config=qlora)
+        kinds[no_peft_model] = trainer.model.get_base_model().model.norm.weight.dtype
+        train_args.resume_from_checkpoint = "false"
+    assert kinds == {"False": torch.bfloat16, "True": torch.float32}
+
+
+def test_a_resumed_qlora_run_trains_on_as_the_run_it_continues(tiny_model, sample_train, tmp_path):
+    """TRL trains a quantised model's LoRA weights in bfloat16; transformers' resume reloaded them in float32, so a
+    resumed QLoRA run drifted from the uninterrupted one (step 4: 6.211875 vs 6.211697). Now its weights after the
+    resumed step are those of the uninterrupted run, bit for bit."""
+    args = make_args(tiny_model, str(tmp_path), sample_train, max_steps=3, save_strategy="steps", save_steps=2)
+    qlora = QuantizedLoraConfig(bnb_qlora=["nf4"])
+    sft_trainer.train(*args, LoraConfig(), quantized_lora_config=qlora)
+    uninterrupted = load_file(str(tmp_path / "checkpoint-3" / "adapter_model.safetensors"))
+    shutil.rmtree(tmp_path / "checkpoint-3")  # as if stopped after step 2's checkpoint
+    (tmp_path / COMPLETED_FILE).unlink()
+    trainer, info, _ = sft_trainer.train(*args, LoraConfig(), quantized_lora_config=qlora)
+    assert (info["resumed_from_step"], trainer.state.global_step) == (2, 3)
+    resumed = load_file(str(tmp_path / "checkpoint-3" / "adapter_model.safetensors"))
+    assert {tensor.dtype for tensor in resumed.values()} == {torch.bfloat16}
+    for name, tensor in uninterrupted.items():
+        assert torch.equal(tensor, resumed[name]), name
 
 
 def test_qlora_needs_lora(tiny_model, sample_train, tmp_path):

@@ -180,7 +180,8 @@ def test_trackers_receive_additional_metrics_and_metadata(tiny_model, sample_tra
     assert tracker.tracked.keys() == {"model_load_time", "data_preparation_time"}
     assert tracker.tracked["model_load_time"] == info["model_load_time"]
     assert tracker.tracked["data_preparation_time"] > 0
-    assert tracker.params.keys() == {"experiment_metadata", "data_cache"}
+    assert tracker.params.keys() == {"experiment_metadata", "data_cache", "loaded_model"}
+    assert tracker.params["loaded_model"] == {"experts_implementation": None}  # a dense model: no experts
     assert tracker.params["experiment_metadata"] == {"dataset_id": "sample"}
     assert tracker.params["data_cache"]["status"] == "off"  # the suite runs without the processed-data cache
 

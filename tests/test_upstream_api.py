@@ -463,18 +463,22 @@ def test_job_config_with_unknown_keys_runs_with_one_warning(tiny_model, tmp_path
 
 
 def test_resume_from_checkpoint_follows_v3(tiny_model, sample_train, tmp_path):
-    """Unset or "true": the last checkpoint in output_dir (a restarted job continues); a path; "false": afresh."""
+    """Unset or "true": the last checkpoint in output_dir (a restarted job continues); a path; "false": afresh. Once
+    the job has trained to its end, unset (or "true") trains nothing: it stays finished."""
     output_dir = tmp_path / "out"
     model_args, data_args, train_args = make_args(tiny_model, str(output_dir), sample_train)
     train_args.save_strategy, train_args.save_steps = "steps", 1
     sft_trainer.train(model_args, data_args, train_args)
     assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     train_args.save_strategy, train_args.max_steps = "no", 3
-    for resume, steps_run in ((None, 1), ("true", 1), (str(output_dir / "checkpoint-1"), 2), ("false", 3)):
+    for resume, steps_run in (("true", 1), (str(output_dir / "checkpoint-1"), 2), ("false", 3)):
         train_args.resume_from_checkpoint = resume
         spy = StepCounter()
         trainer, *_ = sft_trainer.train(model_args, data_args, train_args, additional_callbacks=[spy])
         assert (trainer.state.global_step, spy.steps) == (3, steps_run), resume
+    train_args.resume_from_checkpoint = None
+    trainer, info, _ = sft_trainer.train(model_args, data_args, train_args)
+    assert (trainer, info["already_complete"], info["resumed_from_step"]) == (None, True, 3)
     train_args.resume_from_checkpoint = str(tmp_path / "missing")
     with pytest.raises(UserInputError, match=f"--resume_from_checkpoint {tmp_path / 'missing'} is not a directory"):
         sft_trainer.train(model_args, data_args, train_args)

@@ -83,11 +83,22 @@ from tuning.utils.acceleration import (
     LoadSettings,
     expert_counts,
     load_settings,
+    loaded_experts_implementation,
     local_experts,
     name_expert_count,
     world_size,
 )
-from tuning.utils.checkpoints import checkpoint_problem, newest_complete_checkpoint, trained_steps
+from tuning.utils.checkpoints import (
+    COMPLETED_FILE,
+    checkpoint_problem,
+    clear_run_complete,
+    mark_run_complete,
+    newest_complete_checkpoint,
+    reached_the_end,
+    run_completion,
+    trained_steps,
+    trainer_state,
+)
 from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
@@ -236,7 +247,12 @@ def parse_arguments_by_type(
     if json_config:
         dataclass_args, flags = _parse_job_config(parser, json_config)
     else:
-        *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+        try:
+            *dataclass_args, flags, remaining = parser.parse_args_into_dataclasses(
+                args=args, return_remaining_strings=True
+            )
+        except ValueError as exc:  # a value a flag's dataclass refuses (--fast_moe 0): its reason names the flag
+            raise UserInputError(" ".join(str(exc).split())) from None
         if remaining:
             logger.warning("ignoring command-line arguments that are no sft_trainer flag: %s", " ".join(remaining))
     parsed = dict(zip(parser.dataclass_types, dataclass_args, strict=True))
@@ -474,6 +490,38 @@ def resume_checkpoint(train_args: TrainingArguments) -> str | None:
     return _resume_choice(train_args)[0]
 
 
+class FinishedRun(NamedTuple):
+    """A job whose output directory says it trained to its final step already: the step, and the one line saying so."""
+
+    global_step: int
+    message: str
+
+
+def finished_run(train_args: TrainingArguments) -> FinishedRun | None:
+    """Whether the job has nothing left to train (None: it trains): resuming (``--resume_from_checkpoint`` unset, true
+    or a path), the checkpoint it would resume from, or ``output_dir``'s completed mark (``COMPLETED_FILE`` of
+    ``tuning.utils.checkpoints``, written when a run trains to its final step) when none is named, got to
+    ``--max_steps`` (or past it) or, without it, to the final step of ``--num_train_epochs``. Resuming such a
+    checkpoint would train a step beyond the end (transformers takes a step before it checks), replacing the model."""
+    value = train_args.resume_from_checkpoint
+    if value is not None and str(value).lower() == "false":
+        return None
+    checkpoint = resume_checkpoint(train_args)
+    found = [(trainer_state(checkpoint), os.path.basename(os.path.normpath(checkpoint)))] if checkpoint else []
+    if (value is None or str(value).lower() == "true") and (mark := run_completion(train_args.output_dir)):
+        found.append((mark, f"its completed mark ({os.path.join(train_args.output_dir, COMPLETED_FILE)})"))
+    end = f"--max_steps {train_args.max_steps}" if train_args.max_steps > 0 else "its final step"
+    for state, source in found:
+        if reached_the_end(state, train_args.max_steps, train_args.num_train_epochs):
+            step = state["global_step"]
+            return FinishedRun(
+                step,
+                f"already complete: {train_args.output_dir} holds {source} at step {step}, at or past {end}; "
+                "nothing trained (to train again: --resume_from_checkpoint false or another --output_dir)",
+            )
+    return None
+
+
 def _attention_implementation(model_args: ModelArguments, quiet: bool = False) -> str:
     """``--flash_attn_implementation`` with ``--use_flash_attn`` where flash attention 2 can run, else sdpa (with a
     warning unless ``quiet``, when flash attention was asked for)."""
@@ -537,7 +585,9 @@ def train(
     Returns fms-hf-tuning v3.1.0's ``(trainer, {"added_tokens_info": ..., "model_load_time": ...,
     "resumed_from_checkpoint": path or None, "resumed_from_step": global step or None}, None)``, the last being the
     trainer controller it lacks; ``(None, None, None)`` with ``--do_dataprocessing_only``, after writing the processed
-    data to ``output_dir``. ``additional_data_handlers`` (name → ``DataHandler``) are registered for the data config's
+    data to ``output_dir``; ``(None, {..., "already_complete": True, "resumed_from_step": N}, None)``, training
+    nothing, for a job whose output directory says it finished already (``finished_run``: a rerun, resume on).
+    ``additional_data_handlers`` (name → ``DataHandler``) are registered for the data config's
     handler lists.
 
     Trackers: built from ``train_args.trackers`` and ``tracker_configs`` unless given as ``trackers``; either way
@@ -654,6 +704,11 @@ def _train(
         for tracker in trackers:
             tracker.set_params(exp_metadata, "experiment_metadata")
 
+    if not data_args.do_dataprocessing_only and (finished := finished_run(train_args)):
+        logger.warning("%s", finished.message)  # before any data is prepared or model loaded
+        info = {"added_tokens_info": None, "model_load_time": None, "resumed_from_checkpoint": None}
+        return None, {**info, "resumed_from_step": finished.global_step, "already_complete": True}, None
+
     data_start = time.time()  # the tokenizer (or processor) and the datasets: data preparation, as trackers get it
     config = _model_config(model_args, train_args.cache_dir)
     vision = bool(data_args.dataset_image_field) or (config is not None and is_vision_config(config))
@@ -718,6 +773,16 @@ def _train(
         **load.keywords,
     )
     name_expert_count(model)
+    if load.prepare_for_kbit_training:  # --bnb_qlora QUANT True: peft readies the 4-bit model as v3.1.0's TRL did
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=train_args.gradient_checkpointing,
+            gradient_checkpointing_kwargs=train_args.gradient_checkpointing_kwargs,
+        )
+    for tracker in trackers:  # what the loaded model runs, whatever the flags asked (the dump's config says it)
+        tracker.set_params({"experts_implementation": loaded_experts_implementation(model)}, "loaded_model")
     if load.sharded:
         logger.warning(
             "--fast_moe %d: rank %s holds %s of the %d experts of each layer",
@@ -768,12 +833,18 @@ def _train(
     )
     # As fms-hf-tuning 3.2: each rank its own random stream (dropout masks), once the trainer is built.
     set_seed(train_args.seed, device_specific=True)
+    if trainer.is_world_process_zero():  # training again: a finished run's mark no longer holds
+        clear_run_complete(train_args.output_dir)
     trainer.train(resume_from_checkpoint=checkpoint)
+    state = trainer.state
+    if trainer.is_world_process_zero() and state.max_steps > 0 and state.global_step >= state.max_steps:
+        mark_run_complete(train_args.output_dir, state.global_step, state.max_steps, state.num_train_epochs)
     info = {
         "added_tokens_info": added_tokens_info,
         "model_load_time": model_load_time,
         "resumed_from_checkpoint": checkpoint,
         "resumed_from_step": resumed_from_step,
+        "already_complete": False,
     }
     return trainer, info, None
 
@@ -871,7 +942,7 @@ def main(early_helpers: Any = None) -> int:
             )
             if graceful_stop.received_signal is not None:
                 raise TrainingInterrupted(graceful_stop.received_signal)
-        if args.data_args.do_dataprocessing_only:
+        if args.data_args.do_dataprocessing_only or train_info["already_complete"]:
             return
         if training_args.save_model_dir:
             save(training_args.save_model_dir, trainer, None, training_args.log_level, training_args)

@@ -144,12 +144,21 @@ class TuningTrainer(SFTTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """transformers' loading of a resumed checkpoint's weights, skipped when the model was loaded from that very
         checkpoint (``weights_from_checkpoint``: a model sharded at load time, which transformers cannot load
-        into). Overridden as ``_save_checkpoint`` is: transformers offers no public hook for it."""
+        into). Overridden as ``_save_checkpoint`` is: transformers offers no public hook for it.
+
+        The trained parameters keep the dtype they were built with: TRL casts a quantised model's LoRA weights to
+        bfloat16, and transformers' resume reloads the adapter in float32 (peft's default), so a resumed QLoRA run
+        would train on in another precision than the run it continues."""
         if self.weights_from_checkpoint is not None and os.path.samefile(
             self.weights_from_checkpoint, resume_from_checkpoint
         ):
             return
+        target = model if model is not None else self.model
+        built = {name: parameter.dtype for name, parameter in target.named_parameters() if parameter.requires_grad}
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+        for name, parameter in target.named_parameters():
+            if parameter.requires_grad and built.get(name, parameter.dtype) != parameter.dtype:
+                parameter.data = parameter.data.to(built[name])
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self.reduce_loss_sum:

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers.dumps import ENVIRONMENT
 from tuning.benchmarking.dump import STEP_TIME, build_dump, utc_iso
-from tuning.benchmarking.goodput import PARTS
+from tuning.benchmarking.goodput import ENDED_DURING, PARTS
 from tuning.benchmarking.schema import validate_dump
 
 HEADER = {
@@ -102,3 +102,17 @@ def test_a_part_that_was_not_recorded_is_null_with_its_reason_and_its_time_is_le
     assert "data_preparation_time" in goodput["not_measured"]["data_preparation"]
     assert goodput["parts"]["leftover"] == 2.0 + 2.0 + 2.0  # the 2 s of each that nothing else claims
     assert sum(seconds for seconds in goodput["parts"].values() if seconds) == pytest.approx(31.0)
+
+
+def test_a_run_that_failed_preparing_its_data_says_so_instead_of_a_zero():
+    """Its data_preparation_time never came (tracked once the rows are ready): null with the reason, the time in
+    leftover; the model it never began loading is 0."""
+    records = [
+        *_process(100, 0, {}, warmup=1, setup=0.5)[:3],
+        {"type": "end", "time": 110.0, "status": "error", "stop_reason": None, "training_steps": 0},
+    ]
+    records[-1]["error"] = {"category": "user_error", "message": "no label tokens"}
+    goodput = build_dump(records)["summary"]["goodput"]
+    assert (goodput["parts"]["data_preparation"], goodput["parts"]["model_load"]) == (None, 0.0)
+    assert goodput["not_measured"] == {"data_preparation": ENDED_DURING["data_preparation"]}
+    assert goodput["parts"]["leftover"] == pytest.approx(10.0 - 1.0 - 0.5)

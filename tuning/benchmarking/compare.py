@@ -119,7 +119,10 @@ def read_side(location: str) -> tuple[list[Sample], list[str], list[str]]:
     damaged: list[str] = []
     runs = bench_report.load(files, skipped=damaged)
     done = [Sample(run.name, run.dump) for run in runs if run.dump and run.status in bench_report.DONE_STATUSES]
-    failed = [failure_line(run) for run in runs if run.status not in bench_report.DONE_STATUSES]
+    failed = [failure_line(run) for run in runs if run.status not in bench_report.FINISHED_STATUSES]
+    for run in runs:
+        if run.status == bench_report.ALREADY_COMPLETE:  # neither a failure nor a measurement
+            print(f"not compared: {run.name}: {run.status} (a rerun of a finished job: it measured nothing)")
     if not done:
         also = f" ({len(failed)} runs that did not finish)" if failed else ""
         raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}{also}")

@@ -45,6 +45,7 @@ GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
 DATA_FETCH_SHARE = "data_fetch_share"  # rank 0's own data-loader fetch time of a step over the step's time
 DATA_CACHE = "data_cache"  # train()'s params: how its rows were prepared (tuning.data.prepared_cache.Preparation)
+LOADED_MODEL = "loaded_model"  # train()'s params: what the loaded model runs (experts_implementation)
 # How much longer than the other ranks' median a rank's own time per step (forward + data fetch) must be for the dump
 # to name it the straggler.
 STRAGGLER_MIN_EXCESS = 0.10
@@ -501,6 +502,13 @@ def _data(notes: dict[str, Any]) -> dict[str, Any] | None:
     return {**data, "cache": notes[DATA_CACHE]}
 
 
+def _config(config: dict[str, Any] | None, notes: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's ``config``, its ``experts_implementation`` the loaded model's once it loaded (the flags' before)."""
+    if not isinstance(config, dict) or LOADED_MODEL not in notes:
+        return config
+    return {**config, "experts_implementation": notes[LOADED_MODEL]["experts_implementation"]}
+
+
 def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     header, notes, series = run.header, run.notes, run.metrics()
     step_times, tokens = _per_step(series, STEP_TIME), _per_step(series, STEP_TOKENS)
@@ -527,7 +535,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "run_hash": notes.get("run_hash"),
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
-        "config": header.get("config"),
+        "config": _config(header.get("config"), notes),
         "data": _data(notes),
         "host": header["host"],
         "rank": header["rank"],
@@ -559,7 +567,7 @@ def _goodput(run: RunData, endings: list[dict[str, Any]], spans: list[_Span | No
         if first is None and "train_start" in segment.notes:  # a journal from before segments noted first steps
             first = 0
         start = segment.header["time"]
-        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points))
+        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points, ending["status"]))
     in_warmup = [lambda step, span=span: span is not None and span.in_warmup(step) for span in spans]
     return goodput(segments, run.last_steps(), in_warmup)
 

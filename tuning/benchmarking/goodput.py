@@ -44,14 +44,31 @@ UNMEASURED = {
     "checkpoint_restore": f"Trainer.train()'s entry {NOT_NOTED}",
 }
 
+# The parts a process that failed before training was in when it ended, in the order train() goes through them: the
+# first one it never tracked (its trackers had started) took the time until the end, which falls into leftover.
+ENDED_DURING = {
+    "data_preparation": "the run ended before its data preparation finished (its time so far is in leftover)",
+    "model_load": "the run ended before its model finished loading (its time so far is in leftover)",
+}
+FAILED = ("error", "interrupted")  # segment endings of a process that failed
+
 
 class SegmentTimes:
     """What one process of a run recorded for goodput: its start, its end, its notes, its first step (0 fresh, N
-    resumed, None before training began), and per series (the step times under ``STEPS``) its ``(step, value,
-    time)`` points."""
+    resumed, None before training began), per series (the step times under ``STEPS``) its ``(step, value, time)``
+    points, and how it ended (its ``end`` record's status; None: not known)."""
 
-    def __init__(self, start: float, end: float, notes: dict[str, Any], first_step: int | None, points: dict):
+    def __init__(
+        self,
+        start: float,
+        end: float,
+        notes: dict[str, Any],
+        first_step: int | None,
+        points: dict,
+        status: str | None = None,
+    ):
         self.start, self.end, self.notes, self.first_step, self.points = start, end, notes, first_step, points
+        self.status = status
 
     def values(self, name: str) -> list[float]:
         return [value for _, value, _ in self.points.get(name, []) if value is not None]
@@ -82,6 +99,11 @@ def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: li
             timed["checkpoint_restore"] = began - entered if entered is not None and began is not None else None
         if segment.first_step is None:  # never began training: nothing to restore, load or prepare may be absent
             timed = {key: value for key, value in timed.items() if value is not None or key == "startup"}
+            if segment.status in FAILED and TRACKERS_START in notes:  # failed inside train(): in the first untracked
+                part = next((part for part in ENDED_DURING if part not in timed), None)
+                if part is not None:
+                    parts[part] = None
+                    unmeasured.setdefault(part, ENDED_DURING[part])
         for part, seconds in timed.items():
             if seconds is None:
                 parts[part] = None

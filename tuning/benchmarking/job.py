@@ -32,12 +32,15 @@ from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, 
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
+from tuning.benchmarking.report import ALREADY_COMPLETE
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
 from tuning.sft_trainer import (
+    FinishedRun,
     ParsedArguments,
     check_output_dir,
+    finished_run,
     get_parser,
     parse_arguments_by_type,
     resume_checkpoint,
@@ -278,6 +281,7 @@ class BenchmarkJob:
         self.graceful_stop: GracefulStopCallback | None = None
         self.sampling = False
         self.data: dict[str, Any] | None = None  # the dump's ``data``, known on rank 0 once the arguments are checked
+        self.already_complete: FinishedRun | None = None  # a rerun of a finished job: it trains nothing
 
     @property
     def metrics_path(self) -> str | None:
@@ -327,7 +331,8 @@ class BenchmarkJob:
             }
             journal = paths.journal(self.rank)
             try:
-                resumes = resume_checkpoint(train_args) is not None
+                self.already_complete = finished_run(train_args)
+                resumes = self.already_complete is not None or resume_checkpoint(train_args) is not None
             except UserInputError:  # validate_arguments reports it below, into the dump
                 resumes = False
             previous = earlier_segments(journal) if resumes else []
@@ -429,9 +434,14 @@ class BenchmarkJob:
             raise TrainingInterrupted(self.graceful_stop.received_signal)
 
     def finish(self) -> None:
-        """The dump of a run that trained to its end (``ok``) or to a stop rule (``stopped``); a dump that had to go
-        to a fallback place is a storage error."""
-        misplaced = self._finish("stopped" if self.bench is not None and self.bench.stop_reason else "ok")
+        """The dump of a run that trained to its end (``ok``), to a stop rule (``stopped``) or nothing, its job
+        finished already (``already_complete``: the journal it continues keeps the earlier segments' measurement); a
+        dump that had to go to a fallback place is a storage error."""
+        if self.already_complete is not None:
+            status = ALREADY_COMPLETE
+        else:
+            status = "stopped" if self.bench is not None and self.bench.stop_reason else "ok"
+        misplaced = self._finish(status)
         if misplaced is not None:
             raise StorageError(misplaced)
 
@@ -460,7 +470,7 @@ class BenchmarkJob:
             self.note_mirrored(tracker)
         dump = self.record.finish(
             status,
-            training_steps=self.global_step() or 0,
+            training_steps=self.already_complete.global_step if status == ALREADY_COMPLETE else self.global_step() or 0,
             stop_reason=self.bench.stop_reason if status == "stopped" else None,
             error=error,
             peak_rss_bytes=peak_rss_bytes(),
@@ -468,7 +478,8 @@ class BenchmarkJob:
         )
         if dump is None or self.rank != 0:
             return None
-        if dump["training_steps"] and not (dump.get("summary") or {}).get("measured_steps"):
+        measured = (dump.get("summary") or {}).get("measured_steps")
+        if dump["training_steps"] and not measured and status != ALREADY_COMPLETE:
             logger.warning(
                 "the run never left its warmup (--skip_warmup_steps, --skip_warmup_seconds): its step figures cover "
                 "all %d steps, warmup included, and goodput has no productive part; train longer or warm up less",

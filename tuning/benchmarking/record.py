@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Any
 
-from tuning.benchmarking.dump import DATA_CACHE, SCHEMA_VERSION, RunData, dump_of
+from tuning.benchmarking.dump import DATA_CACHE, LOADED_MODEL, SCHEMA_VERSION, RunData, dump_of
 from tuning.benchmarking.journal import Journal, Point
 from tuning.trackers import Tracker
 
@@ -77,9 +77,10 @@ class RunRecord(Tracker):
         self.record(name, metric, context={"subset": stage})
 
     def set_params(self, params: dict, name: str = "experiment_metadata") -> None:
-        """``train()``'s ``data_cache`` (how the rows were prepared: the dump's ``data.cache``) is noted."""
-        if name == DATA_CACHE:
-            self.note(data_cache=params)
+        """``train()``'s ``data_cache`` (how the rows were prepared: the dump's ``data.cache``) and ``loaded_model``
+        (what the loaded model runs: the dump's ``config.experts_implementation``) are noted."""
+        if name in (DATA_CACHE, LOADED_MODEL):
+            self.note(**{name: params})
 
     def finish(
         self,

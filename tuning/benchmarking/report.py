@@ -35,7 +35,11 @@ SWEEP_STATE = "sweep_state.jsonl"
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
 DIRECTORY_PATTERNS = (*RUN_FILE_PATTERNS, SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
-DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, and not rerun by --rerun_failed
+DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, compared, and not rerun by --rerun_failed
+# A rerun of a job that had trained to its end, which trained nothing: no failure (not rerun), and no measurement (never
+# plotted or compared: a measurement it holds is the earlier run's, from the journal it continued).
+ALREADY_COMPLETE = "already_complete"
+FINISHED_STATUSES = (*DONE_STATUSES, ALREADY_COMPLETE)
 GB = 1e9
 BATCH_SIZE_AXIS = "per_device_train_batch_size"  # a sweep with this axis gets a plot of MFU against it
 MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole

@@ -20,7 +20,9 @@ from pydantic_core import PydanticCustomError
 from tuning.benchmarking.dump import SCHEMA_VERSION
 from tuning.benchmarking.stopping import STOP_REASONS
 
-Status = Literal["ok", "error", "stopped", "interrupted"]  # interrupted: ended by SIGTERM/SIGINT, with its report
+Status = Literal["ok", "error", "stopped", "interrupted", "already_complete"]
+# interrupted: ended by SIGTERM/SIGINT, with its report; already_complete: a rerun of a job that had trained to its
+# end, which trained nothing (its earlier segments, when its journal holds them, are the measurement)
 StopReason = Literal[STOP_REASONS]
 
 Number = float | None  # null stands for a value that was NaN or infinite

@@ -25,6 +25,7 @@ class LoadSettings:
     experts_implementation: str | None = None
     ep_degree: int = 1
     quantization: str | None = None
+    prepare_for_kbit_training: bool = False  # --bnb_qlora QUANT True: the base model readied for LoRA as v3.1.0's TRL
 
     @property
     def sharded(self) -> bool:
@@ -57,6 +58,15 @@ def local_experts(model: Any) -> int | None:
             local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
             return int(local.shape[0])
     return None
+
+
+def loaded_experts_implementation(model: Any) -> str | None:
+    """The experts implementation the loaded ``model`` runs (transformers 5 loads a mixture-of-experts model with
+    ``grouped_mm`` unless told otherwise); None for a model without experts."""
+    config = model.config.get_text_config()
+    if expert_counts(config) is None:
+        return None
+    return getattr(config, "_experts_implementation", None) or getattr(model.config, "_experts_implementation", None)
 
 
 def world_size() -> int:
@@ -97,6 +107,7 @@ def load_settings(
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch_dtype,
         )
+        settings.prepare_for_kbit_training = bnb.no_peft_model
     if gptq is not None:  # the checkpoint's own quantization_config says GPTQ, and transformers loads it so
         _check_gptq_checkpoint(model_name_or_path, cache_dir)
     fused = getattr(fusedops_kernels_config, "fused_lora", None)

@@ -7,6 +7,7 @@ A checkpoint is complete when its trainer state parses, its weights are readable
 one, says complete. One without a status file was written by transformers without tuning-bench (or before it wrote
 one): the first two rules decide alone."""
 
+import contextlib
 import json
 import logging
 import os
@@ -119,8 +120,7 @@ def checkpoint_problem(checkpoint: str) -> str | None:
 
 def trained_steps(checkpoint: str) -> int:
     """The global step ``checkpoint``'s trainer state reached (read from a complete checkpoint)."""
-    with open(os.path.join(checkpoint, TRAINER_STATE_NAME), encoding="utf-8") as handle:
-        return json.load(handle)["global_step"]
+    return trainer_state(checkpoint)["global_step"]
 
 
 def checkpoint_step(checkpoint: str) -> int | None:
@@ -142,3 +142,53 @@ def newest_complete_checkpoint(output_dir: str) -> tuple[str | None, list[tuple[
             return folder, skipped
         skipped.append((folder, problem))
     return None, skipped
+
+
+# Written into ``output_dir`` by rank 0 when a run trains to its final step, removed when a run begins training: a
+# rerun of a finished job (resume on) reads it, so that the job stays finished even without a final checkpoint
+# (``--save_strategy no``).
+COMPLETED_FILE = "training_completed.json"
+
+
+def mark_run_complete(output_dir: str, global_step: int, max_steps: int, num_train_epochs: float) -> None:
+    """Record in ``output_dir`` that its run trained to its final step (``global_step`` of ``max_steps``)."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, COMPLETED_FILE)
+    with open(f"{path}.tmp", "w", encoding="utf-8") as handle:
+        json.dump({"global_step": global_step, "max_steps": max_steps, "num_train_epochs": num_train_epochs}, handle)
+    os.replace(f"{path}.tmp", path)
+
+
+def clear_run_complete(output_dir: str) -> None:
+    """Forget a finished run's mark: the run in ``output_dir`` is training again (its final step not reached yet)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(output_dir, COMPLETED_FILE))
+
+
+def run_completion(output_dir: str) -> dict | None:
+    """The mark ``mark_run_complete`` left in ``output_dir`` (``global_step``, ``max_steps``, ``num_train_epochs``);
+    None without a readable one."""
+    try:
+        with open(os.path.join(output_dir, COMPLETED_FILE), encoding="utf-8") as handle:
+            mark = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) and isinstance(mark.get("global_step"), int) else None
+
+
+def trainer_state(checkpoint: str) -> dict:
+    """The trainer state of a complete checkpoint (``global_step``, ``max_steps``, ``num_train_epochs``, ...)."""
+    with open(os.path.join(checkpoint, TRAINER_STATE_NAME), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def reached_the_end(state: dict, max_steps: int, num_train_epochs: float) -> bool:
+    """Whether training that got to ``state`` (a trainer state, or the completed mark) has nothing left of a run of
+    ``max_steps`` (above 0), or else of ``num_train_epochs`` epochs: its final step is the state's own ``max_steps``,
+    which the trainer worked out from the same data, unless more epochs are asked for now."""
+    step = state.get("global_step", 0)
+    if max_steps > 0:
+        return step >= max_steps
+    final = state.get("max_steps")
+    epochs = state.get("num_train_epochs")
+    return isinstance(final, int) and final > 0 and step >= final and epochs is not None and num_train_epochs <= epochs

@@ -116,6 +116,6 @@ def point_outcome(paths: RunPaths, ended: dict[str, Any], point_timeout: float |
             reason = f"exited {exit_code} without an error report; its log ends: {last_line}"
     if ended["timed_out"]:
         status, reason = "timeout", f"ran past --point_timeout {point_timeout:g}s"
-    elif status in report.DONE_STATUSES and exit_code != 0:
+    elif status in report.FINISHED_STATUSES and exit_code != 0:
         status, reason = "error", f"exited {exit_code} after its dump said {status}"
     return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}

@@ -59,7 +59,7 @@ class Sweep:
             for point in self.points
             if (line := state.get(point.id)) is not None
             and line.get("config") == point.config
-            and (not rerun_failed or line["status"] in report.DONE_STATUSES)
+            and (not rerun_failed or line["status"] in report.FINISHED_STATUSES)
         }
 
     def record(self, point: Point, **outcome: Any) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class Sweep:
         def finish(line: dict[str, Any]) -> None:
             finished[line["point"]] = line
             status = line["status"]
-            done = status in report.DONE_STATUSES
+            done = status in report.FINISHED_STATUSES
             counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)

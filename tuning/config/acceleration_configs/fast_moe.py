@@ -1,10 +1,13 @@
-"""``--fast_moe`` as in v3.1.0: ``--fast_moe 2`` (the expert-parallel degree) or ``--fast_moe True``. Here it loads a
+"""``--fast_moe`` as in v3.1.0: ``--fast_moe 2`` (the expert-parallel degree) or ``--fast_moe True``; ``--fast_moe
+False`` is off, as if not given. Here it loads a
 mixture-of-experts model with transformers' grouped-GEMM experts and, with a degree above 1 under torchrun, shards the
 experts over that many ranks (``tuning.utils.acceleration``)."""
 
+from argparse import ArgumentTypeError
 from dataclasses import dataclass, field
+from typing import Any
 
-from tuning.config.acceleration_configs.utils import flag, nested
+from tuning.config.acceleration_configs.utils import bool_or_int, flag, nested
 
 
 @dataclass
@@ -20,7 +23,7 @@ class FastMoe:
             self.disable_distributed = self.ep_degree
             self.ep_degree = 1
         if self.ep_degree < 1:
-            raise ValueError(f"--fast_moe {self.ep_degree}: the expert-parallel degree is at least 1")
+            raise ValueError("the expert-parallel degree is at least 1 (or True)")
 
 
 @dataclass
@@ -31,4 +34,15 @@ class FastMoeConfig:
     )
 
     def __post_init__(self):
+        values = self.fast_moe if isinstance(self.fast_moe, list | tuple) else [self.fast_moe]
+        if len(values) == 1 and _switched_off(values[0]):  # --fast_moe False: the feature off, as not given
+            self.fast_moe = None
         self.fast_moe = nested(FastMoe, self.fast_moe, "fast_moe")
+
+
+def _switched_off(value: Any) -> bool:
+    """``value`` is a boolean False (``False``, ``"false"``, ``"no"``...), not the count 0 (refused as a degree)."""
+    try:
+        return bool_or_int(value) is False
+    except (ValueError, ArgumentTypeError):
+        return False

@@ -31,11 +31,17 @@ def flag(help_text: str) -> Any:
 
 
 def bool_or_int(value: Any) -> int | bool:
-    """v3.1.0's reading of a value that is a count or a switch: ``"2"`` → 2, ``"true"`` → True."""
+    """v3.1.0's reading of a value that is a count or a switch: ``"2"`` → 2, ``"true"`` → True; a signed number
+    (``"-2"``) is a count too, for its own check to refuse by what it is."""
     if isinstance(value, bool | int):
         return value
-    text = str(value)
-    return int(text) if text.isdigit() else string_to_bool(text)
+    text = str(value).strip()
+    if text.lstrip("+-").isdigit():
+        return int(text)
+    try:
+        return string_to_bool(text)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"a number or a boolean (true/false, yes/no...) expected, got {text!r}") from None
 
 
 def nested(cls: type, values: Any, flag: str) -> Any:
