@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers.bench import bench_args, csv_by, read_dump
 from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, cli_args, load_script, logged_steps, make_args, run_main
-from tuning.benchmarking import report
+from tuning.benchmarking import compare, report
 from tuning.sft_trainer import train
 from tuning.utils.checkpoints import COMPLETED_FILE
 
@@ -68,7 +68,6 @@ def test_bench_train_rerun_of_a_finished_job_dumps_already_complete(tiny_model, 
     assert "already_complete" not in report.DONE_STATUSES and "already_complete" in report.FINISHED_STATUSES
     load_script(REPO_ROOT / "wrappers" / "bench_report.py").main(str(tmp_path), output_dir=str(tmp_path / "report"))
     assert csv_by(tmp_path / "report" / "report.csv", "run")["bench"]["status"] == "already_complete"
-    compare = load_script(REPO_ROOT / "wrappers" / "bench_compare.py")
     with pytest.raises(SystemExit, match="no ok or stopped benchmark dumps"):  # no measurement, and no failure
         compare.read_side(str(tmp_path))
     assert "bench: already_complete (a rerun of a finished job: it measured nothing)" in capfd.readouterr().out
