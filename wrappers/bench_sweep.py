@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from tuning.benchmarking import report
 from tuning.benchmarking.configuration import file_sha256
+from tuning.benchmarking.dump import utc_iso
 from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.utils.cli_flags import reject_unknown_flags
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
@@ -523,7 +524,7 @@ class Sweep:
             "metrics_path": f"points/{point.id}.json",
             "config": point.config,
             **outcome,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": utc_iso(time.time()),  # as the dumps' times: after the point's stop_time, never before it
         }
         with self.state_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
