@@ -28,13 +28,18 @@ def _note(at: float, **facts) -> dict:
 
 
 def _process(
-    start: float, first_step: int, steps: dict[int, tuple[float, float]], warmup: int, setup: float
+    start: float,
+    first_step: int,
+    steps: dict[int, tuple[float, float]],
+    warmup: int,
+    setup: float,
+    start_clock: dict | None = None,
 ) -> list[dict]:
-    """One process's records: its start at ``start`` (process start), 1 s of startup, 0.5 s of trackers, 1 s of data
-    preparation, 2 s of model load, ``setup`` seconds from Trainer.train() to train begin; then ``steps`` (step:
-    (seconds, end time)), ``warmup`` steps of warm-up."""
+    """One process's records: its start at ``start`` (process start, dated by ``start_clock``), 1 s of startup, 0.5 s
+    of trackers, 1 s of data preparation, 2 s of model load, ``setup`` seconds from Trainer.train() to train begin;
+    then ``steps`` (step: (seconds, end time)), ``warmup`` steps of warm-up."""
     records = [
-        {"type": "start", "time": start, **HEADER},
+        {"type": "start", "time": start, **HEADER, **({"start_clock": start_clock} if start_clock else {})},
         _note(start + 1, startup_end=start + 1),
         _note(start + 1.5, trackers_start_seconds=0.5),
         _point("data_preparation_time", 1.0, start + 2.5, context={"subset": "additional_metrics"}),
@@ -48,16 +53,18 @@ def _process(
     return records
 
 
-def _killed_then_resumed() -> list[dict]:
+def _killed_then_resumed(restart: float = 120, setup: float = 1.0, start_clock: dict | None = None) -> list[dict]:
     """Process 1 trains steps 1-6 (1 s each; a 0.5 s checkpoint save after step 4 falls in step 5's 1.5 s; a 0.5 s
-    evaluation after step 6) and is SIGKILLed after its last record at 112; process 2 starts at 120, resumes from
-    checkpoint 4 after 1 s of loading, trains steps 5-8 and ends at 131."""
+    evaluation after step 6) and is SIGKILLed after its last record at 112; process 2 starts at ``restart`` (dated by
+    ``start_clock``), resumes from checkpoint 4 after ``setup`` seconds of loading, trains steps 5-8 (ending 7 s after
+    its start) and ends 11 s after its start."""
     first = _process(100, 0, {1: (1, 106), 2: (1, 107), 3: (1, 108), 4: (1, 109)}, warmup=2, setup=0.5)
     first += [_point("checkpoint_save_seconds", 0.5, 109.5, 4), _point(STEP_TIME, 1.5, 110.5, 5)]
     first += [_point(STEP_TIME, 1.0, 111.5, 6), _point("evaluation_seconds", 0.5, 112.0, 6)]
-    second = _process(120, 4, {5: (1, 127), 6: (1, 128), 7: (1, 129), 8: (1, 130)}, warmup=1, setup=1.0)
-    end = {"type": "end", "time": 131.0, "status": "ok", "stop_reason": None, "error": None, "training_steps": 8}
-    return first + second + [{**end, "peak_rss_bytes": None, "cuda": None}]
+    steps = {step: (1, restart + step + 2) for step in range(5, 9)}
+    second = _process(restart, 4, steps, warmup=1, setup=setup, start_clock=start_clock)
+    end = {"type": "end", "time": restart + 11, "status": "ok", "stop_reason": None, "error": None}
+    return first + second + [{**end, "training_steps": 8, "peak_rss_bytes": None, "cuda": None}]
 
 
 def test_a_killed_segment_ends_at_its_last_record_and_the_gap_is_the_real_one():
@@ -116,3 +123,44 @@ def test_a_run_that_failed_preparing_its_data_says_so_instead_of_a_zero():
     assert (goodput["parts"]["data_preparation"], goodput["parts"]["model_load"]) == (None, 0.0)
     assert goodput["not_measured"] == {"data_preparation": ENDED_DURING["data_preparation"]}
     assert goodput["parts"]["leftover"] == pytest.approx(10.0 - 1.0 - 0.5)
+
+
+KERNEL_TICK = {"source": "proc_stat_starttime", "precision_seconds": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("start_clock", "early", "disagree"),
+    [
+        (KERNEL_TICK, 0.004, False),  # a restart within a tick of the kill
+        (KERNEL_TICK, 0.5, True),  # the wall clock stepped back, or the restart ran on another host
+        (None, 0.079, False),  # a journal from before start_clock: psutil's create_time, dated up to 1 s early
+    ],
+)
+def test_a_restart_dated_before_the_previous_stop_has_gap_0_with_a_note_and_goodput_stays_non_negative(
+    start_clock, early, disagree
+):
+    dump = build_dump(_killed_then_resumed(restart=112 - early, start_clock=start_clock), rebuilt_from_journal=True)
+    assert validate_dump(dump) == []
+    second = dump["segments"][1]
+    assert (second["gap_seconds"], second["start_clock"]) == (0.0, start_clock)
+    assert f"{early:.3f} s before the previous segment's stop" in second["gap_note"]
+    assert second["gap_note"].startswith("clocks disagree") == disagree
+    goodput = dump["summary"]["goodput"]
+    assert goodput["parts"]["gaps"] == 0.0 and min(goodput["parts"].values()) >= 0
+    assert goodput["wall_seconds"] == pytest.approx(12 + 11)  # each segment's own span, nothing counted twice
+    assert sum(goodput["parts"].values()) == pytest.approx(goodput["wall_seconds"])
+    assert [note.startswith("segment 1: clocks disagree") for note in goodput["clock_notes"]] == [True] * disagree
+
+
+def test_parts_measured_below_0_or_beyond_the_wall_count_0_and_the_wall_is_their_sum_said_in_clock_notes():
+    """A wall clock stepped back during the restart's checkpoint loading (train begin noted before Trainer.train()'s
+    entry), and a step that took longer than its whole process."""
+    records = _killed_then_resumed(setup=-0.5)
+    records[-2] = {**records[-2], "value": 40.0}  # step 8
+    goodput = build_dump(records)["summary"]["goodput"]
+    parts = goodput["parts"]
+    assert parts["checkpoint_restore"] == 0.0 and min(parts.values()) >= 0 and parts["leftover"] == 0.0
+    assert goodput["wall_seconds"] == pytest.approx(sum(parts.values())) and goodput["wall_seconds"] > 31.0
+    restore, excess = goodput["clock_notes"]
+    assert restore == "checkpoint_restore measured -0.500 s: clocks disagree; counted as 0"
+    assert excess.startswith("the measured parts exceed the wall time (31.000 s) by ")

@@ -228,6 +228,7 @@ def test_a_data_config_axis_gives_each_point_its_datasets_and_ratios_one_gpu_at_
         assert line["status"] == "ok", line
         dump = json.loads((out / line["metrics_path"]).read_text())
         assert (dump["status"], dump["training_steps"]) == ("ok", 2)
+        assert datetime.fromisoformat(line["time"]) >= datetime.fromisoformat(dump["stop_time"])  # recorded after
         assert dump["data"]["data_config_path"] == dump["config"]["data_config_path"] == path
         assert [(d["name"], d["sampling"]) for d in dump["data"]["datasets"]] == expected[path]
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()

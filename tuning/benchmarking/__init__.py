@@ -7,7 +7,7 @@ for ``validate_dump``), ``journal``, ``dump`` (journal records → dump, the ser
 ``tokens``, ``flops`` (model FLOPs per token, device peaks), ``ranks`` (per-rank forward time and data wait),
 ``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``),
 ``statistics`` (bench_compare's two-sample tests), ``quality`` (its loss verdict), ``goodput`` (where a run's wall
-time went).
+time went), ``clocks`` (a process's start, and how a run's times are compared).
 """
 
 import importlib

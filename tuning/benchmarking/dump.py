@@ -16,6 +16,7 @@ from array import array
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from tuning.benchmarking.clocks import segment_gap, start_precision
 from tuning.benchmarking.flops import flops_per_token, vision_flops_per_image_token
 from tuning.benchmarking.goodput import (
     CHECKPOINT_SAVE_TIME,
@@ -31,6 +32,7 @@ from tuning.benchmarking.paths import RunPaths
 from tuning.utils.file_utils import write_json_atomic
 
 SCHEMA_VERSION = 1  # the dump's; its models: tuning.benchmarking.schema
+ALREADY_COMPLETE = "already_complete"  # the status of a rerun of a finished job: it trained nothing
 
 # Series the summary is computed from; every writer uses these names.
 STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end of the previous one
@@ -466,17 +468,26 @@ def _ending(segment: Segment, steps: dict[int, float], last: float) -> dict[str,
 
 
 def _segment_entry(
-    segment: Segment, ending: dict[str, Any], span: _Span | None, step_times: dict, tokens: dict, previous_stop: float
+    segment: Segment,
+    ending: dict[str, Any],
+    span: _Span | None,
+    step_times: dict,
+    tokens: dict,
+    previous_stop: float | None,
 ) -> dict[str, Any]:
     """The dump's ``segments`` item of one process's part of the run."""
     own = [step for step in step_times if span is not None and span.covers(step)]
     measured = [step for step in own if not span.in_warmup(step)]
     train_start, train_end = segment.notes.get("train_start"), segment.notes.get("train_end", ending["time"])
     first = segment.first_step
+    start = segment.header["time"]
+    gap = None if previous_stop is None else segment_gap(previous_stop, start, start_precision(segment.header))
     return {
-        "start_time": utc_iso(segment.header["time"]),
-        "stop_time": utc_iso(ending["time"] or segment.header["time"]),
-        "gap_seconds": segment.header["time"] - previous_stop if previous_stop else None,
+        "start_time": utc_iso(start),
+        "start_clock": segment.header.get("start_clock"),
+        "stop_time": utc_iso(ending["time"] or start),
+        "gap_seconds": gap.seconds if gap is not None else None,
+        "gap_note": gap.note if gap is not None else None,
         "train_runtime": train_end - train_start if train_start is not None else None,
         "resumed_from_step": first or None,
         "training_steps": ending["training_steps"],
@@ -515,7 +526,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     endings = [_ending(segment, step_times, last) for segment, last in zip(run.segments, run.last_steps(), strict=True)]
     end = endings[-1]
     spans = _spans(run, [ending["training_steps"] for ending in endings])
-    segments, previous_stop = [], 0.0
+    segments, previous_stop = [], None
     for segment, ending, span in zip(run.segments, endings, spans, strict=True):
         segments.append(_segment_entry(segment, ending, span, step_times, tokens, previous_stop))
         previous_stop = ending["time"] or segment.header["time"]
@@ -541,6 +552,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "rank": header["rank"],
         "world_size": header["world_size"],
         "start_time": utc_iso(header["time"]),
+        "start_clock": header.get("start_clock"),
         "stop_time": utc_iso(end["time"] or header["time"]),
         "training_steps": end["training_steps"],
         "warmup_steps": int(min(first_warmup, end["training_steps"])),
@@ -567,7 +579,10 @@ def _goodput(run: RunData, endings: list[dict[str, Any]], spans: list[_Span | No
         if first is None and "train_start" in segment.notes:  # a journal from before segments noted first steps
             first = 0
         start = segment.header["time"]
-        segments.append(SegmentTimes(start, ending["time"] or start, segment.notes, first, points, ending["status"]))
+        end = ending["time"] or start
+        segments.append(
+            SegmentTimes(start, end, segment.notes, first, points, ending["status"], start_precision(segment.header))
+        )
     in_warmup = [lambda step, span=span: span is not None and span.in_warmup(step) for span in spans]
     return goodput(segments, run.last_steps(), in_warmup)
 

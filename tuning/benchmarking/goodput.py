@@ -7,9 +7,15 @@ Step times come from the step series (each step's time runs from the previous st
 checkpoint save between two steps fall inside the next step's time): the evaluation and checkpoint-save intervals are
 taken out of the steps they overlap. A step a later segment trained again (the preempted process's steps after its
 last checkpoint) counts as ``repeated_steps``, whether it was warm-up or not.
+
+Times are compared on one clock (``tuning.benchmarking.clocks``): a gap is never negative, and where clocks disagree
+(a part measured below 0, parts that exceed the wall time) ``clock_notes`` says so and the parts stay non-negative and
+sum to the wall time.
 """
 
 from typing import Any
+
+from tuning.benchmarking.clocks import PSUTIL_PRECISION_S, segment_gap
 
 PARTS = (
     "startup",
@@ -43,6 +49,7 @@ UNMEASURED = {
     "trackers_start": f"the trackers' start {NOT_NOTED}",
     "checkpoint_restore": f"Trainer.train()'s entry {NOT_NOTED}",
 }
+_ROUNDING_S = 1e-6  # sums of differences of float timestamps may exceed their total by this much: no disagreement
 
 # The parts a process that failed before training was in when it ended, in the order train() goes through them: the
 # first one it never tracked (its trackers had started) took the time until the end, which falls into leftover.
@@ -56,7 +63,8 @@ FAILED = ("error", "interrupted")  # segment endings of a process that failed
 class SegmentTimes:
     """What one process of a run recorded for goodput: its start, its end, its notes, its first step (0 fresh, N
     resumed, None before training began), per series (the step times under ``STEPS``) its ``(step, value, time)``
-    points, and how it ended (its ``end`` record's status; None: not known)."""
+    points, how it ended (its ``end`` record's status; None: not known), and how early its start may be dated
+    (``start_precision``, seconds)."""
 
     def __init__(
         self,
@@ -66,9 +74,10 @@ class SegmentTimes:
         first_step: int | None,
         points: dict,
         status: str | None = None,
+        start_precision: float = PSUTIL_PRECISION_S,
     ):
         self.start, self.end, self.notes, self.first_step, self.points = start, end, notes, first_step, points
-        self.status = status
+        self.status, self.start_precision = status, start_precision
 
     def values(self, name: str) -> list[float]:
         return [value for _, value, _ in self.points.get(name, []) if value is not None]
@@ -83,6 +92,8 @@ def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: li
     trained again; ``in_warmup``: per segment, whether one of its steps is warm-up."""
     parts: dict[str, float | None] = dict.fromkeys(PARTS, 0.0)
     unmeasured: dict[str, str] = {}
+    clock_notes: list[str] = []
+    overlap = 0.0  # seconds by which restarts are dated before their previous segment's stop
     for index, segment in enumerate(segments):
         notes = segment.notes
         timed = {
@@ -109,7 +120,7 @@ def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: li
                 parts[part] = None
                 unmeasured.setdefault(part, UNMEASURED[part])
             elif parts[part] is not None:
-                parts[part] += seconds
+                parts[part] += _counted(part, seconds, clock_notes)
         phases = {
             name: [(at - seconds, at) for _, seconds, at in segment.points.get(series, []) if seconds is not None]
             for name, series in (("evaluation", EVALUATION_TIME), ("checkpoint_save", CHECKPOINT_SAVE_TIME))
@@ -130,15 +141,47 @@ def goodput(segments: list[SegmentTimes], last_steps: list[float], in_warmup: li
             )
             parts[kind] += own
         if index:
-            parts["gaps"] += max(0.0, segment.start - segments[index - 1].end)
-    wall = segments[-1].end - segments[0].start
-    parts["leftover"] = wall - sum(seconds for part, seconds in parts.items() if seconds and part != "leftover")
+            gap = segment_gap(segments[index - 1].end, segment.start, segment.start_precision)
+            parts["gaps"] += gap.seconds
+            overlap += max(0.0, segments[index - 1].end - segment.start)
+            if gap.disagree:
+                clock_notes.append(f"segment {index}: {gap.note}")
+    # The first start to the last end, each segment's own span whole where a restart is dated before the stop before it.
+    wall = balance(parts, segments[-1].end - segments[0].start + overlap, clock_notes)
     return {
         "wall_seconds": wall,
         "productive_fraction": parts["productive_steps"] / wall if wall > 0 else None,
         "parts": parts,
         "not_measured": unmeasured,
+        "clock_notes": clock_notes,
     }
+
+
+def _counted(part: str, seconds: float, clock_notes: list[str]) -> float:
+    """``seconds`` of ``part``, or 0 (said in ``clock_notes``) for a time measured below 0: clocks that disagree."""
+    if seconds >= 0:
+        return seconds
+    clock_notes.append(f"{part} measured {seconds:.3f} s: clocks disagree; counted as 0")
+    return 0.0
+
+
+def balance(parts: dict[str, float | None], wall: float, clock_notes: list[str]) -> float:
+    """Set ``parts["leftover"]`` to the wall time less every other part and return the wall time, every part
+    non-negative: a part measured below 0, or parts summing to more than ``wall``, can only come from clocks that
+    disagree (the wall clock stepped during the run); each is said in ``clock_notes``, the part counted as 0 and the
+    wall time taken as the parts' sum."""
+    for part, seconds in parts.items():
+        if part != "leftover" and seconds is not None:
+            parts[part] = _counted(part, seconds, clock_notes)
+    measured = sum(seconds for part, seconds in parts.items() if seconds and part != "leftover")
+    if measured - wall > _ROUNDING_S:
+        clock_notes.append(
+            f"the measured parts exceed the wall time ({wall:.3f} s) by {measured - wall:.3f} s: clocks disagree; "
+            "the wall time is their sum"
+        )
+    wall = max(wall, measured)
+    parts["leftover"] = wall - measured
+    return wall
 
 
 def rank_goodput(
@@ -159,11 +202,12 @@ def rank_goodput(
         own = max(0.0, seconds - between_steps.get(step - 1, 0.0))
         warmup = last_warmup_step is None or step <= last_warmup_step
         parts["warmup_steps" if warmup else "productive_steps"] += own
-    wall = end - start
     parts["gaps"] = 0.0
-    parts["leftover"] = wall - sum(seconds for seconds in parts.values() if seconds)
+    clock_notes: list[str] = []
+    wall = balance(parts, end - start, clock_notes)
     return {
         "wall_seconds": wall,
         "productive_fraction": parts["productive_steps"] / wall if wall > 0 else None,
         "parts": parts,
+        "clock_notes": clock_notes,
     }

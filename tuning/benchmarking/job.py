@@ -20,19 +20,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil
 import yaml
 from transformers import TrainerCallback
 
 from tuning.benchmarking.callback import BenchmarkCallback
+from tuning.benchmarking.clocks import process_start
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.data_description import describe_data
-from tuning.benchmarking.dump import write_dump
+from tuning.benchmarking.dump import ALREADY_COMPLETE, write_dump
 from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
-from tuning.benchmarking.report import ALREADY_COMPLETE
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
 from tuning.benchmarking.watchdog import StallWatchdog, thread_stacks
@@ -267,7 +266,8 @@ class BenchmarkJob:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.started = psutil.Process().create_time()  # the dump's start_time: process start, imports included
+        self.process_start = process_start()  # the dump's start_time and start_clock: process start, imports included
+        self.started = self.process_start.time
         self.constructed = time.time()  # the recipe's first line: the interpreter's start and imports end here
         # This process's own times, for its rank's goodput (every rank: summary.rank_goodput).
         self.process_times: dict[str, float] = {"start": self.started, "startup_end": self.constructed}
@@ -321,6 +321,7 @@ class BenchmarkJob:
         if writes_files:
             header = {
                 "time": self.started,
+                "start_clock": self.process_start.clock(),
                 "experiment": tracked_experiment(args.tracker_configs, train_args.trackers),
                 "host": socket.gethostname(),
                 "rank": self.rank,

@@ -5,6 +5,7 @@ import threading
 import time
 from typing import Any
 
+from tuning.benchmarking.clocks import RECORD_OPENED
 from tuning.benchmarking.dump import DATA_CACHE, LOADED_MODEL, SCHEMA_VERSION, RunData, dump_of
 from tuning.benchmarking.journal import Journal, Point
 from tuning.trackers import Tracker
@@ -28,7 +29,10 @@ class RunRecord(Tracker):
 
     def __init__(self, journal: Journal, header: dict[str, Any], previous: list[dict[str, Any]] = ()):
         self.journal = journal
-        start = {"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION, **header}
+        start = {"type": "start", "time": time.time(), "schema_version": SCHEMA_VERSION}
+        if "time" not in header:  # no process start given: the run starts now, on the clock of every later record
+            start["start_clock"] = {"source": RECORD_OPENED, "precision_seconds": 0.0}
+        start.update(header)
         self.data = RunData(previous[0] if previous else start)
         for record in [*previous[1:], start] if previous else []:
             self.data.add(record)

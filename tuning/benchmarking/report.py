@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuning.benchmarking.dump import SCHEMA_VERSION, build_dump
+from tuning.benchmarking.dump import ALREADY_COMPLETE, SCHEMA_VERSION, build_dump
 from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.paths import DIRECTORY_PATTERNS as RUN_FILE_PATTERNS
@@ -38,7 +38,6 @@ TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, compared, and not rerun by --rerun_failed
 # A rerun of a job that had trained to its end, which trained nothing: no failure (not rerun), and no measurement (never
 # plotted or compared: a measurement it holds is the earlier run's, from the journal it continued).
-ALREADY_COMPLETE = "already_complete"
 FINISHED_STATUSES = (*DONE_STATUSES, ALREADY_COMPLETE)
 GB = 1e9
 BATCH_SIZE_AXIS = "per_device_train_batch_size"  # a sweep with this axis gets a plot of MFU against it

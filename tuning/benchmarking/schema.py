@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError
 
+from tuning.benchmarking.clocks import PROC_STAT_STARTTIME, PSUTIL_CREATE_TIME, RECORD_OPENED
 from tuning.benchmarking.dump import SCHEMA_VERSION
 from tuning.benchmarking.stopping import STOP_REASONS
 
@@ -89,7 +90,8 @@ class GoodputParts(_Model):
     repeated_steps: Number
     """step times of the steps a later segment trained again (after the preempted process's last checkpoint)"""
     gaps: Number
-    """between a segment's last journal record and the next segment's process start"""
+    """between a segment's stop (its last journal record) and the next segment's process start; never negative (a
+    start dated before the stop before it counts 0: segments[].gap_note)"""
     leftover: Number
     """the wall time less every other part: argument checks, the trainer's setup, the final save, the dump"""
 
@@ -102,12 +104,18 @@ class Goodput(_Model):
     parts: GoodputParts
     not_measured: dict[str, str]
     """part name: why it is null"""
+    clock_notes: list[str] | None = None
+    """where clocks disagreed (a restart dated before its previous segment's stop beyond its start's precision, a
+    part measured below 0, parts exceeding the wall time) and what was counted instead: empty when they agreed
+    (dumps before it lack the key)"""
 
 
 class RankGoodput(_Model):
     wall_seconds: float
     productive_fraction: Number
     parts: GoodputParts
+    clock_notes: list[str] | None = None
+    """as summary.goodput's, for this rank's own clocks"""
 
 
 class Summary(_Model):
@@ -212,14 +220,31 @@ class ErrorReport(_Model):
     global_step: int | None
 
 
+class StartClock(_Model):
+    """Which clock dated a process's start (docs/benchmarking.md, "Clocks")."""
+
+    source: Literal[PROC_STAT_STARTTIME, PSUTIL_CREATE_TIME, RECORD_OPENED]
+    """proc_stat_starttime: the kernel's start time of the process (/proc/self/stat, clock ticks since boot) on the
+    wall clock through CLOCK_BOOTTIME (Linux); psutil_create_time: psutil's create_time() (elsewhere); record_opened:
+    no process start given, the moment the run record opened its journal"""
+    precision_seconds: float
+    """the start is dated at most this much before the process began, never after: one clock tick on Linux"""
+
+
 class Segment(_Model):
     """One process's part of a run: a run resumed from a checkpoint has one per start, in order."""
 
     start_time: str
     """UTC ISO-8601 of its process start"""
+    start_clock: StartClock | None = None
+    """which clock dated start_time; null for a journal written before the key (psutil_create_time, 1 s) (dumps
+    before it lack the key)"""
     stop_time: str
     gap_seconds: Number
-    """from the previous segment's stop to this one's start (the restart); null for the first"""
+    """from the previous segment's stop to this one's start (the restart), never negative; null for the first"""
+    gap_note: str | None = None
+    """why gap_seconds is 0 although the start is dated before the previous stop: within start_clock's precision,
+    or beyond it (then the note begins "clocks disagree"); null otherwise (dumps before it lack the key)"""
     train_runtime: Number
     """seconds from its train begin to its train end"""
     resumed_from_step: int | None
@@ -327,6 +352,9 @@ class Dump(_Model):
     world_size: int
     start_time: str
     """UTC ISO-8601 of the process start"""
+    start_clock: StartClock | None = None
+    """which clock dated start_time, and how early it may be; null for a journal written before the key (dumps before
+    it lack the key)"""
     stop_time: str
     training_steps: int
     """optimizer steps completed"""

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tuning.benchmarking import report
+from tuning.benchmarking.dump import utc_iso
 from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.benchmarking.sweep.executor import Ended, Executor
 from tuning.benchmarking.sweep.local_executor import LocalExecutor
@@ -70,7 +71,7 @@ class Sweep:
             "metrics_path": f"points/{point.id}.json",
             "config": point.config,
             **outcome,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": utc_iso(time.time()),  # as the dumps' times: after the point's stop_time, never before it
         }
         with self.state_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
