@@ -46,7 +46,8 @@ SPEC_KEYS = ("base", "axes", "metadata")
 REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
-OOM_CATEGORIES = ("gpu_oom", "host_oom")
+PREDICTED_OOM = "predicted_oom"  # a point whose memory estimate exceeds the device budget: never started
+OOM_CATEGORIES = ("gpu_oom", "host_oom", PREDICTED_OOM)
 TRANSIENT_CATEGORIES = ("communication", "device_error")
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
@@ -208,14 +209,44 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     return tokens
 
 
+def load_bench_train(bench_train: Path = BENCH_TRAIN) -> Any:
+    """bench_train's module, for its parser."""
+    module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def predicted_ooms(points: list[Point], device_memory_gb: float | None) -> dict[str, dict[str, Any]]:
+    """Each point's predicted peak memory per device (``tuning.benchmarking.memory``, config only, on its
+    nproc_per_node devices), before any point starts; those above ``device_memory_gb`` (default: the visible GPU's
+    memory; without a budget, on a CPU, nothing is estimated) get ``predicted_oom`` and are never started. Returns
+    point id → its state line's outcome, for the points predicted not to fit."""
+    from tuning.benchmarking import memory
+
+    budget = memory.gib_to_bytes(device_memory_gb) if device_memory_gb else memory.visible_device_memory()
+    if budget is None:
+        return {}
+    module, outcomes = load_bench_train(), {}
+    for point in points:
+        flags = {**point.flags, "output_dir": "point", "metrics_path": "point.json"}
+        flags.pop("metadata")
+        _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(flags))
+        estimate = memory.estimate_memory(args, devices=point.nproc)
+        print(f"{point.label}: {memory.format_estimate(estimate).splitlines()[0]}", file=sys.stderr)
+        if memory.fits(estimate, budget) is False:
+            reason = f"predicted {estimate['peak_bytes_per_device'] / 2**30:.2f} GiB per device > {budget / 2**30:.2f}"
+            outcomes[point.id] = {"status": PREDICTED_OOM, "category": PREDICTED_OOM, "reason": reason}
+            outcomes[point.id]["estimate"] = estimate
+    return outcomes
+
+
 def check_point_flags(points: list[Point], bench_train: Path = BENCH_TRAIN) -> None:
     """Every point's flags as ``bench_train``'s own parser reads them (unknown flags, values of the wrong type, what
     the trainer refuses), before the first point runs: one bad axis value ends the sweep in seconds, naming the point
     and the flag, not after the points before it ran. Parsing only: files are checked by each point where it runs (a
     Ray node's paths need not be the driver's)."""
-    module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_bench_train(bench_train)
     checked = set()
     for point in points:
         flags = {**point.flags, "output_dir": "point", "metrics_path": "point.json"}
@@ -566,9 +597,13 @@ class Sweep:
             status, reason = "error", f"exited {exit_code} after its dump said {status}"
         return {"status": status, "category": category, "exit_code": exit_code, "reason": reason}
 
-    def run(self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool) -> None:
-        """Every point not finished yet, each once its smaller batch sizes have finished. Progress: a bar on stderr
-        of points done / failed / skipped, labelled with the latest start."""
+    def run(
+        self, executor: "LocalExecutor | RayExecutor", rerun_failed: bool, predicted: dict[str, dict] | None = None
+    ) -> None:
+        """Every point not finished yet, each once its smaller batch sizes have finished; a point in ``predicted``
+        (``predicted_ooms``) ends with its outcome there, unstarted. Progress: a bar on stderr of points done /
+        failed / skipped, labelled with the latest start."""
+        predicted = predicted or {}
         finished = self.finished(rerun_failed)
         pending = [point for point in self.points if point.id not in finished]
         smaller = {point.id: smaller_batch_sizes(point, self.points) for point in pending}
@@ -579,7 +614,7 @@ class Sweep:
             finished[line["point"]] = line
             status = line["status"]
             done = status in report.DONE_STATUSES
-            counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
+            counts["done" if done else "skipped" if status in ("skipped", PREDICTED_OOM) else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
 
@@ -608,6 +643,9 @@ class Sweep:
                         oom = min(ooms, key=lambda line: line["axes"][BATCH_SIZE_AXIS])
                         reason = f"oom at {BATCH_SIZE_AXIS}={oom['axes'][BATCH_SIZE_AXIS]} ({oom['category']})"
                         finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
+                        continue
+                    if point.id in predicted:
+                        finish(self.record(point, **predicted[point.id], attempts=0))
                         continue
                     attempts[point.id] += 1
                     header = f"{ATTEMPT_HEADER}{point.label}, attempt {attempts[point.id]} ===\n"
@@ -667,6 +705,8 @@ def main(
     ray_address: str | None = None,
     ray_num_cpus: int | None = None,
     ray_runtime_env: str | dict | None = None,
+    predict_memory: bool = True,
+    device_memory_gb: float | None = None,
 ) -> int:
     """Run every point of SPEC (a sweep YAML) into OUTPUT_DIR, resumably, then write OUTPUT_DIR/report.
 
@@ -687,6 +727,9 @@ def main(
         ray_address: An existing Ray cluster (ray://host:10001 or host:6379); default: start a local instance.
         ray_num_cpus: CPUs of the local Ray instance (default: all of this machine's).
         ray_runtime_env: JSON Ray runtime_env, e.g. '{"working_dir": "."}' to ship this checkout to the nodes.
+        predict_memory: Estimate every point's peak memory per device first (from its model's config) and end
+            the points above --device_memory_gb as predicted_oom without starting them; False: start every point.
+        device_memory_gb: The memory budget per device for that; default: the visible GPU's (none on a CPU).
     """
     if executor not in ("local", "ray"):
         raise SystemExit(f"--executor {executor!r}: choose local or ray")
@@ -713,11 +756,13 @@ def main(
     (sweep_dir / "points").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec, sweep_dir / "sweep.yaml")
     sweep.lock()
+    predicted = predicted_ooms(points, device_memory_gb) if predict_memory else {}  # every point estimated first
     sweep.handle_stop_signals()
     ray_options = (ray_address, ray_num_cpus, ray_runtime_env)
     runner = RayExecutor(sweep, concurrency, *ray_options) if executor == "ray" else LocalExecutor(sweep, concurrency)
     sweep.handle_stop_signals()  # again: ray.init() installs its own SIGTERM handler, which aborts the process
-    sweep.run(runner, rerun_failed)  # the bar's last line holds the counts of done, failed and skipped points
+    # The bar's last line holds the counts of done, failed and skipped points.
+    sweep.run(runner, rerun_failed, predicted)
     if (signum := sweep.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
         return 128 + signum
