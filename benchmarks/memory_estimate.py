@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tuning.benchmarking.memory import PeakTensorMeter, estimate_memory
 from tuning.sft_trainer import get_parser, parse_arguments, train
-from tuning.utils.tiny_model import build_tiny_model, build_tiny_moe, build_tiny_vision_model
+from tuning.utils.tiny_model import build_tiny_model, build_tiny_moe
 
 RESPONSE_TEMPLATE = "\n### Response:"
 # Llama-3-8B's public shape.
@@ -45,8 +45,8 @@ CASES = [
     for gc in (False, True)
     for batch, length in ((2, 64), (4, 128))
 ] + [
-    ("moe --fast_moe 1 4x128", "moe", 4, 128, ["--fast_moe", "1"]),
-    ("llava lora 2x64", "llava", 2, 64, ["--peft_method", "lora"]),
+    ("moe --fast_moe 1 bf16 4x128", "moe", 4, 128, ["--fast_moe", "1", "--torch_dtype", "bfloat16"]),
+    ("padding-free lora 4x128", "llama", 4, 128, ["--peft_method", "lora", "--padding_free", "huggingface"]),
 ]
 
 
@@ -91,19 +91,6 @@ def measure(args) -> int:
     return meter.peak_bytes
 
 
-def vision_rows(path: Path, rows: int = 8) -> str:
-    """Chat rows with one image each, long enough to fill the sequence."""
-    with path.open("w", encoding="utf-8") as handle:
-        for row in range(rows):
-            text = " ".join(f"word{n}" for n in range(row, row + 200))
-            messages = [
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": text}]},
-            ]
-            handle.write(json.dumps({"messages": messages, "images": [[[0, 0, 0]] * 32]}) + "\n")
-    return str(path)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default="/tmp/memory-estimate")
@@ -118,11 +105,8 @@ def main() -> None:
         models = {
             "llama": build_tiny_model(str(work / "llama")),
             "moe": build_tiny_moe(str(work / "moe")),
-            "llava": build_tiny_vision_model(str(work / "llava")),
         }
         for name, kind, batch, length, extra in CASES:
-            if kind == "llava":
-                continue  # needs image rows: see docs/performance.md
             args = job_args(models[kind], data, str(work / "out"), batch, length, extra)
             estimate = estimate_memory(args)
             measured = measure(args)

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.memory_estimate import job_args, long_rows, measure, write_llama3_8b_config
 from tests.helpers.bench import bench_args, read_dump
 from tests.helpers.training import BENCH_TRAIN, load_script
-from tuning.benchmarking.memory import estimate_memory
+from tuning.benchmarking.memory import estimate_memory, suggest_devices
 
 TOLERANCE = 0.10
 
@@ -112,3 +112,17 @@ def test_a_llama_3_8b_shaped_config_is_estimated_from_its_config_alone(tmp_path)
     assert 8.0e9 * 2 < estimate["parts"]["parameters"] < 8.1e9 * 2
     assert estimate["peak_bytes_per_device"] > estimate["parts"]["parameters"]
     assert estimate["sequence_length"] == 2048
+
+
+def test_suggest_devices_names_the_fewest_devices_or_why_none(tiny_model, tmp_path, capfd):
+    """Without --fsdp every device holds the whole job: one device when it fits, else no count at all."""
+    bench_train = load_script(BENCH_TRAIN)
+    args = bench_args(tiny_model, tmp_path, suggest_devices=0.001, per_device_train_batch_size=2, max_seq_length=64)
+    assert bench_train.main(args) == 0
+    assert (
+        "suggest_devices: no device count of 1.02 MiB found: without --fsdp every device holds the whole job: no "
+        "device count makes it fit" in capfd.readouterr().err
+    )
+    assert read_dump(tmp_path / "bench.json")["estimate"]["estimate_only"]
+    job = job_args(tiny_model, long_rows(tmp_path / "rows.jsonl", 2), str(tmp_path), 2, 64, [])
+    assert suggest_devices(job, 2**30)["devices"] == 1

@@ -184,28 +184,24 @@ def _quantized_config(config: Any) -> str | None:
     return str(getattr(method, "value", method))
 
 
-def _build_model(job: _Job, config: Any, vision: bool):
+def _build_model(job: _Job, config: Any):
     """The job's model, PEFT-wrapped and checkpointed as ``train()`` and TRL do, on the meta device."""
     import peft
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
     from tuning.config.peft_config import LoraConfig, PromptTuningConfig, to_peft_config
-    from tuning.sft_trainer import VISION_LORA_TARGETS
 
-    model_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     keywords = {k: v for k, v in job.load_keywords.items() if k == "experts_implementation"}
     with torch.device("meta"):
-        model = model_class.from_config(config, dtype=job.dtype, attn_implementation=job.attention, **keywords)
+        model = AutoModelForCausalLM.from_config(config, dtype=job.dtype, attn_implementation=job.attention, **keywords)
     if not job.reduce_loss_sum:  # TRL's loss and its per-token entropy and accuracy
         add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
     peft_config = job.peft_config
     if getattr(peft_config, "alora_invocation_string", None) is not None:
         peft_config = dataclasses.replace(peft_config)
         peft_config.alora_invocation_tokens = [0]  # which tokens activate it does not change what it holds
-    if vision and isinstance(peft_config, LoraConfig) and peft_config.target_modules is None:
-        peft_config = dataclasses.replace(peft_config, target_modules=VISION_LORA_TARGETS)
     if isinstance(peft_config, PromptTuningConfig):
         peft_config = dataclasses.replace(peft_config, prompt_tuning_init="RANDOM")  # no tokenizer needed
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
@@ -223,39 +219,18 @@ def _build_model(job: _Job, config: Any, vision: bool):
     return model
 
 
-def _batch(job: _Job, config: Any, vision: bool) -> dict[str, Any]:
+def _batch(job: _Job) -> dict[str, Any]:
     """A worst-case batch of the job's shape, made under the fake mode: every row ``max_seq_length`` tokens, every
     token labelled; padding-free and packing as one row of the batch's tokens with its position ids."""
     import torch
 
-    vocab = config.get_text_config().vocab_size
     if job.padding_free:
         tokens = job.batch_size * job.seq_length
         ids = torch.zeros((1, tokens), dtype=torch.long)
         positions = torch.arange(job.seq_length).repeat(job.batch_size).unsqueeze(0)
         return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
-    ids = torch.zeros((job.batch_size, job.seq_length), dtype=torch.long).fill_(min(3, vocab - 1))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
-    if vision:
-        batch.update(_image_inputs(job, config, ids))
-    return batch
-
-
-def _image_inputs(job: _Job, config: Any, ids) -> dict[str, Any]:
-    """One image per row, of the vision tower's input size, its placeholder tokens at the row's start."""
-    import torch
-
-    vision_config = config.vision_config
-    size, patch = vision_config.image_size, vision_config.patch_size
-    if getattr(config, "model_type", None) != "llava":
-        raise NotEstimated(f"vision model {config.model_type}: only LLaVA's image inputs are built here")
-    image_tokens = (size // patch) ** 2 + (1 if config.vision_feature_select_strategy == "full" else 0)
-    if image_tokens > job.seq_length:
-        raise NotEstimated(f"--max_seq_length {job.seq_length} holds fewer tokens than one image's {image_tokens}")
-    ids[:, :image_tokens] = config.image_token_id
-    channels = getattr(vision_config, "num_channels", 3)
-    pixels = torch.zeros((job.batch_size, channels, size, size), dtype=job.dtype)
-    return {"pixel_values": pixels}
+    ids = torch.zeros((job.batch_size, job.seq_length), dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
 def _step(model, optimizer, batch: dict[str, Any], job: _Job, mark: Callable[[str], None]) -> None:
@@ -345,8 +320,12 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
         raise NotEstimated(f"{job.model_path}: no readable config.json ({_one_line(exc)})") from exc
     if method := _quantized_config(config):
         raise NotEstimated(f"{job.model_path} is quantized ({method}): its kernels cannot run on fake tensors")
-    vision = is_vision_config(config)
-    model = _build_model(job, config, vision)
+    if is_vision_config(config):
+        raise NotEstimated(
+            f"{type(config).__name__}: a vision-language model checks its image tokens against its image features by "
+            "reading their values, which fake tensors do not have"
+        )
+    model = _build_model(job, config)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")  # fake storage: nothing allocated, nothing read
         if config.get_text_config().tie_word_embeddings:
@@ -355,7 +334,7 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
         optimizer_class, optimizer_keywords = Trainer.get_optimizer_cls_and_kwargs(job.sft_config, model)
         trainable = [param for param in model.parameters() if param.requires_grad]
         optimizer = optimizer_class(trainable, **optimizer_keywords)
-        batch = _batch(job, config, vision)
+        batch = _batch(job)
         # The first step creates the optimizer state; the second, traced, runs with it in place: its peak is the
         # higher (the same work, the state resident throughout).
         _step(model, optimizer, batch, job, lambda phase: None)
