@@ -126,3 +126,17 @@ def test_suggest_devices_names_the_fewest_devices_or_why_none(tiny_model, tmp_pa
     assert read_dump(tmp_path / "bench.json")["estimate"]["estimate_only"]
     job = job_args(tiny_model, long_rows(tmp_path / "rows.jsonl", 2), str(tmp_path), 2, 64, [])
     assert suggest_devices(job, 2**30)["devices"] == 1
+
+
+def test_fsdp_is_traced_sharded_over_a_fake_process_group_sized_like_the_job(tiny_model, tmp_path):
+    """--fsdp: FSDPMemTracker over fully_shard on every decoder layer, on a fake process group of the device count:
+    the parameters each device keeps shrink with the devices, and no process group is left behind."""
+    import torch.distributed as dist
+
+    flags = ["--fsdp", "full_shard auto_wrap"]
+    args = job_args(tiny_model, long_rows(tmp_path / "rows.jsonl", 2), str(tmp_path), 2, 64, flags)
+    one, four = estimate_memory(args, devices=1), estimate_memory(args, devices=4)
+    assert one["not_estimated"] is None and four["devices"] == 4, four
+    assert four["parts"]["sharded_param"] < one["parts"]["sharded_param"] / 3, (one["parts"], four["parts"])
+    assert four["peak_bytes_per_device"] < one["peak_bytes_per_device"]
+    assert not dist.is_initialized()

@@ -12,11 +12,12 @@ categories. What cannot be traced gives ``not_estimated`` with its reason, never
 real mode over the first optimizer steps of the warmup (the measured steps carry no tracker cost).
 """
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from transformers import TrainerCallback
@@ -24,15 +25,16 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 MEASURED_STEPS = 2  # real steps the CPU meter tracks, from the first
-# The tracker's categories, as the dump's ``estimate.parts`` names them.
+# The tracker's categories (its enum members' names), as the dump's ``estimate.parts`` names them.
 PARTS = {
-    "Parameter": "parameters",
-    "Buffer": "buffers",
-    "Gradient": "gradients",
-    "Optstate": "optimizer_state",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Other": "other",
+    "PARAM": "parameters",
+    "BUFFER": "buffers",
+    "GRAD": "gradients",
+    "OPT": "optimizer_state",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "OTH": "other",
+    "INP": "inputs",
 }
 MAX_SUGGESTED_DEVICES = 4096
 
@@ -73,6 +75,13 @@ def memory_tracker():
     return _tracker_class(MemTracker)()
 
 
+def _part_name(kind: Any) -> str:
+    """The dump's name of one of the tracker's categories, by its enum member's name (FSDP's own ones, e.g.
+    SHARDED_PARAM, in lower case)."""
+    name = getattr(kind, "name", None) or str(kind).rsplit(".", 1)[-1]
+    return PARTS.get(name, name.lower())
+
+
 def _peak(tracker) -> tuple[int, dict[str, int]]:
     """(peak bytes, the tracker's categories at that peak) over every device the tracker saw."""
     best, parts = 0, {}
@@ -80,9 +89,7 @@ def _peak(tracker) -> tuple[int, dict[str, int]]:
         total = int(snapshot.get("Total", 0))
         if total >= best:
             best = total
-            parts = {
-                PARTS.get(str(getattr(k, "value", k)), str(k)): int(v) for k, v in snapshot.items() if k != "Total"
-            }
+            parts = {_part_name(kind): int(value) for kind, value in snapshot.items() if kind != "Total"}
     return best, parts
 
 
@@ -306,13 +313,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _estimate(args: Any, devices: int) -> dict[str, Any]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AutoConfig, Trainer
+    from transformers import AutoConfig
 
     from tuning.data.vision import is_vision_config
 
-    if args.training_args.fsdp:
-        raise NotEstimated("--fsdp: the sharded step (FSDPMemTracker on a fake process group) is not traced yet")
     job = _job(args)
     try:
         config = AutoConfig.from_pretrained(job.model_path, cache_dir=args.training_args.cache_dir)
@@ -326,6 +330,18 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
             "reading their values, which fake tensors do not have"
         )
     model = _build_model(job, config)
+    with _fake_process_group(devices if args.training_args.fsdp else None) as mesh:
+        if mesh is not None:
+            _shard(model, mesh)
+        best = _trace(model, job, config, mesh is not None)
+    return {**best, "_sequence_length": job.seq_length}
+
+
+def _trace(model, job: _Job, config: Any, sharded: bool) -> dict[str, Any]:
+    """Fake storage for the model, then the two steps, the second traced (``FSDPMemTracker`` when ``sharded``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import Trainer
+
     with FakeTensorMode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")  # fake storage: nothing allocated, nothing read
         if config.get_text_config().tie_word_embeddings:
@@ -338,8 +354,14 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
         # The first step creates the optimizer state; the second, traced, runs with it in place: its peak is the
         # higher (the same work, the state resident throughout).
         _step(model, optimizer, batch, job, lambda phase: None)
-        tracker = memory_tracker()
-        tracker.track_external(model, optimizer, *batch.values())
+        if sharded:
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            tracker = FSDPMemTracker(model, optimizer)
+            tracker.track_inputs(tuple(batch.values()))
+        else:
+            tracker = memory_tracker()
+            tracker.track_external(model, optimizer, *batch.values())
         phases: list[tuple[str, int]] = []
         with tracker:
             _step(model, optimizer, batch, job, lambda phase: phases.append((phase, _peak(tracker)[0])))
@@ -351,7 +373,40 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
             "peak_phase": phase,
             "peak_module": _peak_module(tracker, peak) if phase != "optimizer" else type(optimizer).__name__,
         }
-    return {**best, "_sequence_length": job.seq_length}
+    return best
+
+
+@contextlib.contextmanager
+def _fake_process_group(devices: int | None) -> Iterator[Any]:
+    """With ``devices``: a fake process group of that size (no communication, collectives only shaped) and its CPU
+    device mesh, for FSDP's sharding; destroyed after. None: no process group."""
+    if devices is None:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    if dist.is_initialized():
+        raise NotEstimated("--fsdp inside a running process group: estimate it with --estimate_memory, not torchrun")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=devices)
+    try:
+        yield init_device_mesh("cpu", (devices,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _shard(model, mesh) -> None:
+    """FSDP2's ``fully_shard`` on every decoder layer (the model's ``_no_split_modules``, as FSDP's transformer
+    auto-wrap policy wraps them), then on the whole model."""
+    from torch.distributed.fsdp import fully_shard
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layer_classes = set(getattr(base, "_no_split_modules", None) or ())
+    for module in list(model.modules()):
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def format_estimate(estimate: dict[str, Any]) -> str:
