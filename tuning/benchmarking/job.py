@@ -354,22 +354,21 @@ class BenchmarkJob:
         printed as a table and journaled (the dump's ``estimate``); with ``--suggest_devices GB`` also the fewest
         devices of that memory it fits on. None with ``--memory_estimate False`` (and on other ranks). Never fails
         the run: what it cannot trace is its ``not_estimated`` reason."""
-        flags = self.flags
-        wanted = flags.memory_estimate or flags.estimate_memory or flags.suggest_devices is not None
-        if self.rank != 0 or not wanted:
+        only, suggest = getattr(self.flags, "estimate_memory", False), getattr(self.flags, "suggest_devices", None)
+        if self.rank != 0 or not (getattr(self.flags, "memory_estimate", False) or only or suggest is not None):
             return None
         from tuning.benchmarking import memory
 
         try:
-            if flags.suggest_devices is not None:
-                answer = memory.suggest_devices(args, memory.gib_to_bytes(flags.suggest_devices))
+            if suggest is not None:
+                answer = memory.suggest_devices(args, memory.gib_to_bytes(suggest))
                 estimate = answer["estimate"]
                 print_own_line(memory.format_suggestion(answer))
             else:
                 estimate = memory.estimate_memory(args, devices=self.world_size)
         except Exception as exc:  # a real run never fails because its estimate did
             estimate = memory.failed_estimate(args, self.world_size, exc)
-        estimate["estimate_only"] = bool(flags.estimate_memory or flags.suggest_devices is not None)
+        estimate["estimate_only"] = bool(only or suggest is not None)
         print(memory.format_estimate(estimate), flush=True)
         if self.record is not None:
             self.record.note(**{MEMORY_ESTIMATE: estimate})
@@ -444,7 +443,7 @@ class BenchmarkJob:
             process_times=self.process_times,
         )
         measuring = []
-        if flags.memory_estimate and self.rank == 0:
+        if getattr(flags, "memory_estimate", False) and self.rank == 0:  # a copy of bench_train may lack the flag
             from tuning.benchmarking.memory import PeakTensorMeter
 
             self.memory_meter = PeakTensorMeter(on_measured=self.note_peak_tensor_bytes)
