@@ -51,6 +51,7 @@ MODEL_PARAMETERS = (0.8e9, 1.3e9)  # "about 1 B"
 LOSS_TOLERANCE = 0.01  # per-step losses of the same work, relative (GPU kernels need not be bit-reproducible)
 MEMORY_TOLERANCE = 0.01  # bench_train's peak GPU memory above bare TRL's, relative
 DUMP_THROUGHPUT_TOLERANCE = 0.02  # the dump's own tokens/s against the one measured from the step ends
+MEMORY_ESTIMATE_TOLERANCE = 0.10  # the config-only estimate against the measured peak (docs/benchmarking.md)
 MIN_UTILIZATION = 50.0  # % while a 1 B model trains
 POWER_PERCENT_TOLERANCE = 0.5  # percentage points between the dump's percentages and its watts over the limit
 FREED_TOLERANCE_BYTES = GIB  # GPU memory in use after the OOM job, above what was in use before it
@@ -288,6 +289,9 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_step": sorted({int(value) for values in tokens for value in values if value is not None}),
         "tokens_per_second": dump["summary"]["tokens_per_second"],
         **{key: dump["summary"].get(key) for key in EFFICIENCY_KEYS},
+        "estimate": dump.get("estimate"),
+        "peak_tensor_bytes": dump["summary"].get("peak_tensor_bytes"),
+        "memory_estimate_ratio": dump["summary"].get("memory_estimate_ratio"),
     }
 
 
@@ -426,6 +430,7 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
         Row("CUDA peak memory in the dump's summary", peak, "present (device 0)", bool(reserved)),
         Row("GPU memory used by NVML (max) against CUDA's reserved peak", used_value, "NVML ≥ CUDA", used_ok),
         Row("bench_train's tokens per step", per_step, per_step_target, tokens == [work.tokens_per_step]),
+        *memory_estimate_rows(dump, reserved, allocated),
         *efficiency_rows(dump),
     ]
     same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{work.rounds - 1}")
@@ -434,6 +439,23 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
         ok, tolerance = abs(ratio - 1) <= DUMP_THROUGHPUT_TOLERANCE, f"1 ± {DUMP_THROUGHPUT_TOLERANCE}"
         rows.append(Row("bench_train's tokens/s in its dump ÷ from its step ends", f"{ratio:.3f}×", tolerance, ok))
     return rows
+
+
+def memory_estimate_rows(dump: dict[str, Any], reserved: int | None, allocated: int | None) -> list[Row]:
+    """The config-only memory estimate against the measured peak (max_memory_allocated on a GPU, torch's tracker on a
+    CPU), and the caching allocator's overhead beside it (reserved − allocated)."""
+    estimate, ratio = dump.get("estimate") or {}, dump.get("memory_estimate_ratio")
+    measured = dump.get("peak_tensor_bytes")
+    value = estimate.get("not_estimated") or f"{_gib(estimate.get('peak_bytes_per_device'))} vs {_gib(measured)}"
+    if ratio is not None:
+        value += f" = {ratio:.3f}×"
+    ok = ratio is not None and abs(ratio - 1) <= MEMORY_ESTIMATE_TOLERANCE
+    overhead_value = "—" if None in (reserved, allocated) else _gib(reserved - allocated)
+    target = f"1 ± {MEMORY_ESTIMATE_TOLERANCE}"
+    return [
+        Row("memory estimate (config only) ÷ measured peak tensor memory", value, target, ok),
+        Row("caching allocator overhead (reserved − allocated)", overhead_value),
+    ]
 
 
 def efficiency_rows(dump: dict[str, Any]) -> list[Row]:

@@ -41,6 +41,9 @@ class SweepFlags:
         ray_address: An existing Ray cluster (ray://host:10001 or host:6379); default: start a local instance.
         ray_num_cpus: CPUs of the local Ray instance (default: all of this machine's).
         ray_runtime_env: JSON Ray runtime_env, e.g. '{"working_dir": "."}' to ship this checkout to the nodes.
+        predict_memory: Estimate every point's peak memory per device first (from its model's config) and end
+            the points above --device_memory_gb as predicted_oom without starting them; False: start every point.
+        device_memory_gb: The memory budget per device for that; default: the visible GPU's (none on a CPU).
     """
 
     spec: str
@@ -56,6 +59,8 @@ class SweepFlags:
     ray_address: str | None = None
     ray_num_cpus: int | None = None
     ray_runtime_env: str | dict | None = None
+    predict_memory: bool = True
+    device_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         """Every flag checked: a one-line error (exit 1) before anything is read or run."""
@@ -66,6 +71,8 @@ class SweepFlags:
                 raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
         if self.point_timeout is not None and (not is_number(self.point_timeout) or self.point_timeout <= 0):
             raise SystemExit(f"--point_timeout must be a positive number of seconds, got {self.point_timeout!r}")
+        if self.device_memory_gb is not None and (not is_number(self.device_memory_gb) or self.device_memory_gb <= 0):
+            raise SystemExit(f"--device_memory_gb must be a positive number, got {self.device_memory_gb!r}")
 
 
 def main(*args: Any, **kwargs: Any) -> int:
@@ -85,16 +92,18 @@ def main(*args: Any, **kwargs: Any) -> int:
         return 0
     # 4. Every point's flags parsed as bench_train parses them: a bad axis value fails now, naming the point.
     sweep.check_point_flags(points, BENCH_TRAIN)
-    # 5. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor.
+    # 5. Every point's peak memory per device estimated: those above the budget end as predicted_oom, unstarted.
+    predicted = sweep.predicted_ooms(points, flags.device_memory_gb, BENCH_TRAIN) if flags.predict_memory else {}
+    # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor.
     run.claim(str(flags.spec))
     ray_options = (flags.ray_address, flags.ray_num_cpus, flags.ray_runtime_env)
     executor = run.start_executor(flags.executor, flags.concurrency, *ray_options)
-    # 6. Run every point not finished yet; the bar's last line holds the counts of done, failed and skipped points.
-    run.run(executor, flags.rerun_failed)
+    # 7. Run every point not finished yet; the bar's last line holds the counts of done, failed and skipped points.
+    run.run(executor, flags.rerun_failed, predicted)
     if (signum := run.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
         return 128 + signum
-    # 7. The report over every point: DIR/report.
+    # 8. The report over every point: DIR/report.
     run.write_report()
     return 0
 

@@ -6,7 +6,7 @@
 What a run leaves (dump, journal, Aim/MLflow run, error reports, exit codes): docs/benchmarking.md, "What a run leaves".
 This file is the recipe to copy and adapt (docs/benchmarking.md, "Adapt the wrapper"): its flags are the dataclass
 below, and ``main`` reads top to bottom, each step one call into ``tuning.benchmarking.api``. Add a flag as a field
-of ``BenchmarkFlags``; add measurements with ``--callbacks`` or in step 4.
+of ``BenchmarkFlags``; add measurements with ``--callbacks`` or in step 5.
 """
 
 import dataclasses
@@ -46,6 +46,9 @@ class BenchmarkFlags:
     stall_timeout: float | None = flag(None, "Seconds without training progress before the run ends as 'hang'; 0: off.")
     callbacks: str | None = flag(None, "Extra transformers callbacks, 'module:Name[,module:Name]', class or factory.")
     peak_tflops: float | None = flag(None, "The device's dense peak TFLOP/s for MFU; default: the datasheet table's.")
+    estimate_memory: bool = flag(False, "Only predict the job's peak memory per device from its config; train nothing.")
+    suggest_devices: float | None = flag(None, "Only print the fewest devices of this many GB the job fits on.")
+    memory_estimate: bool = flag(True, "Predict the peak memory before training and measure the real one beside it.")
 
 
 def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelpers | None" = None) -> int:
@@ -63,11 +66,16 @@ def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelper
             benchmarking.load_metadata(flags.metadata_path, flags.metadata, args.experiment_metadata)
         )
         extra_callbacks = benchmarking.load_callbacks(flags.callbacks)  # now: a bad one fails before any tracker
-        # 3. Trackers: --trackers' (Aim and MLflow failure-isolated, also receiving the benchmark's series).
+        # 3. Will it fit: the peak memory per device predicted from the model's config (no weights read), into the
+        #    dump's ``estimate``. With --estimate_memory or --suggest_devices that is the whole run.
+        job.estimate_memory(args)
+        if flags.estimate_memory or flags.suggest_devices is not None:
+            return job.finish()
+        # 4. Trackers: --trackers' (Aim and MLflow failure-isolated, also receiving the benchmark's series).
         trackers = job.build_trackers(args.training_args.trackers, args.tracker_configs, early_helpers)
-        # 4. The benchmark's callbacks: step times, tokens, system metrics, stop rules, stall watchdog; yours beside.
+        # 5. The benchmark's callbacks: step times, tokens, system metrics, stop rules, stall watchdog; yours beside.
         callbacks = job.callbacks(extra_callbacks)
-        # 5. Train: tuning.train() with every parsed config, so that it refuses what it does not support.
+        # 6. Train: tuning.train() with every parsed config, so that it refuses what it does not support.
         with job.training():
             trainer, *_ = benchmarking.train(
                 model_args=args.model_args,
@@ -88,10 +96,10 @@ def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelper
         # With --do_dataprocessing_only train() writes the processed data and trains nothing: no trainer, no model.
         if args.training_args.save_model_dir and trainer is not None:
             benchmarking.save(args.training_args.save_model_dir, trainer)
-        # 6. Dump the metrics: at --metrics_path (or a fallback when it cannot take it).
+        # 7. Dump the metrics: at --metrics_path (or a fallback when it cannot take it).
         job.finish()
 
-    # 7. Report failures: any failure becomes the dump (or this rank's report file), the termination-log line, the
+    # 8. Report failures: any failure becomes the dump (or this rank's report file), the termination-log line, the
     #    stderr marker and its category's exit code.
     return job.report_failures(run)
 

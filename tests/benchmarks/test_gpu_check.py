@@ -220,6 +220,9 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
     assert 450 <= dump["power_avg_watts"] <= 510
     assert dump["power_avg_percent"] == pytest.approx(100 * dump["power_avg_watts"] / 600)
     assert dump["tokens_per_step"] == [TINY.tokens_per_step] and dump["cuda"] is None
+    # The estimate against the measured peak runs here too (torch's tracker on the CPU, max_memory_allocated on a GPU).
+    assert dump["estimate"]["peak_bytes_per_device"] > 0 and dump["peak_tensor_bytes"] > 0, dump["estimate"]
+    assert dump["memory_estimate_ratio"] == dump["estimate"]["peak_bytes_per_device"] / dump["peak_tensor_bytes"]
 
     oom = results["oom"]
     assert (oom["exit_code"], oom["dump_category"]) == (204, "gpu_oom"), oom["stderr_tail"]
@@ -227,6 +230,7 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
     assert oom["memory_before_bytes"] == oom["memory_after_bytes"] == 60 * 2**30 and oom["freed_after_s"] < 1
 
     rows = {row.figure: row for row in gpu_check.table_rows(results)}
+    assert rows["caching allocator overhead (reserved − allocated)"].value == "—"  # no CUDA here
     expected = {
         'NVML series under {"gpu": 0}, GPU named by UUID (GPU-9f8e7d6c-1111-1111-1111-111111111111)': True,
         "GPU utilisation while training (max)": True,

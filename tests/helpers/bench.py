@@ -10,10 +10,11 @@ from tuning.benchmarking.schema import validate_dump
 
 def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
     """A short bench_train run on the tiny model: dump in ``output_dir/bench.json``, one warmup step, quick system
-    samples; ``extra`` adds or overrides flags."""
+    samples, no memory estimate; ``extra`` adds or overrides flags."""
     extra.setdefault("metrics_path", output_dir / "bench.json")
     extra.setdefault("skip_warmup_steps", 1)
     extra.setdefault("system_metrics_interval", 0.2)
+    extra.setdefault("memory_estimate", False)  # its cost is paid by the tests of the memory estimate only
     return cli_args(model, str(output_dir), **extra)
 
 

@@ -56,6 +56,7 @@ def base_flags(model: str, **extra) -> dict:
         "use_flash_attn": False,
         "skip_warmup_steps": 0,
         "system_metrics_interval": 0.5,
+        "memory_estimate": False,
         **extra,
     }
 
@@ -563,3 +564,25 @@ def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, a
         bench_sweep.main(str(spec), str(tmp_path / "sweep"))
     assert str(refused.value) == reason or str(refused.value).startswith(reason), refused.value
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_point_predicted_above_the_device_budget_is_never_started_and_counts_as_an_oom(tiny_model, tmp_path):
+    """With --device_memory_gb every point is estimated first: batch size 64 (predicted far above 0.1 GB) ends
+    predicted_oom with its estimate, no process started (no log, no dump), and 128 is skipped as after an OOM; 1
+    runs."""
+    base = base_flags(tiny_model, max_seq_length=128, peft_method="lora")
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 64, 128]})
+    result = sweep(spec, out, "--device_memory_gb", "0.1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = state_by_axes(out, "per_device_train_batch_size")
+    assert lines[(1,)]["status"] == "ok"
+    predicted = lines[(64,)]
+    assert (predicted["status"], predicted["category"], predicted["attempts"]) == ("predicted_oom",) * 2 + (0,)
+    assert predicted["estimate"]["peak_bytes_per_device"] > 0.1 * 2**30
+    assert predicted["reason"].startswith("predicted ") and predicted["reason"].endswith("GiB per device > 0.10")
+    assert not (out / "points" / f"{predicted['point']}.log").exists()
+    assert not (out / "points" / f"{predicted['point']}.json").exists()
+    assert lines[(128,)]["status"] == "skipped"
+    assert lines[(128,)]["reason"] == "oom at per_device_train_batch_size=64 (predicted_oom)"

@@ -6,8 +6,9 @@ steps), ``paths`` (a run's file names), ``report`` (many runs → rows, table, p
 for ``validate_dump``), ``journal``, ``dump`` (journal records → dump, the series names), ``record``, ``callback``,
 ``tokens``, ``flops`` (model FLOPs per token, device peaks), ``ranks`` (per-rank forward time and data wait),
 ``system_metrics``, ``stopping``, ``watchdog``, ``rebuild`` (``python -m tuning.benchmarking.rebuild JOURNAL``),
-``statistics`` (bench_compare's two-sample tests), ``quality`` (its loss verdict), ``goodput`` (where a run's wall
-time went), ``clocks`` (a process's start, and how a run's times are compared).
+``memory`` (the peak memory estimate from a model's config, and the measured peak), ``statistics`` (bench_compare's
+two-sample tests), ``quality`` (its loss verdict), ``goodput`` (where a run's wall time went), ``clocks`` (a process's
+start, and how a run's times are compared).
 """
 
 import importlib

@@ -13,6 +13,7 @@ from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.dump import SCHEMA_VERSION, rank_report_path, write_dump
 from tuning.benchmarking.job import BenchmarkJob, flag, load_callbacks, load_metadata, parse_command_line
 from tuning.benchmarking.journal import Journal, journal_path
+from tuning.benchmarking.memory import PeakTensorMeter, estimate_memory, format_estimate, suggest_devices
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
@@ -72,6 +73,11 @@ __all__ = [
     "parse_command_line",
     "save",
     "train",
+    # Will it fit: the peak memory per device from the model's config alone, and the real peak beside it.
+    "estimate_memory",
+    "format_estimate",
+    "suggest_devices",
+    "PeakTensorMeter",
     # The building blocks of earlier copies of bench_train (deprecated: the job's methods do these steps).
     "AIMSTACK_TRACKER",
     "MLFLOW_TRACKER",

@@ -35,6 +35,9 @@ SCHEMA_VERSION = 1  # the dump's; its models: tuning.benchmarking.schema
 ALREADY_COMPLETE = "already_complete"  # the status of a rerun of a finished job: it trained nothing
 
 # Series the summary is computed from; every writer uses these names.
+# Notes of the memory estimate (tuning.benchmarking.memory): the dump's ``estimate`` and summary.peak_tensor_bytes.
+MEMORY_ESTIMATE = "memory_estimate"
+PEAK_TENSOR_BYTES = "peak_tensor_bytes"
 STEP_TIME = "step_time_seconds"  # wall time of one optimizer step, from the end of the previous one
 STEP_TOKENS = "step_tokens"  # non-padding tokens of one optimizer step, summed over all ranks
 STEP_SAMPLES = "step_samples"  # samples of one optimizer step, all ranks (the global batch size)
@@ -444,10 +447,18 @@ def _summary(
         "peak_rss_bytes": end.get("peak_rss_bytes") or (int(max(rss)) if rss else None),
         "peak_anon_rss_bytes": int(max(anon_rss)) if anon_rss else None,
         "cuda": end.get("cuda"),
+        "peak_tensor_bytes": notes.get(PEAK_TENSOR_BYTES),
+        "memory_estimate_ratio": memory_ratio(notes.get(MEMORY_ESTIMATE), notes.get(PEAK_TENSOR_BYTES)),
         "resumed_from_step": resumed_from_step,
         "data_fetch_share": statistics.median(shares) if (shares := _shares(series, steps)) else None,
         **_efficiency(series, notes, measured_by),
     }
+
+
+def memory_ratio(estimate: dict[str, Any] | None, measured: int | None) -> float | None:
+    """The estimate's peak over the measured one; None when either is missing."""
+    predicted = (estimate or {}).get("peak_bytes_per_device")
+    return predicted / measured if predicted and measured else None
 
 
 def build_dump(records: list[dict[str, Any]], rebuilt_from_journal: bool = False) -> dict[str, Any]:
@@ -566,6 +577,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "mlflow_degraded_reason": notes.get("mlflow_degraded_reason"),
         "rebuilt_from_journal": rebuilt_from_journal,
         "segments": segments,
+        "estimate": notes.get(MEMORY_ESTIMATE),
     }
 
 

@@ -27,7 +27,7 @@ from tuning.benchmarking.callback import BenchmarkCallback
 from tuning.benchmarking.clocks import process_start
 from tuning.benchmarking.configuration import run_configuration
 from tuning.benchmarking.data_description import describe_data
-from tuning.benchmarking.dump import ALREADY_COMPLETE, write_dump
+from tuning.benchmarking.dump import ALREADY_COMPLETE, MEMORY_ESTIMATE, PEAK_TENSOR_BYTES, write_dump
 from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
@@ -168,6 +168,9 @@ def check_flags(flags: Any) -> None:
             raise UserInputError(f"--{name} must not be negative, got {getattr(flags, name)}")
     if flags.peak_tflops is not None and not flags.peak_tflops > 0:
         raise UserInputError(f"--peak_tflops must be positive, got {flags.peak_tflops}")
+    suggest = getattr(flags, "suggest_devices", None)
+    if suggest is not None and not suggest > 0:
+        raise UserInputError(f"--suggest_devices must be a positive device memory in GB, got {suggest}")
 
 
 def check_writable(path: str) -> None:
@@ -282,6 +285,7 @@ class BenchmarkJob:
         self.sampling = False
         self.data: dict[str, Any] | None = None  # the dump's ``data``, known on rank 0 once the arguments are checked
         self.already_complete: FinishedRun | None = None  # a rerun of a finished job: it trains nothing
+        self.memory_meter: Any = None  # the real peak's meter (--memory_estimate)
 
     @property
     def metrics_path(self) -> str | None:
@@ -351,6 +355,31 @@ class BenchmarkJob:
             if self.record is not None:
                 self.record.note(data=self.data)
 
+    def estimate_memory(self, args: ParsedArguments) -> dict[str, Any] | None:
+        """Rank 0: the job's peak memory per device predicted from its config (``tuning.benchmarking.memory``),
+        printed as a table and journaled (the dump's ``estimate``); with ``--suggest_devices GB`` also the fewest
+        devices of that memory it fits on. None with ``--memory_estimate False`` (and on other ranks). Never fails
+        the run: what it cannot trace is its ``not_estimated`` reason."""
+        only, suggest = getattr(self.flags, "estimate_memory", False), getattr(self.flags, "suggest_devices", None)
+        if self.rank != 0 or not (getattr(self.flags, "memory_estimate", False) or only or suggest is not None):
+            return None
+        from tuning.benchmarking import memory
+
+        try:
+            if suggest is not None:
+                answer = memory.suggest_devices(args, memory.gib_to_bytes(suggest))
+                estimate = answer["estimate"]
+                print_own_line(memory.format_suggestion(answer))
+            else:
+                estimate = memory.estimate_memory(args, devices=self.world_size)
+        except Exception as exc:  # a real run never fails because its estimate did
+            estimate = memory.failed_estimate(args, self.world_size, exc)
+        estimate["estimate_only"] = bool(only or suggest is not None)
+        print(memory.format_estimate(estimate), flush=True)
+        if self.record is not None:
+            self.record.note(**{MEMORY_ESTIMATE: estimate})
+        return estimate
+
     def annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:
         """Journal the run's metadata (the dump's ``metadata``); returns it for ``train(exp_metadata=...)``."""
         if self.record is not None:
@@ -419,7 +448,18 @@ class BenchmarkJob:
             peak_tflops=flags.peak_tflops,
             process_times=self.process_times,
         )
-        return [self.bench, self.graceful_stop, *extra, self.bench.log_recorder]
+        measuring = []
+        if getattr(flags, "memory_estimate", False) and self.rank == 0:  # a copy of bench_train may lack the flag
+            from tuning.benchmarking.memory import PeakTensorMeter
+
+            self.memory_meter = PeakTensorMeter(on_measured=self.note_peak_tensor_bytes)
+            measuring.append(self.memory_meter)
+        return [self.bench, *measuring, self.graceful_stop, *extra, self.bench.log_recorder]
+
+    def note_peak_tensor_bytes(self, peak: int) -> None:
+        """Journal the real peak of live tensor bytes (the dump's summary.peak_tensor_bytes)."""
+        if self.record is not None:
+            self.record.note(**{PEAK_TENSOR_BYTES: int(peak)})
 
     @contextlib.contextmanager
     def training(self) -> Iterator[None]:

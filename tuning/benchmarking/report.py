@@ -275,6 +275,12 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
+        "peak_tensor_bytes": summary.get("peak_tensor_bytes"),
+        # the estimate before the run; a sweep's predicted_oom point has it in its state line, and no dump
+        "memory_estimate_bytes": ((dump or {}).get("estimate") or sweep_point.get("estimate") or {}).get(
+            "peak_bytes_per_device"
+        ),
+        "memory_estimate_ratio": summary.get("memory_estimate_ratio"),
         "model_load_time_s": summary.get("model_load_time"),
         "data_preparation_time_s": summary.get("data_preparation_time"),
         "data_cache": ((dump.get("data") or {}).get("cache") or {}).get("status") if dump else None,

@@ -144,6 +144,11 @@ class Summary(_Model):
     """rank 0's largest sampled resident anonymous memory (RSS less file-backed pages); null without samples"""
     cuda: list[CudaDevice] | None
     """peak memory per device; null without CUDA"""
+    peak_tensor_bytes: int | None = None
+    """rank 0's measured peak of live tensor bytes: torch.cuda.max_memory_allocated on a GPU; on a CPU torch's
+    MemTracker over the first two optimizer steps; null with --memory_estimate False (dumps before it lack the key)"""
+    memory_estimate_ratio: Number = None
+    """estimate.peak_bytes_per_device / peak_tensor_bytes; null when either is missing"""
     model_flops_per_token: Number = None
     """training FLOPs per token: 4 x frozen + 6 x trained matmul weights + 12 x layers x attention width x mean
     sequence length (PaLM/Chinchilla), a vision-language model's image path added at its share per token; null for a
@@ -327,6 +332,30 @@ class DataDescription(_Model):
     """how the rows were prepared; absent in a dump of a run that failed before"""
 
 
+class MemoryEstimate(_Model):
+    """The job's peak tensor memory per device predicted from its model's config (tuning.benchmarking.memory):
+    torch's MemTracker over two training steps of the model on fake tensors."""
+
+    peak_bytes_per_device: int | None
+    """null exactly when not_estimated says why"""
+    parts: dict[str, int] | None
+    """the tracker's categories at the peak: parameters, buffers, gradients, optimizer_state, activations,
+    temporaries, other (bytes)"""
+    peak_module: str | None
+    """the innermost module running at the peak (the optimizer's class in the optimizer phase)"""
+    peak_phase: Literal["forward", "backward", "optimizer"] | None
+    devices: int
+    """the device count assumed"""
+    batch_size: int
+    sequence_length: int
+    seconds: float
+    """how long the estimate took"""
+    not_estimated: str | None
+    """why no figure: what could not be traced"""
+    estimate_only: bool = False
+    """the run was --estimate_memory: nothing trained"""
+
+
 class Dump(_Model):
     """A benchmark run's dump, written by rank 0 of ``wrappers/bench_train.py`` however the run ends."""
 
@@ -376,6 +405,8 @@ class Dump(_Model):
     segments: list[Segment] | None = None
     """the processes the run took, one unless resumed from a checkpoint; status, error and training_steps above are
     the last one's (dumps before it lack the key)"""
+    estimate: MemoryEstimate | None = None
+    """the memory estimate made before training; null with --memory_estimate False (dumps before it lack the key)"""
 
     @model_validator(mode="after")
     def _status_agrees(self) -> "Dump":

@@ -4,7 +4,7 @@ process tree and its outcome, ``state`` the sweep directory's state and the driv
 points (``local_executor``, ``ray_executor``). Docs: docs/sweeps.md.
 """
 
-from tuning.benchmarking.sweep.spec import Point, check_point_flags, grid, is_count, load_spec
+from tuning.benchmarking.sweep.spec import Point, check_point_flags, grid, is_count, load_spec, predicted_ooms
 from tuning.benchmarking.sweep.state import EXECUTORS, Sweep
 
-__all__ = ["EXECUTORS", "Point", "Sweep", "check_point_flags", "grid", "is_count", "load_spec"]
+__all__ = ["EXECUTORS", "Point", "Sweep", "check_point_flags", "grid", "is_count", "load_spec", "predicted_ooms"]

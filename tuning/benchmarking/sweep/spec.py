@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ SPEC_KEYS = ("base", "axes", "metadata")
 REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
+PREDICTED_OOM = "predicted_oom"  # a point whose memory estimate exceeds the device budget: never started
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 
 
@@ -176,18 +178,30 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     return tokens
 
 
+def load_bench_train(bench_train: Path) -> Any:
+    """bench_train's module, for its parser."""
+    module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def parser_flags(point: Point) -> dict[str, Any]:
+    """A point's flags as bench_train's parser is handed them, its own files' names stood in."""
+    flags = {**point.flags, "output_dir": "point", "metrics_path": "point.json"}
+    flags.pop("metadata")  # a point's labels, read by bench_train as a JSON string: the same for the parser
+    return flags
+
+
 def check_point_flags(points: list[Point], bench_train: Path) -> None:
     """Every point's flags as ``bench_train``'s own parser reads them (unknown flags, values of the wrong type, what
     the trainer refuses), before the first point runs: one bad axis value ends the sweep in seconds, naming the point
     and the flag, not after the points before it ran. Parsing only: files are checked by each point where it runs (a
     Ray node's paths need not be the driver's)."""
-    module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_bench_train(bench_train)
     checked = set()
     for point in points:
-        flags = {**point.flags, "output_dir": "point", "metrics_path": "point.json"}
-        flags.pop("metadata")  # a point's labels, read by bench_train as a JSON string: the same for the parser
+        flags = parser_flags(point)
         if (key := json.dumps(flags, sort_keys=True, default=str)) in checked:
             continue
         checked.add(key)
@@ -195,3 +209,25 @@ def check_point_flags(points: list[Point], bench_train: Path) -> None:
             module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(flags))
         except ValueError as exc:  # the trainer's UserInputError
             raise SystemExit(f"point {point.label}: {exc}") from None
+
+
+def predicted_ooms(points: list[Point], device_memory_gb: float | None, bench_train: Path) -> dict[str, dict[str, Any]]:
+    """Each point's predicted peak memory per device (``tuning.benchmarking.memory``, config only, on its
+    nproc_per_node devices), before any point starts; those above ``device_memory_gb`` (default: the visible GPU's
+    memory; without a budget, on a CPU, nothing is estimated) get ``predicted_oom`` and are never started. Returns
+    point id → its state line's outcome, for the points predicted not to fit."""
+    from tuning.benchmarking import memory
+
+    budget = memory.gib_to_bytes(device_memory_gb) if device_memory_gb else memory.visible_device_memory()
+    if budget is None:
+        return {}
+    module, outcomes = load_bench_train(bench_train), {}
+    for point in points:
+        _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(parser_flags(point)))
+        estimate = memory.estimate_memory(args, devices=point.nproc)
+        print(f"{point.label}: {memory.format_estimate(estimate).splitlines()[0]}", file=sys.stderr)
+        if memory.fits(estimate, budget) is False:
+            reason = f"predicted {estimate['peak_bytes_per_device'] / 2**30:.2f} GiB per device > {budget / 2**30:.2f}"
+            outcomes[point.id] = {"status": PREDICTED_OOM, "category": PREDICTED_OOM, "reason": reason}
+            outcomes[point.id]["estimate"] = estimate
+    return outcomes

@@ -25,10 +25,10 @@ from tuning.benchmarking.sweep.executor import Ended, Executor
 from tuning.benchmarking.sweep.local_executor import LocalExecutor
 from tuning.benchmarking.sweep.point import ATTEMPT_HEADER, point_outcome
 from tuning.benchmarking.sweep.ray_executor import RayExecutor
-from tuning.benchmarking.sweep.spec import BATCH_SIZE_AXIS, Point, smaller_batch_sizes
+from tuning.benchmarking.sweep.spec import BATCH_SIZE_AXIS, PREDICTED_OOM, Point, smaller_batch_sizes
 
 EXECUTORS = ("local", "ray")
-OOM_CATEGORIES = ("gpu_oom", "host_oom")
+OOM_CATEGORIES = ("gpu_oom", "host_oom", PREDICTED_OOM)
 TRANSIENT_CATEGORIES = ("communication", "device_error")
 
 
@@ -106,9 +106,11 @@ class Sweep:
         self.store_files(ended.get("files") or {})
         return point_outcome(self.run_paths(point), ended, self.point_timeout)
 
-    def run(self, executor: Executor, rerun_failed: bool) -> None:
-        """Every point not finished yet, each once its smaller batch sizes have finished. Progress: a bar on stderr
-        of points done / failed / skipped, labelled with the latest start."""
+    def run(self, executor: Executor, rerun_failed: bool, predicted: dict[str, dict] | None = None) -> None:
+        """Every point not finished yet, each once its smaller batch sizes have finished; a point in ``predicted``
+        (``spec.predicted_ooms``) ends with its outcome there, unstarted. Progress: a bar on stderr of points done /
+        failed / skipped, labelled with the latest start."""
+        predicted = predicted or {}
         finished = self.finished(rerun_failed)
         pending = [point for point in self.points if point.id not in finished]
         smaller = {point.id: smaller_batch_sizes(point, self.points) for point in pending}
@@ -119,7 +121,7 @@ class Sweep:
             finished[line["point"]] = line
             status = line["status"]
             done = status in report.FINISHED_STATUSES
-            counts["done" if done else "skipped" if status == "skipped" else "failed"] += 1
+            counts["done" if done else "skipped" if status in ("skipped", PREDICTED_OOM) else "failed"] += 1
             bar.set_postfix(counts, refresh=False)
             bar.update(1)
 
@@ -140,7 +142,7 @@ class Sweep:
                     if None in (below := [finished.get(other.id) for other in smaller[point.id]]):
                         continue
                     ooms = [line for line in below if line.get("category") in OOM_CATEGORIES]
-                    if not ooms and not executor.can_start(point):
+                    if not ooms and point.id not in predicted and not executor.can_start(point):
                         continue
                     pending.remove(point)
                     self.clear(point)
@@ -148,6 +150,9 @@ class Sweep:
                         oom = min(ooms, key=lambda line: line["axes"][BATCH_SIZE_AXIS])
                         reason = f"oom at {BATCH_SIZE_AXIS}={oom['axes'][BATCH_SIZE_AXIS]} ({oom['category']})"
                         finish(self.record(point, status="skipped", category=None, reason=reason, attempts=0))
+                        continue
+                    if point.id in predicted:
+                        finish(self.record(point, **predicted[point.id], attempts=0))
                         continue
                     attempts[point.id] += 1
                     self.begin_attempt(point)
