@@ -46,6 +46,9 @@ class BenchmarkFlags:
     stall_timeout: float | None = flag(None, "Seconds without training progress before the run ends as 'hang'; 0: off.")
     callbacks: str | None = flag(None, "Extra transformers callbacks, 'module:Name[,module:Name]', class or factory.")
     peak_tflops: float | None = flag(None, "The device's dense peak TFLOP/s for MFU; default: the datasheet table's.")
+    profile_steps: str | None = flag(None, "Profile optimizer steps A-B (torch.profiler, every rank): traces, top ops.")
+    profile_memory: bool = flag(False, "With --profile_steps: the memory timeline of the window too.")
+    oom_snapshot: bool = flag(False, "On a GPU: record the allocator's last events; an OOM's dump links a snapshot.")
 
 
 def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelpers | None" = None) -> int:

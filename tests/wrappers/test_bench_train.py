@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.aim import AimServer, read_runs
-from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
+from tests.helpers.bench import (
+    assert_parts_sum_to_step_times,
+    bench_args,
+    csv_by,
+    read_dump,
+    rebuild,
+    run_bench,
+    series,
+    start_bench,
+)
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
 from tests.helpers.nvml import load_fake_nvml
@@ -175,6 +184,9 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     assert "num_input_tokens_seen" not in names
     assert series(dump, "loss")["steps"] == list(range(1, dump["training_steps"] + 1))
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
+    # Step anatomy: SlowSteps sleeps in a callback after each step's end, host work that the next step's rest holds.
+    assert_parts_sum_to_step_times(dump)
+    assert dump["summary"]["bound_by"] == "host" and dump["summary"]["step_parts"]["rest"] > 0.5
 
 
 @pytest.mark.slow
@@ -633,6 +645,8 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
         ),
         (lambda d: {"callbacks": "tests.helpers.nowhere:Nothing"}, "--callbacks tests.helpers.nowhere:Nothing"),
         (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
+        (lambda d: {"profile_steps": "50-60"}, "--profile_steps 50-60 ends after the run's last step (--max_steps 3)"),
+        (lambda d: {"profile_memory": "True"}, "--profile_memory needs --profile_steps"),
         (lambda d: {"max_stesp": "3"}, "unknown flag --max_stesp; did you mean --max_steps?"),
         (lambda d: {"stop_after_second": "3"}, "unknown flag --stop_after_second; did you mean --stop_after_seconds?"),
     ],
