@@ -583,11 +583,20 @@ def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(
 @pytest.mark.slow
 def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model, tmp_path):
     """Rank 1's forward passes sleep 50 ms: both ranks' steps last as long, its forward time shows it. (Rank 0's own
-    compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.)"""
-    args = bench_args(tiny_model, tmp_path, max_steps=6, callbacks=f"{BENCH_CALLBACKS}:SlowForward")
+    compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.) Rank 0 waits for rank 1 in the
+    step's collectives; steps 2-3 are profiled on both ranks, each into its own trace."""
+    args = bench_args(
+        tiny_model, tmp_path, max_steps=6, callbacks=f"{BENCH_CALLBACKS}:SlowForward", profile_steps="2-3"
+    )
     returncode, _, stderr = run_bench(args, torchrun=True, SLOW_FORWARD_SECONDS="0.05", SLOW_FORWARD_RANK="1")
     assert returncode == 0, stderr
-    summary = read_dump(tmp_path / "bench.json")["summary"]
+    dump = read_dump(tmp_path / "bench.json")
+    summary = dump["summary"]
+    assert_parts_sum_to_step_times(dump)
+    assert summary["step_parts"]["communication"] > 0
+    traces = dump["profile"]["traces"]
+    assert [entry["rank"] for entry in traces] == [0, 1] and all(entry["missing"] is None for entry in traces)
+    assert len({entry["trace"] for entry in traces}) == 2 and all((tmp_path / e["trace"]).is_file() for e in traces)
     fast, slow = summary["rank_forward_time_p50"]
     assert slow >= 0.05 and slow > fast
     assert summary["rank_skew"] == pytest.approx(slow / fast) and summary["rank_skew"] > 1
