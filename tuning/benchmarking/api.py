@@ -14,6 +14,7 @@ from tuning.benchmarking.dump import SCHEMA_VERSION, rank_report_path, write_dum
 from tuning.benchmarking.job import BenchmarkJob, flag, load_callbacks, load_metadata, parse_command_line
 from tuning.benchmarking.journal import Journal, journal_path
 from tuning.benchmarking.paths import RunPaths
+from tuning.benchmarking.profiling import OomSnapshot, ProfileCallback
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
@@ -72,6 +73,9 @@ __all__ = [
     "parse_command_line",
     "save",
     "train",
+    # Callbacks any train() caller may pass: a profile of a step window, a CUDA memory snapshot at an OOM.
+    "OomSnapshot",
+    "ProfileCallback",
     # The building blocks of earlier copies of bench_train (deprecated: the job's methods do these steps).
     "AIMSTACK_TRACKER",
     "MLFLOW_TRACKER",
