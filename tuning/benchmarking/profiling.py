@@ -34,6 +34,15 @@ OOM_HISTORY_ENTRIES = 100_000  # allocator events the OOM snapshot keeps: the la
 TRACE, OPS_TABLE, MEMORY_TIMELINE = "trace.json.gz", "ops.txt", "memory_timeline.html"
 MEMORY_SNAPSHOT, MEMORY_SNAPSHOT_HTML = "memory_snapshot.pickle", "memory_snapshot.html"
 _WINDOW = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+_oom_recording = False  # an OomSnapshot records the allocator's history: a window's end hands it back
+
+
+def _resume_oom_recording_or_stop() -> None:
+    """After a window's snapshot: the allocator's recording goes back to an ``OomSnapshot``'s bound, or stops."""
+    if _oom_recording:
+        torch.cuda.memory._record_memory_history(max_entries=OOM_HISTORY_ENTRIES)
+    else:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def parse_window(text: str, max_steps: int | None = None) -> tuple[int, int]:
@@ -189,7 +198,7 @@ class ProfileCallback(TrainerCallback):
                 problems.append(f"memory timeline: {_reason(exc)}")
         if cuda:
             snapshot = memory_snapshot(os.path.join(folder, MEMORY_SNAPSHOT))
-            torch.cuda.memory._record_memory_history(enabled=None)
+            _resume_oom_recording_or_stop()
             problems += [snapshot.pop("missing")] if snapshot["missing"] else []
             files.update(snapshot)
         files["missing"] = "; ".join(problems) or None
@@ -259,8 +268,9 @@ class OomSnapshot(TrainerCallback):
         if device.type != "cuda":
             logger.warning("--oom_snapshot: no CUDA device, no allocator to record: no snapshot at an OOM")
             return
+        global _oom_recording
         torch.cuda.memory._record_memory_history(max_entries=OOM_HISTORY_ENTRIES)
-        self.recording = True
+        self.recording = _oom_recording = True
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
         if attach is not None:
             attach(lambda *_: self.take())
