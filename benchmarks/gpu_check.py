@@ -1,13 +1,13 @@
 """What only a GPU can show, in one command: ``make gpu-check`` (``python -m benchmarks.gpu_check``), on one CUDA
 device, in under 8 minutes, with nothing downloaded.
 
-A random-initialised ~1 B Llama and its data, built locally; bench_train against bare TRL on identical work,
-alternated as ``benchmarks/overhead.py`` runs its arms; a real OOM; the NVML series and CUDA peak memory in
-bench_train's dump. One Markdown table (figure, value, target, ✓/✗), printed and written to ``--output`` with the raw
-numbers beside it (.json); exit 0 when every target is met (and without CUDA), 1 otherwise.
-docs/performance.md's "On a GPU" section says what each figure means and what the check needs. On the lent GPU
-machine, which has no network, ``benchmarks/gpu_device.sh`` runs it; ``--cpu_rehearsal`` runs every step on CPU with
-stand-ins.
+A random-initialised ~1 B Llama and its data, built locally; bench_train against bare TRL on identical work, alternated
+as ``benchmarks/overhead.py`` runs its arms; a real OOM and its memory snapshot; the NVML series, CUDA peak memory and
+the CUDA-event step anatomy in bench_train's dump; a profiled step window with its memory snapshot. One Markdown table
+(figure, value, target, ✓/✗), printed and written to ``--output`` with the raw numbers beside it (.json); exit 0 when
+every target is met (and without CUDA), 1 otherwise. docs/performance.md's "On a GPU" section says what each figure
+means and what the check needs. On the lent GPU machine, which has no network, ``benchmarks/gpu_device.sh`` runs it;
+``--cpu_rehearsal`` runs every step on CPU with stand-ins.
 """
 
 import argparse
@@ -35,7 +35,7 @@ from transformers.utils import is_flash_attn_2_available
 from benchmarks import overhead
 from benchmarks.bare_trl import CUDA_PEAK_FILE
 from tuning.benchmarking import system_metrics
-from tuning.benchmarking.dump import STEP_TOKENS
+from tuning.benchmarking.dump import STEP_PART_SERIES, STEP_TIME, STEP_TOKENS
 from tuning.benchmarking.system_metrics import GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT, GPU_UTILIZATION
 from tuning.data.loading import load_records
 from tuning.utils.error_logging import ErrorCategory, exit_code_for
@@ -63,6 +63,9 @@ RATIOS = {"tokens_per_second": "tokens_per_second_ratio", "step_s": "step_time_r
 NVML_SERIES = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_POWER, GPU_POWER_PERCENT)
 PADDING_FREE_STEPS = 20  # optimizer steps of each padded and padding-free job
 PADDING_FREE_JOB = "padded against padding-free (varied lengths)"
+PROFILE_WINDOW = (2, 3)  # the profile job's --profile_steps; it trains one step more
+PROFILE_JOB = "profile job (steps {first}-{last})"
+ANATOMY_TOLERANCE = 0.05  # the step parts' sum against the step time, relative
 EFFICIENCY_KEYS = ("mfu", "peak_tflops_per_device", "joules_per_token", "energy_source")  # of the dump's summary
 
 
@@ -261,14 +264,40 @@ def run_oom(command: list[str], run_dir: Path, env: dict[str, str], gpu: Gpu) ->
     while after is not None and after > before + FREED_TOLERANCE_BYTES and time.monotonic() - exited < FREED_WAIT_S:
         time.sleep(0.2)
         after = gpu.memory_used()
+    dump = read_json(run_dir / "metrics.json", {})
+    snapshot = dump.get("oom_snapshot") or {}
     return {
         "exit_code": process.returncode,
-        "dump_category": (read_json(run_dir / "metrics.json", {}).get("error") or {}).get("category"),
+        "dump_category": (dump.get("error") or {}).get("category"),
+        "oom_snapshot": snapshot,
+        "oom_snapshot_bytes": file_size(run_dir, snapshot.get("memory_snapshot")),
         "termination_log": termination_log.read_text().strip() if termination_log.exists() else None,
         "memory_before_bytes": before,
         "memory_after_bytes": after,
         "freed_after_s": time.monotonic() - exited if after is not None else None,
         "stderr_tail": stderr_path.read_text(errors="replace")[-2000:],
+    }
+
+
+def file_size(folder: Path, relative: str | None) -> int | None:
+    """The size of a file a dump links (relative to its folder), None when it links none or it is not there."""
+    path = folder / relative if relative else None
+    return path.stat().st_size if path is not None and path.is_file() else None
+
+
+def run_profile(command: list[str], run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The profile job: its dump's profile, the trace's and the window's memory snapshot's sizes, its anatomy."""
+    run_dir.mkdir(parents=True)
+    with (run_dir / "stderr.log").open("w", encoding="utf-8") as stderr:
+        subprocess.run(command, env=env, cwd=overhead.REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr, check=True)
+    dump = json.loads((run_dir / "metrics.json").read_text())
+    profile = dump["profile"]
+    files = profile["traces"][0]
+    return {
+        "profile": profile,
+        "trace_bytes": file_size(run_dir, files.get("trace")),
+        "memory_snapshot_bytes": file_size(run_dir, files.get("memory_snapshot")),
+        **anatomy_summary(dump),
     }
 
 
@@ -292,6 +321,26 @@ def dump_summary(dump: dict[str, Any]) -> dict[str, Any]:
         "estimate": dump.get("estimate"),
         "peak_tensor_bytes": dump["summary"].get("peak_tensor_bytes"),
         "memory_estimate_ratio": dump["summary"].get("memory_estimate_ratio"),
+        **anatomy_summary(dump),
+    }
+
+
+def anatomy_summary(dump: dict[str, Any]) -> dict[str, Any]:
+    """The step anatomy of a dump: the median over its steps of the parts' sum over the step time, the parts' median
+    shares and bound_by with its figures."""
+    per_step = {m["name"]: dict(zip(m["steps"], m["values"], strict=True)) for m in dump["metrics"] if not m["context"]}
+    times = per_step.get(STEP_TIME, {})
+    sums = [
+        sum(per_step.get(name, {}).get(step) or 0.0 for name in STEP_PART_SERIES.values()) / seconds
+        for step, seconds in times.items()
+        if seconds
+    ]
+    summary = dump["summary"]
+    return {
+        "parts_sum_ratio": statistics.median(sums) if sums else None,
+        "step_parts": summary.get("step_parts"),
+        "bound_by": summary.get("bound_by"),
+        "bound_by_shares": summary.get("bound_by_shares"),
     }
 
 
@@ -336,11 +385,19 @@ def run_check(
     last_dump = overhead.run_dir_of(workdir, "bench_train", workload.rounds - 1) / "metrics.json"
     oom_work = replace(workload, batch_size=workload.oom_batch_size)
     oom_command = [*job_command("bench_train", oom_work, model_dir, data_path, oom_dir, attention), *oom_flags]
+    oom_command.append("--oom_snapshot")
+    profile_dir = workdir / "profile"
+    profile_work = replace(workload, max_steps=PROFILE_WINDOW[1] + 1, warmup_steps=1)
+    profile_command = [
+        *job_command("bench_train", profile_work, model_dir, data_path, profile_dir, attention),
+        *("--trackers", "none", "--profile_steps", "{}-{}".format(*PROFILE_WINDOW)),
+    ]
     steps = {
         "model": lambda: build_model(model_dir, workload),
         "throughput": throughput,
         "dump": lambda: dump_summary(json.loads(last_dump.read_text())),
         "oom": lambda: run_oom(oom_command, oom_dir, env, gpu),
+        "profile": lambda: run_profile(profile_command, profile_dir, env),
         "padding_free": lambda: run_padding_free(padding_free, padding_free_dir, env),
     }
     for name, step in steps.items():
@@ -432,6 +489,7 @@ def dump_rows(results: dict[str, Any]) -> list[Row]:
         Row("bench_train's tokens per step", per_step, per_step_target, tokens == [work.tokens_per_step]),
         *memory_estimate_rows(dump, reserved, allocated),
         *efficiency_rows(dump),
+        *anatomy_rows(dump),
     ]
     same_job = results["throughput"].get("jobs", {}).get(f"bench_train-{work.rounds - 1}")
     if same_job and dump["tokens_per_second"]:
@@ -474,6 +532,49 @@ def efficiency_rows(dump: dict[str, Any]) -> list[Row]:
     ]
 
 
+def anatomy_rows(anatomy: dict[str, Any]) -> list[Row]:
+    """The step anatomy (CUDA events on a GPU): its parts sum to the step time; what the steps were bound by."""
+    ratio, shares, bound = anatomy["parts_sum_ratio"], anatomy["step_parts"] or {}, anatomy["bound_by"]
+    compute = [shares.get(part) for part in ("forward", "backward", "optimizer")]
+    parts = ", ".join(f"{part} {share:.2f}" for part, share in shares.items() if share is not None) or "—"
+    ratio_ok = ratio is not None and abs(ratio - 1) <= ANATOMY_TOLERANCE and all(compute)
+    return [
+        Row(
+            "step anatomy: the parts' sum ÷ the step time (median)",
+            "—" if ratio is None else f"{ratio:.3f}× ({parts})",
+            f"1 ± {ANATOMY_TOLERANCE}, forward, backward, optimizer > 0",
+            ratio_ok,
+        ),
+        Row("bound_by (the dump's)", f"{bound} {json.dumps(anatomy['bound_by_shares'])}"),
+    ]
+
+
+def profile_rows(results: dict[str, Any]) -> list[Row]:
+    """The profiled window: a trace, top operators (CUDA ones on a GPU) and the window's CUDA memory snapshot."""
+    measured, job = results["profile"], PROFILE_JOB.format(first=PROFILE_WINDOW[0], last=PROFILE_WINDOW[1])
+    profile = measured["profile"]
+    ops = profile["top_ops"] or {}
+    cpu_ops, cuda_ops = len(ops.get("cpu") or []), len(ops.get("cuda") or [])
+    trace_ok = profile["profiled_steps"] == list(PROFILE_WINDOW) and bool(measured["trace_bytes"]) and cpu_ops > 0
+    snapshot = measured["memory_snapshot_bytes"]
+    missing = profile["traces"][0].get("missing") or "—"
+    return [
+        Row(
+            f"{job}: trace and top operators",
+            f"steps {profile['profiled_steps']}, trace {measured['trace_bytes'] or 0:,} B, {cpu_ops} CPU / "
+            f"{cuda_ops} CUDA ops",
+            f"steps {list(PROFILE_WINDOW)}, a trace, CPU and CUDA ops",
+            trace_ok and cuda_ops > 0,
+        ),
+        Row(
+            f"{job}: the window's CUDA memory snapshot",
+            f"{snapshot:,} B" if snapshot else f"none ({missing})",
+            "written",
+            bool(snapshot),
+        ),
+    ]
+
+
 def oom_rows(results: dict[str, Any]) -> list[Row]:
     oom, category, job = results["oom"], ErrorCategory.GPU_OOM, OOM_JOB.format(**results["workload"])
     code, expected, line = oom["exit_code"], exit_code_for(category), oom["termination_log"] or "none"
@@ -484,10 +585,18 @@ def oom_rows(results: dict[str, Any]) -> list[Row]:
     freed = f"{(after - before) / GIB:+.2f} GiB, {oom['freed_after_s']:.1f} s after exit" if measured else "— (no NVML)"
     freed_target = f"≤ +{FREED_TOLERANCE_BYTES / GIB:.0f} GiB within {FREED_WAIT_S:.0f} s"
     freed_ok = measured and after - before <= FREED_TOLERANCE_BYTES
+    snapshot, snapshot_bytes = oom.get("oom_snapshot") or {}, oom.get("oom_snapshot_bytes")
+    snapshot_value = f"{snapshot_bytes:,} B" if snapshot_bytes else f"none ({snapshot.get('missing') or 'no link'})"
     return [
         Row(f"{job}: exit code", str(code), str(expected), code == expected),
         Row(f"{job}: category in the dump / termination log", categories, f"{category} in both", categories_ok),
         Row(f"{job}: GPU memory in use after it, against before", freed, freed_target, freed_ok),
+        Row(
+            f"{job}: memory snapshot at the failure",
+            snapshot_value,
+            "linked, written",
+            bool(snapshot_bytes),
+        ),
     ]
 
 
@@ -509,6 +618,7 @@ STEP_ROWS = {
     "throughput": ("throughput: bench_train against bare TRL", throughput_rows),
     "dump": ("the last bench_train dump", dump_rows),
     "oom": (OOM_JOB, oom_rows),
+    "profile": (PROFILE_JOB.format(first=PROFILE_WINDOW[0], last=PROFILE_WINDOW[1]), profile_rows),
     "padding_free": (PADDING_FREE_JOB, padding_free_rows),
 }
 

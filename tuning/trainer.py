@@ -1,7 +1,8 @@
 """The one ``Trainer`` of this package: TRL's ``SFTTrainer``, subclassed in one place so that every feature that
 must change how a step or a checkpoint runs (the loss's reduction, per-rank data timing, a checkpoint at SIGTERM)
 extends this class instead of adding a trainer of its own. Callbacks with these methods hear of what no transformers
-event tells: ``on_train_entered(time)``, ``on_batches_fetched(seconds)``, ``on_time_spent(what, seconds)``.
+event tells: ``on_train_entered(time)``, ``on_batches_fetched(seconds)``, ``on_batches_counted(seconds)``,
+``on_micro_batch_end()``, ``on_time_spent(what, seconds)``.
 ``tuning.sft_trainer.train()`` builds it; importing this module loads TRL, so callers import it lazily."""
 
 import os
@@ -39,8 +40,10 @@ class TuningTrainer(SFTTrainer):
     Per-rank data timing: each optimizer step's batches are fetched in ``get_batch_samples``, which then counts the
     batch's items across ranks (a collective: every rank waits there for the slowest). Only the data loader's
     ``next`` calls are timed, and every callback with an ``on_batches_fetched(seconds)`` method gets this rank's
-    own fetch time of the step's batches (``tuning.benchmarking``'s callback does); ``on_label_tokens(count)`` gets
-    this rank's label tokens of those batches (``label_tokens``), the tokens its loss trains on.
+    own fetch time of the step's batches (``tuning.benchmarking``'s callback does), and ``on_batches_counted(seconds)``
+    the rest of ``get_batch_samples`` (the count, a collective under torchrun); ``on_label_tokens(count)`` gets this
+    rank's label tokens of those batches (``label_tokens``), the tokens its loss trains on. ``on_micro_batch_end()``
+    follows each micro-batch's ``training_step`` (its forward and backward): the step anatomy's end of a backward pass.
 
     Checkpoints: each one is marked complete only after every rank has written its part (``tuning.utils.checkpoints``
     says how a resume tells), and ``save_total_limit`` rotates old ones out only then, so that the newest complete
@@ -176,11 +179,18 @@ class TuningTrainer(SFTTrainer):
         return (loss, outputs) if return_outputs else loss
 
     def get_batch_samples(self, epoch_iterator: Iterator, num_batches: int, device: Any) -> tuple[list, Any]:
+        began = time.perf_counter()
         timed = _TimedIterator(epoch_iterator)
         result = super().get_batch_samples(timed, num_batches, device)
         self._tell("on_batches_fetched", timed.seconds)
         self._tell("on_label_tokens", label_tokens(result[0]))
+        self._tell("on_batches_counted", time.perf_counter() - began - timed.seconds)
         return result
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        self._tell("on_micro_batch_end")
+        return loss
 
 
 def label_tokens(batches: list[dict[str, Any]]) -> torch.Tensor | int:

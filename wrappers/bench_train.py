@@ -49,6 +49,9 @@ class BenchmarkFlags:
     estimate_memory: bool = flag(False, "Only predict the job's peak memory per device from its config; train nothing.")
     suggest_devices: float | None = flag(None, "Only print the fewest devices of this many GB the job fits on.")
     memory_estimate: bool = flag(True, "Predict the peak memory before training and measure the real one beside it.")
+    profile_steps: str | None = flag(None, "Profile optimizer steps A-B (torch.profiler, every rank): traces, top ops.")
+    profile_memory: bool = flag(False, "With --profile_steps: the memory timeline of the window too.")
+    oom_snapshot: bool = flag(False, "On a GPU: record the allocator's last events; an OOM's dump links a snapshot.")
 
 
 def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelpers | None" = None) -> int:

@@ -164,12 +164,13 @@ def test_failed_steps_become_failed_rows_and_the_table_escapes_pipes():
         "throughput": {"error": "RuntimeError: trl run 0 failed (exit 1); stderr ends with:"},
         "dump": {"error": "FileNotFoundError: metrics.json"},
         "oom": {"error": "TimeoutExpired: 300 s"},
+        "profile": {"error": "CalledProcessError: exit 1"},
         "padding_free": {"error": "CalledProcessError: exit 1"},
         "seconds": 600.0,
     }
     rows = gpu_check.table_rows(results)
     failed = [row for row in rows if row.value.startswith("failed: ")]
-    assert [row.ok for row in failed] == [False] * 5
+    assert [row.ok for row in failed] == [False] * 6
     assert rows[-1].value == "10 min 0 s" and rows[-1].ok is False
     table = gpu_check.markdown([*rows, gpu_check.Row("a | b", "1 | 2", "", None)]).splitlines()
     assert table[:2] == ["| figure | value | target | ✓/✗ |", "|---|---|---|---|"]
@@ -201,7 +202,7 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         )
     finally:
         gpu.close()
-    for step in ("model", "throughput", "dump", "oom", "padding_free"):
+    for step in ("model", "throughput", "dump", "oom", "profile", "padding_free"):
         assert "error" not in results[step], results[step]
 
     # Both arms trained the same batches: identical losses on CPU; no CUDA, so no peaks.
@@ -228,6 +229,13 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
     assert (oom["exit_code"], oom["dump_category"]) == (204, "gpu_oom"), oom["stderr_tail"]
     assert oom["termination_log"].startswith("gpu_oom: OutOfMemoryError: CUDA out of memory.")
     assert oom["memory_before_bytes"] == oom["memory_after_bytes"] == 60 * 2**30 and oom["freed_after_s"] < 1
+    assert oom["oom_snapshot"]["missing"] == "no CUDA device was recording: a memory snapshot needs one"
+
+    # The step anatomy's parts sum to the step time; the profile job traced its window, without CUDA's parts.
+    assert dump["parts_sum_ratio"] == pytest.approx(1, abs=0.05) and dump["bound_by"] is not None
+    profile = results["profile"]
+    assert profile["profile"]["profiled_steps"] == list(gpu_check.PROFILE_WINDOW) and profile["trace_bytes"] > 0
+    assert profile["profile"]["top_ops"]["cpu"] and profile["memory_snapshot_bytes"] is None
 
     rows = {row.figure: row for row in gpu_check.table_rows(results)}
     assert rows["caching allocator overhead (reserved − allocated)"].value == "—"  # no CUDA here
@@ -247,6 +255,10 @@ def test_the_whole_check_runs_on_cpu_with_stand_ins_for_nvml_and_the_oom(tmp_pat
         "MFU in the dump (dense bf16 peak from the datasheet table)": False,  # CPU: no peak, no MFU
         "energy per token in the dump": True,
         "energy source": True,  # the stand-in's counter
+        "step anatomy: the parts' sum ÷ the step time (median)": True,
+        "profile job (steps 2-3): trace and top operators": False,  # no CUDA operators here
+        "profile job (steps 2-3): the window's CUDA memory snapshot": False,
+        "OOM job (batch 3): memory snapshot at the failure": False,
     }
     assert {figure: rows[figure].ok for figure in expected} == expected
     padding_free = results["padding_free"]  # one measured round of each arm, on data whose batches need padding

@@ -2,9 +2,13 @@
 
 import csv
 import json
+import math
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.training import BENCH_TRAIN, TORCHRUN, Job, cli_args, run_python, two_ranks
+from tuning.benchmarking.dump import STEP_PART_SERIES, STEP_TIME
 from tuning.benchmarking.schema import validate_dump
 
 
@@ -54,3 +58,23 @@ def csv_by(path: Path, column: str) -> dict[str, dict[str, str]]:
     """The rows of a CSV file (a report's, a comparison's) by their value in ``column``."""
     with path.open(newline="") as handle:
         return {row[column]: row for row in csv.DictReader(handle)}
+
+
+def step_parts(dump: dict) -> dict[int, dict[str, float]]:
+    """Each step's parts from the dump's series."""
+    parts: dict[int, dict[str, float]] = {}
+    for part, name in STEP_PART_SERIES.items():
+        found = [m for m in dump["metrics"] if m["name"] == name]
+        for metric in found:
+            for step, value in zip(metric["steps"], metric["values"], strict=True):
+                parts.setdefault(step, {})[part] = value
+    return parts
+
+
+def assert_parts_sum_to_step_times(dump: dict) -> None:
+    """Each step's parts (step anatomy) add up to its step time, within 5 %."""
+    times = dict(zip(*(series(dump, STEP_TIME)[key] for key in ("steps", "values")), strict=True))
+    parts = step_parts(dump)
+    assert sorted(parts) == sorted(times)
+    for step, seconds in times.items():
+        assert math.fsum(parts[step].values()) == pytest.approx(seconds, rel=0.05), (step, parts[step], seconds)

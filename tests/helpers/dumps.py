@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
+from tuning.benchmarking.dump import STEP_PART_SERIES, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND
 from tuning.benchmarking.journal import Journal
 from tuning.benchmarking.record import RunRecord
 
@@ -24,12 +24,13 @@ def write_dump(
     tokens: int = 100,
     samples: int = 4,
     losses: list[float] | None = None,
+    parts: dict[str, float] | None = None,
     **notes: Any,
 ) -> dict[str, Any]:
     """Write at ``path`` the dump of a 1-rank run whose steps took ``step_seconds`` with ``tokens`` and ``samples``
     each (and the throughput series the callback records), a training loss per step (``losses``; default 2/step,
     the same in every run; [] for none), ``warmup`` steps of warmup, ``metadata`` and callback ``notes``; return it.
-    Its journal is thrown away."""
+    ``parts``: each step's anatomy as shares of its time (``{"data": 0.5, ...}``). Its journal is thrown away."""
     losses = [2.0 / step for step in range(1, len(step_seconds) + 1)] if losses is None else losses
     with tempfile.TemporaryDirectory() as scratch:
         header = {"experiment": None, "host": "h", "rank": 0, "world_size": 1, "environment": ENVIRONMENT}
@@ -38,6 +39,10 @@ def write_dump(
         for step, seconds in enumerate(step_seconds, start=1):
             record.record_many([(STEP_TIME, seconds, step, None), (STEP_TOKENS, tokens, step, None)])
             record.record_many([(STEP_SAMPLES, samples, step, None), (TOKENS_PER_SECOND, tokens / seconds, step, None)])
+            if parts:
+                record.record_many(
+                    [(STEP_PART_SERIES[part], share * seconds, step, None) for part, share in parts.items()]
+                )
             if step <= len(losses):
                 record.record("loss", losses[step - 1], step=step)
             if step == warmup:

@@ -527,3 +527,28 @@ def test_time_to_target_on_the_tiny_model(bench_compare, learning_and_frozen, tm
     times = series_values(dump, "step_time_seconds")[:step]
     assert float(row["baseline_time_to_target"]) == pytest.approx(sum(times))
     assert (row["candidate_steps_to_target"], row["candidate_not_converged"]) == ("", "1")
+
+
+def test_a_slower_point_names_the_step_part_and_the_operators_that_grew_most(bench_compare, tmp_path, capsys):
+    """The candidate's steps are 10 % longer, all of it in the backward pass, and its profile shows aten::bmm's self
+    time up by 2.5 ms over its two profiled steps: the row names backward, by how much, and aten::bmm first."""
+    shares = {"data": 0.1, "forward": 0.3, "backward": 0.3, "optimizer": 0.2, "rest": 0.1}
+    grown = {part: (share + 0.1 if part == "backward" else share) / 1.1 for part, share in shares.items()}
+    for side, factor, parts, bmm in (("base", 1.0, shares, 500.0), ("cand", 1.1, grown, 3000.0)):
+        ops = [
+            {"name": name, "calls": 2, "self_cpu_us": us, "cpu_total_us": us, "self_device_us": 0.0}
+            for name, us in (("aten::mm", 1000.0), ("aten::bmm", bmm))
+        ]
+        profile = {"steps": [3, 4], "profiled_steps": [3, 4], "top_ops": {"cpu": ops}, "traces": [], "missing": None}
+        for index, seconds in enumerate(SECONDS):
+            path = tmp_path / side / f"run-{index}.json"
+            dump = write_dump(path, [seconds * factor] * 4, {"batch": 1, "repeat": index}, parts=parts, profile=profile)
+            dump["config"] = CONFIG
+            path.write_text(json.dumps(dump))
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    row = rows["batch=1"]
+    assert code == 1 and row["verdict"] == "slower"
+    backward = 1000 * 0.1 * median(SECONDS)  # the grown share of the median run's step, in ms
+    assert row["slower_part"].startswith(f"backward +{backward:.3g} ms/step")
+    assert row["slower_part"].endswith("cpu operators grown most per step: aten::bmm +1.25 ms")
+    assert f"grew most: {row['slower_part']}" in out

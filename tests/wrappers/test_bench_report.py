@@ -262,3 +262,24 @@ def test_the_goodput_column_and_its_stacked_bar_per_run(tmp_path, capsys):
         assert float(rows[name]["goodput"]) == pytest.approx(dump["summary"]["goodput"]["productive_fraction"])
     assert tmp_path / "out" / "goodput.png" in outputs
     assert (tmp_path / "out" / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bound_by_the_step_shares_and_a_link_to_each_rank_s_trace(tmp_path, capsys):
+    """Each run's row says what its steps wait on, each part's share, and links its ranks' traces from the report."""
+    profile = {"steps": [3, 4], "profiled_steps": [3, 4], "top_ops": None, "missing": None}
+    profile["traces"] = [
+        {"rank": rank, "trace": f"bench.profile/rank{rank}/trace.json.gz", "table": None, "missing": None}
+        for rank in (0, 1)
+    ]
+    shares = {"data": 0.6, "forward": 0.2, "backward": 0.1, "optimizer": 0.05, "rest": 0.05}
+    write_dump(tmp_path / "runs" / "slow-data.json", [1.0] * 4, {"model": "a"}, parts=shares, profile=profile)
+    write_dump(tmp_path / "runs" / "plain.json", [1.0] * 4, {"model": "b"})
+    write_report([str(tmp_path / "runs")], output_dir=str(tmp_path / "out"))
+    rows = read_csv(tmp_path / "out" / "report.csv")
+    assert rows["slow-data"]["bound_by"] == "data"
+    assert rows["slow-data"]["step_parts"] == "data 0.60, forward 0.20, backward 0.10, optimizer 0.05, rest 0.05"
+    traces = [f"../runs/bench.profile/rank{rank}/trace.json.gz" for rank in (0, 1)]
+    assert rows["slow-data"]["traces"] == " ".join(traces)
+    assert rows["plain"]["bound_by"] == rows["plain"]["step_parts"] == rows["plain"]["traces"] == ""
+    table = (tmp_path / "out" / "report.md").read_text()
+    assert f"[rank0]({traces[0]}) [rank1]({traces[1]})" in table

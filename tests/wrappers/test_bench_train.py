@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.aim import AimServer, read_runs
-from tests.helpers.bench import bench_args, csv_by, read_dump, rebuild, run_bench, series, start_bench
+from tests.helpers.bench import (
+    assert_parts_sum_to_step_times,
+    bench_args,
+    csv_by,
+    read_dump,
+    rebuild,
+    run_bench,
+    series,
+    start_bench,
+)
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
 from tests.helpers.nvml import load_fake_nvml
@@ -182,6 +191,9 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     assert all(0 < n < t for n, t in zip(labels["values"], tokens["values"], strict=True))
     assert dump["summary"]["label_tokens"] == sum(labels["values"])
     assert dump["environment"]["torch"] and dump["environment"]["cuda"] is None
+    # Step anatomy: SlowSteps sleeps in a callback after each step's end, host work that the next step's rest holds.
+    assert_parts_sum_to_step_times(dump)
+    assert dump["summary"]["bound_by"] == "host" and dump["summary"]["step_parts"]["rest"] > 0.5
 
 
 @pytest.mark.slow
@@ -588,11 +600,20 @@ def test_lora_dump_without_a_counter_integrates_power_and_has_no_mfu_on_cpu(
 @pytest.mark.slow
 def test_a_rank_with_a_slow_forward_pass_is_named_by_its_forward_time(tiny_model, tmp_path):
     """Rank 1's forward passes sleep 50 ms: both ranks' steps last as long, its forward time shows it. (Rank 0's own
-    compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.)"""
-    args = bench_args(tiny_model, tmp_path, max_steps=6, callbacks=f"{BENCH_CALLBACKS}:SlowForward")
+    compute is not a floor: on two shared cores it gets the CPU rank 1 sleeps away.) Rank 0 waits for rank 1 in the
+    step's collectives; steps 2-3 are profiled on both ranks, each into its own trace."""
+    args = bench_args(
+        tiny_model, tmp_path, max_steps=6, callbacks=f"{BENCH_CALLBACKS}:SlowForward", profile_steps="2-3"
+    )
     returncode, _, stderr = run_bench(args, torchrun=True, SLOW_FORWARD_SECONDS="0.05", SLOW_FORWARD_RANK="1")
     assert returncode == 0, stderr
-    summary = read_dump(tmp_path / "bench.json")["summary"]
+    dump = read_dump(tmp_path / "bench.json")
+    summary = dump["summary"]
+    assert_parts_sum_to_step_times(dump)
+    assert summary["step_parts"]["communication"] > 0
+    traces = dump["profile"]["traces"]
+    assert [entry["rank"] for entry in traces] == [0, 1] and all(entry["missing"] is None for entry in traces)
+    assert len({entry["trace"] for entry in traces}) == 2 and all((tmp_path / e["trace"]).is_file() for e in traces)
     fast, slow = summary["rank_forward_time_p50"]
     assert slow >= 0.05 and slow > fast
     assert summary["rank_skew"] == pytest.approx(slow / fast) and summary["rank_skew"] > 1
@@ -650,6 +671,8 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
         ),
         (lambda d: {"callbacks": "tests.helpers.nowhere:Nothing"}, "--callbacks tests.helpers.nowhere:Nothing"),
         (lambda d: {"peak_tflops": "0"}, "--peak_tflops must be positive, got 0.0"),
+        (lambda d: {"profile_steps": "50-60"}, "--profile_steps 50-60 ends after the run's last step (--max_steps 3)"),
+        (lambda d: {"profile_memory": "True"}, "--profile_memory needs --profile_steps"),
         (lambda d: {"max_stesp": "3"}, "unknown flag --max_stesp; did you mean --max_steps?"),
         (lambda d: {"stop_after_second": "3"}, "unknown flag --stop_after_second; did you mean --stop_after_seconds?"),
         (

@@ -15,6 +15,7 @@ from tuning.benchmarking.job import BenchmarkJob, flag, load_callbacks, load_met
 from tuning.benchmarking.journal import Journal, journal_path
 from tuning.benchmarking.memory import PeakTensorMeter, estimate_memory, format_estimate, suggest_devices
 from tuning.benchmarking.paths import RunPaths
+from tuning.benchmarking.profiling import OomSnapshot, ProfileCallback
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
@@ -78,6 +79,9 @@ __all__ = [
     "format_estimate",
     "suggest_devices",
     "PeakTensorMeter",
+    # Callbacks any train() caller may pass: a profile of a step window, a CUDA memory snapshot at an OOM.
+    "OomSnapshot",
+    "ProfileCallback",
     # The building blocks of earlier copies of bench_train (deprecated: the job's methods do these steps).
     "AIMSTACK_TRACKER",
     "MLFLOW_TRACKER",

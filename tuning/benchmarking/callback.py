@@ -21,10 +21,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl
 
+from tuning.benchmarking.anatomy import StepAnatomy
 from tuning.benchmarking.dump import (
     DATA_FETCH_SHARE,
     STEP_IMAGE_TOKENS,
     STEP_LABEL_TOKENS,
+    STEP_PART_SERIES,
     STEP_SAMPLES,
     STEP_TIME,
     STEP_TOKENS,
@@ -60,6 +62,7 @@ class BenchmarkCallback(TrainerCallback):
     ``peak_tflops`` is the device's dense peak for MFU (default: ``flops.PEAK_TFLOPS``'s row for the CUDA device).
     ``mirror(points)`` gets ``(name, value, step, context)`` points of the step time, throughput (per series the mean
     since its previous point, every ``mirror_interval`` seconds and at the end) and system series (step None).
+    ``step_anatomy``: rank 0 records each step's parts (``tuning.benchmarking.anatomy``); off only to measure its cost.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class BenchmarkCallback(TrainerCallback):
         mirror_interval: float = MIRROR_INTERVAL_S,
         peak_tflops: float | None = None,
         process_times: dict[str, float] | None = None,
+        step_anatomy: bool = True,
     ):
         self.record = record
         self.stop_rule = stop_rule
@@ -102,6 +106,9 @@ class BenchmarkCallback(TrainerCallback):
         self._tokens: StepTokenCounter | None = None
         self._rank_times: RankTimes | None = None
         self._fetch_unmeasurable: str | None = None  # why each rank's own data fetch cannot be timed, if so
+        self.step_anatomy = step_anatomy
+        self._anatomy: StepAnatomy | None = None
+        self._collective_seconds = 0.0  # the stop agreement's, as of the last step end
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
@@ -124,10 +131,14 @@ class BenchmarkCallback(TrainerCallback):
         if model is not None:
             self._tokens = StepTokenCounter(model, args.device, _image_token_id(model))
             self._rank_times = RankTimes(model, args.device)
+            if self.step_anatomy and self._main and self.record is not None:
+                self._anatomy = StepAnatomy(model, args.device, distributed=args.world_size > 1)
         self._fetch_unmeasurable = _dispatched(kwargs.get("train_dataloader"), args.world_size)
         if self.sampler is not None:
             self.sampler.start()
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
+        if self._anatomy is not None:
+            self._anatomy.begin()
         if self._main and self.record is not None:
             self.record.note(
                 **({TRAIN_ENTERED: self._train_entered} if self._train_entered is not None else {}),
@@ -164,6 +175,18 @@ class BenchmarkCallback(TrainerCallback):
         """``TuningTrainer``'s report: this rank fetched the coming optimizer step's batches in ``seconds``."""
         if self._rank_times is not None:
             self._rank_times.batches_fetched(seconds)
+        if self._anatomy is not None:
+            self._anatomy.batches_fetched(seconds)
+
+    def on_batches_counted(self, seconds: float) -> None:
+        """``TuningTrainer``'s report: counting the fetched batches' items (across ranks) took ``seconds``."""
+        if self._anatomy is not None:
+            self._anatomy.batches_counted(seconds)
+
+    def on_micro_batch_end(self) -> None:
+        """``TuningTrainer``'s report: a micro-batch's forward and backward are done."""
+        if self._anatomy is not None:
+            self._anatomy.micro_batch_ends()
 
     def on_label_tokens(self, count: Any) -> None:
         """``TuningTrainer``'s report: the label tokens of this rank's batches of the coming optimizer step."""
@@ -176,6 +199,13 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
+        if self._anatomy is not None:
+            waited, self._collective_seconds = (
+                self.stop_agreement.collective_seconds - self._collective_seconds,
+                self.stop_agreement.collective_seconds,
+            )
+            self._anatomy.collective_waited(waited)
+            self._anatomy.step_ends(state.global_step)
         step, duration = state.global_step, now - self._last_step_end
         self._last_step_end, self.global_step = now, step
         if self._tokens is not None:
@@ -258,6 +288,9 @@ class BenchmarkCallback(TrainerCallback):
         if self._rank_times is not None:
             self._rank_times.detach()
             self._rank_times = None
+        if self._anatomy is not None:
+            self._anatomy.detach()
+            self._anatomy = None
         if self.watchdog is not None:
             self.watchdog.disarm()
         if self.sampler is not None:
@@ -288,6 +321,14 @@ class BenchmarkCallback(TrainerCallback):
                 else:  # a trainer log
                     points = [(name, value, step, context) for name, context, value in log_series(entry)]
                 batches.append((at, points))
+            if self._anatomy is not None and (anatomy := self._anatomy.ready(wait)):
+                points = [
+                    (STEP_PART_SERIES[part], seconds, step, None)
+                    for step, parts in anatomy
+                    for part, seconds in parts.items()
+                    if seconds is not None
+                ]
+                batches.append((now, points))
             if counted and self._main:
                 points = []
                 for step, duration, tokens in counted:

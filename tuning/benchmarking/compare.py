@@ -17,7 +17,7 @@ from typing import Any
 from tuning.benchmarking import quality
 from tuning.benchmarking import report as bench_report
 from tuning.benchmarking import statistics as stats
-from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_TIME, TOKENS_PER_SECOND, measured_step
+from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_PART_SERIES, STEP_TIME, TOKENS_PER_SECOND, measured_step
 
 PROG = "bench_compare.py"
 IGNORED_KEYS = ("repeat",)  # a sweep's repeat index: the runs of one point, never a point of its own
@@ -239,6 +239,7 @@ def compare_points(
             **dict.fromkeys(("ratio", "ci_low", "ci_high", "p_value", "p_adjusted", "min_runs", "runs_needed")),
             "interval": "",
             "verdict": "",
+            "slower_part": "",
             "note": "" if point.recorded else NOT_RECORDED,
         }
         too_few = olympic and not within_run and min(len(runs) for runs in point.sides) < stats.OLYMPIC_MIN_RUNS
@@ -250,12 +251,12 @@ def compare_points(
             row.update(verdict="invalid", note="; ".join(note for note in (*problems, row["note"]) if note))
         else:
             row["interval"] = interval
-            tested.append((row, (base, cand)))
+            tested.append((row, (base, cand), point))
         row.update(quality_columns(point, loss_tolerance, target_loss))
         rows.append(row)
-    results = stats.compare_points([values for _, values in tested], threshold, metric.higher_is_better)
+    results = stats.compare_points([values for _, values, _ in tested], threshold, metric.higher_is_better)
     better = {stats.FASTER: metric.verdicts[1], stats.SLOWER: metric.verdicts[0]}
-    for (row, _), result in zip(tested, results, strict=True):
+    for (row, _, point), result in zip(tested, results, strict=True):
         row.update(
             ratio=result.ratio,
             ci_low=result.ci_low,
@@ -267,11 +268,53 @@ def compare_points(
             verdict=better.get(result.verdict, result.verdict),
             note="; ".join(note for note in (result.note, row["note"]) if note),
         )
+        if row["verdict"] in SLOWER_VERDICTS:
+            row["slower_part"] = slowdown_cause(point)
         if result.ci_low is None:
             row["interval"] = "none"
         if result.p_value is None and not within_run:
             row["note"] += "; repeat the runs, or --within_run for an interval over steps (ignores run-to-run noise)"
     return rows
+
+
+def slowdown_cause(point: Point, top: int = 3) -> str:
+    """For a point judged slower: the step part (step anatomy) whose median seconds per measured step grew most
+    from baseline to candidate, and, when every run of both sides was profiled, the operators whose self time per
+    profiled step grew most (CUDA's where both sides have them); empty without the parts' series."""
+    parts: list[dict[str, float]] = []  # per side: part → median over runs of the run's median seconds per step
+    for runs in point.sides:
+        per_run: dict[str, list[float]] = {}
+        for sample in runs:
+            for part, name in STEP_PART_SERIES.items():
+                found = next((m for m in sample.dump["metrics"] if m["name"] == name and not m["context"]), None)
+                pairs = zip(found["steps"], found["values"], strict=True) if found else ()
+                values = [value for step, value in pairs if value is not None and measured_step(sample.dump, step)]
+                if values:
+                    per_run.setdefault(part, []).append(statistics.median(values))
+        parts.append({part: statistics.median(values) for part, values in per_run.items()})
+    common = parts[0].keys() & parts[1].keys()
+    if not common:
+        return ""
+    grown = max(common, key=lambda part: parts[1][part] - parts[0][part])
+    before, after = parts[0][grown], parts[1][grown]
+    cause = f"{grown} +{1000 * (after - before):.3g} ms/step ({1000 * before:.3g} → {1000 * after:.3g} ms)"
+    profiles = [[(sample.dump.get("profile") or {}) for sample in runs] for runs in point.sides]
+    if not all(profile.get("top_ops") and profile.get("profiled_steps") for side in profiles for profile in side):
+        return cause
+    kind = "cuda" if all(profile["top_ops"].get("cuda") for side in profiles for profile in side) else "cpu"
+    key = "self_device_us" if kind == "cuda" else "self_cpu_us"
+    per_step: list[dict[str, float]] = []  # per side: operator → mean self microseconds per profiled step
+    for side in profiles:
+        totals: dict[str, float] = {}
+        steps = sum(profile["profiled_steps"][1] - profile["profiled_steps"][0] + 1 for profile in side)
+        for profile in side:
+            for op in profile["top_ops"][kind]:
+                totals[op["name"]] = totals.get(op["name"], 0.0) + op[key]
+        per_step.append({name: total / steps for name, total in totals.items()})
+    growth = {name: per_step[1].get(name, 0.0) - per_step[0].get(name, 0.0) for name in per_step[0] | per_step[1]}
+    ops = sorted((name for name in growth if growth[name] > 0), key=growth.__getitem__, reverse=True)[:top]
+    named = ", ".join(f"{name} +{growth[name] / 1000:.3g} ms" for name in ops)
+    return f"{cause}; {kind} operators grown most per step: {named}" if ops else cause
 
 
 def quality_columns(point: Point, tolerance: float | None, target: float | None) -> dict[str, Any]:
@@ -372,6 +415,7 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
             if f"{name}_steps_to_target" in row:
                 note += f"; {name} to target: {to_target(row, name)}"
         note += f"; {row['loss_note']}" if row["loss_note"] else ""
+        note += f"; grew most: {row['slower_part']}" if row["slower_part"] else ""
         cells = [
             row["point"],
             f"{row['baseline_runs']}/{row['candidate_runs']}",

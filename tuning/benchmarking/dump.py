@@ -16,6 +16,8 @@ from array import array
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from tuning.benchmarking.anatomy import PARTS as STEP_PARTS
+from tuning.benchmarking.anatomy import bound_by
 from tuning.benchmarking.clocks import segment_gap, start_precision
 from tuning.benchmarking.flops import flops_per_token, vision_flops_per_image_token
 from tuning.benchmarking.goodput import (
@@ -46,8 +48,11 @@ STEP_IMAGE_TOKENS = "step_image_tokens"  # the image tokens among STEP_TOKENS (v
 STEP_LABEL_TOKENS = "step_label_tokens"  # the label tokens one optimizer step's loss trained on, all ranks
 PROCESS_RSS = "process_rss_bytes"
 GPU_POWER = "gpu_power_watts"  # context {"gpu": CUDA index}
+GPU_UTILIZATION = "gpu_utilization_percent"  # context {"gpu": CUDA index}
 # Resident anonymous memory (heap, stacks, CPU tensors): RSS without file-backed pages such as memory-mapped data.
 PROCESS_ANON_RSS = "process_anon_rss_bytes"
+# Each step's parts (tuning.benchmarking.anatomy): step_data_seconds, step_forward_seconds... (rank 0's).
+STEP_PART_SERIES = {part: f"step_{part}_seconds" for part in STEP_PARTS}
 DATA_FETCH_SHARE = "data_fetch_share"  # rank 0's own data-loader fetch time of a step over the step's time
 DATA_CACHE = "data_cache"  # train()'s params: how its rows were prepared (tuning.data.prepared_cache.Preparation)
 LOADED_MODEL = "loaded_model"  # train()'s params: what the loaded model runs (experts_implementation)
@@ -402,6 +407,27 @@ def _shares(series: list[dict[str, Any]], steps: list[int]) -> list[float]:
     return [per_step[step] for step in steps if step in per_step]
 
 
+def _step_anatomy(series: list[dict[str, Any]], step_times: dict[int, float], steps: list[int]) -> dict[str, Any]:
+    """``step_parts`` (each part's median share of the step time over ``steps``), ``bound_by`` and
+    ``bound_by_shares`` (tuning.benchmarking.anatomy); null without the parts' series."""
+    shares = {}
+    for part, name in STEP_PART_SERIES.items():
+        seconds = _per_step(series, name)
+        values = [seconds[step] / step_times[step] for step in steps if step in seconds and step_times[step] > 0]
+        if values:
+            shares[part] = statistics.median(values)
+    measured = set(steps)
+    utilization = [
+        value
+        for one in series
+        if one["name"] == GPU_UTILIZATION
+        for step, value in zip(one["steps"], one["values"], strict=True)
+        if value is not None and step in measured
+    ]
+    bound, figures = bound_by(shares, statistics.median(utilization) if utilization else None)
+    return {"step_parts": shares or None, "bound_by": bound, "bound_by_shares": figures or None}
+
+
 def _difference(total: float | None, part: float | None) -> float | None:
     """``total`` less ``part``; None unless both are known."""
     return None if total is None or part is None else total - part
@@ -451,6 +477,7 @@ def _summary(
         "memory_estimate_ratio": memory_ratio(notes.get(MEMORY_ESTIMATE), notes.get(PEAK_TENSOR_BYTES)),
         "resumed_from_step": resumed_from_step,
         "data_fetch_share": statistics.median(shares) if (shares := _shares(series, steps)) else None,
+        **_step_anatomy(series, step_times, steps),
         **_efficiency(series, notes, measured_by),
     }
 
@@ -578,6 +605,8 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "rebuilt_from_journal": rebuilt_from_journal,
         "segments": segments,
         "estimate": notes.get(MEMORY_ESTIMATE),
+        "profile": notes.get("profile"),
+        "oom_snapshot": notes.get("oom_snapshot"),
     }
 
 

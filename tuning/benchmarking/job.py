@@ -31,6 +31,7 @@ from tuning.benchmarking.dump import ALREADY_COMPLETE, MEMORY_ESTIMATE, PEAK_TEN
 from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
 from tuning.benchmarking.paths import RunPaths
+from tuning.benchmarking.profiling import OomSnapshot, ProfileCallback, parse_window, relative_paths
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.stopping import StopRule
 from tuning.benchmarking.system_metrics import cuda_peak_memory, environment_info, peak_rss_bytes
@@ -171,6 +172,8 @@ def check_flags(flags: Any) -> None:
     suggest = getattr(flags, "suggest_devices", None)
     if suggest is not None and not suggest > 0:
         raise UserInputError(f"--suggest_devices must be a positive device memory in GB, got {suggest}")
+    if getattr(flags, "profile_memory", False) and not getattr(flags, "profile_steps", None):
+        raise UserInputError("--profile_memory needs --profile_steps: the memory timeline is of a profiled window")
 
 
 def check_writable(path: str) -> None:
@@ -281,6 +284,8 @@ class BenchmarkJob:
         self.record: RunRecord | None = None
         self.mirrored: list[Tracker] = []  # Aim and MLflow
         self.bench: BenchmarkCallback | None = None
+        self.profile: ProfileCallback | None = None
+        self.oom_snapshot: OomSnapshot | None = None
         self.graceful_stop: GracefulStopCallback | None = None
         self.sampling = False
         self.data: dict[str, Any] | None = None  # the dump's ``data``, known on rank 0 once the arguments are checked
@@ -312,6 +317,8 @@ class BenchmarkJob:
         if train_args.resume_from_checkpoint is None:  # a benchmark measures whole runs: resume only when told to
             train_args.resume_from_checkpoint = "false"
         check_flags(flags)
+        if getattr(flags, "profile_steps", None):
+            parse_window(flags.profile_steps, train_args.max_steps)
         check_output_dir(train_args.output_dir)
         default = RunPaths.in_output_dir(train_args.output_dir).dump
         metrics_path = os.path.abspath(flags.metrics_path or default)
@@ -448,18 +455,31 @@ class BenchmarkJob:
             peak_tflops=flags.peak_tflops,
             process_times=self.process_times,
         )
-        measuring = []
+        measuring: list[TrainerCallback] = []
         if getattr(flags, "memory_estimate", False) and self.rank == 0:  # a copy of bench_train may lack the flag
             from tuning.benchmarking.memory import PeakTensorMeter
 
             self.memory_meter = PeakTensorMeter(on_measured=self.note_peak_tensor_bytes)
             measuring.append(self.memory_meter)
+        if getattr(flags, "profile_steps", None):  # right after the step's end is measured: the same step boundaries
+            self.profile = ProfileCallback(
+                flags.profile_steps, self.paths.profile_dir, flags.profile_memory, on_result=self.note_profile
+            )
+            measuring.append(self.profile)
+        if getattr(flags, "oom_snapshot", False):
+            self.oom_snapshot = OomSnapshot(self.paths.oom_snapshot)
+            measuring.append(self.oom_snapshot)
         return [self.bench, *measuring, self.graceful_stop, *extra, self.bench.log_recorder]
 
     def note_peak_tensor_bytes(self, peak: int) -> None:
         """Journal the real peak of live tensor bytes (the dump's summary.peak_tensor_bytes)."""
         if self.record is not None:
             self.record.note(**{PEAK_TENSOR_BYTES: int(peak)})
+
+    def note_profile(self, result: dict[str, Any]) -> None:
+        """Journal the profile's result (the dump's ``profile``), its files relative to the dump's folder."""
+        if self.record is not None:
+            self.record.note(profile=relative_paths(result, os.path.dirname(self.paths.dump)))
 
     @contextlib.contextmanager
     def training(self) -> Iterator[None]:
@@ -498,6 +518,8 @@ class BenchmarkJob:
         on every way out."""
         if self.bench is not None:
             self.bench.close()
+        if self.profile is not None:
+            self.profile.close()
         for tracker in self.mirrored:
             tracker.close(status)
 
@@ -548,7 +570,12 @@ class BenchmarkJob:
     def report_failure(self, report: dict[str, Any]) -> None:
         """The failing rank's report: in the dump on rank 0, in its own file on any other rank."""
         interrupted = report["category"] == ErrorCategory.INTERRUPTED
+        if self.oom_snapshot is not None and report["category"] == ErrorCategory.GPU_OOM and self.record is not None:
+            taken = self.oom_snapshot.take()
+            self.record.note(oom_snapshot=relative_paths(taken, os.path.dirname(self.paths.dump)))
         self.close_helpers(KILLED if interrupted else FAILED)
+        if self.profile is not None and self.profile.result is None and (result := self.profile.own_result()):
+            self.note_profile(result)
         misplaced = self._finish("interrupted" if interrupted else "error", error=report)
         if misplaced is not None:  # the failure's own line is in the termination log already
             write_termination_log(f"{ErrorCategory.STORAGE}: {misplaced}")

@@ -9,6 +9,8 @@ For ``--metrics_path run.json`` (docs/benchmarking.md, "What a run leaves"):
     run.json.rank<N>.error.json the error report of rank N > 0
     run.termination-log         the run's TERMINATION_LOG_FILE when a sweep runs it
     run.log                     its stdout and stderr in a sweep
+    run.profile/rank<N>/        rank N's profile of --profile_steps (trace, operators' table, memory files)
+    run.oom_snapshot.pickle     the CUDA memory snapshot at an out-of-memory failure (--oom_snapshot), and its .html
 """
 
 import glob
@@ -77,6 +79,14 @@ class RunPaths:
     @property
     def log(self) -> str:
         return f"{self.stem}{LOG_SUFFIX}"
+
+    @property
+    def profile_dir(self) -> str:
+        return f"{self.stem}.profile"
+
+    @property
+    def oom_snapshot(self) -> str:
+        return f"{self.stem}.oom_snapshot.pickle"
 
     def dump_fallbacks(self, output_dir: str, pid: int) -> list[str]:
         """Where the dump goes when ``metrics_path`` cannot be written, in order: the output directory, then the

@@ -288,8 +288,26 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "resumed_from_step": summary.get("resumed_from_step"),
         "goodput": (summary.get("goodput") or {}).get("productive_fraction"),
         "data_fetch_share": summary.get("data_fetch_share"),
+        "bound_by": summary.get("bound_by"),
+        "step_parts": _step_parts(summary),
+        "traces": _traces(run),
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
     }
+
+
+def _step_parts(summary: dict[str, Any]) -> str | None:
+    """``data 0.62, forward 0.15, ...``: each step part's median share of the step time (``summary.step_parts``)."""
+    shares = summary.get("step_parts") or {}
+    return ", ".join(f"{part} {share:.2f}" for part, share in shares.items() if share is not None) or None
+
+
+def _traces(run: Run) -> str | None:
+    """The profile's trace of each rank that wrote one (``profile.traces``), space-separated, as paths from where the
+    report is read (the run's folder until ``write_report`` makes them relative to its own)."""
+    profile = (run.dump or {}).get("profile") or {}
+    folder = os.path.dirname(run.name)
+    paths = [os.path.join(folder, entry["trace"]) for entry in profile.get("traces") or [] if entry.get("trace")]
+    return " ".join(paths) or None
 
 
 def _straggler(summary: dict[str, Any]) -> str | None:
@@ -303,6 +321,8 @@ def _format(key: str, value: Any) -> str:
         return ""
     if key == "error_message" and len(value) > MESSAGE_WIDTH:
         value = value[: MESSAGE_WIDTH - 1] + "…"
+    if key == "traces":  # a link to each rank's trace, named by its rank's folder
+        return " ".join(f"[{os.path.basename(os.path.dirname(path))}]({path})" for path in value.split())
     if key.endswith("_bytes"):
         return f"{value / GB:.2f}"
     if isinstance(value, float):
@@ -424,10 +444,12 @@ def write_report(
     )
     rows = [r for r, _ in pairs]
     common = os.path.commonpath([os.path.abspath(os.path.dirname(r["run"])) for r in rows])
+    out = Path(output_dir)
     for r in rows:
         r["run"] = os.path.relpath(r["run"], common)
+        if r["traces"]:  # from where the report is, so that its links open
+            r["traces"] = " ".join(os.path.relpath(path, out.resolve()) for path in r["traces"].split())
 
-    out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown(rows)
     print(table)

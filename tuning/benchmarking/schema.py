@@ -118,6 +118,34 @@ class RankGoodput(_Model):
     """as summary.goodput's, for this rank's own clocks"""
 
 
+class StepParts(_Model):
+    """Median share of the step time (0 to 1) of each part of a step (rank 0's, tuning.benchmarking.anatomy)."""
+
+    data: Number = None
+    """the rank's own fetch of the step's batches"""
+    forward: Number = None
+    """the model's training forward passes (CUDA events on a GPU)"""
+    backward: Number = None
+    """each forward's end to its micro-batch's end: the backward pass (under DDP with its gradient all-reduce)"""
+    optimizer: Number = None
+    """the last micro-batch's end to the step's end: clipping, optimizer and scheduler steps, zeroing the gradients"""
+    communication: Number = None
+    """under torchrun: blocked in the step's collectives outside the backward pass; absent on one process"""
+    rest: Number = None
+    """the step less the other parts: callbacks, logging, checkpoints, evaluations, inputs to the device"""
+
+
+class BoundByShares(_Model):
+    """The grouped median shares bound_by compares."""
+
+    data: float
+    compute: float
+    """forward + backward + optimizer; on a GPU times its sampled utilisation"""
+    communication: float
+    host: float
+    """the rest; on a GPU also the compute share the device sat idle"""
+
+
 class Summary(_Model):
     train_runtime: Number
     """seconds from train begin to train end"""
@@ -197,6 +225,13 @@ class Summary(_Model):
     data_fetch_share series per step); null where fetch is not measurable (dumps before it lack the key)"""
     rank_data_fetch_share_p50: list[Number] | None = None
     """per rank: the median of its own fetch time over its own step time, over the steps after the warmup"""
+    step_parts: StepParts | None = None
+    """each part's median share of the step time over the measured steps (step anatomy, docs/benchmarking.md "Why is
+    it slow"); null without the parts' series (dumps before it lack the key)"""
+    bound_by: Literal["data", "compute", "communication", "host"] | None = None
+    """what the steps wait on most: the largest of bound_by_shares"""
+    bound_by_shares: BoundByShares | None = None
+    """the figures that decided bound_by"""
     goodput: Goodput | None = None
     rank_goodput: list[RankGoodput] | None = None
     """per rank, in rank order: its own process's goodput from its start to its train end, from its own clocks (its
@@ -356,6 +391,67 @@ class MemoryEstimate(_Model):
     """the run was --estimate_memory: nothing trained"""
 
 
+class ProfileOp(_Model):
+    """One operator of the profiled window, as the profiler's key_averages() has it (microseconds)."""
+
+    name: str
+    calls: int
+    self_cpu_us: float
+    cpu_total_us: float
+    self_device_us: float
+
+
+class TopOps(_Model):
+    cpu: list[ProfileOp]
+    """the operators with the most self CPU time, at most 20"""
+    cuda: list[ProfileOp] | None = None
+    """the operators with the most self CUDA time, at most 20; absent without a GPU"""
+
+
+class ProfileFiles(_Model):
+    """One rank's files of the profiled window, relative to the dump's folder; null: not written (missing says why)."""
+
+    rank: int
+    trace: str | None
+    """the gzipped Chrome/Perfetto trace (chrome://tracing, ui.perfetto.dev); ProfilerStep#N is optimizer step N"""
+    table: str | None
+    """the operators' table as text (by self CPU time, then by self CUDA time on a GPU)"""
+    missing: str | None
+    """why a file is missing (no room to write it, the run ended before the window), or null"""
+    steps: list[int] | None = None
+    """the first and last step traced; absent when none was"""
+    memory_timeline: str | None = None
+    """with --profile_memory: the profiler's memory timeline (HTML)"""
+    memory_snapshot: str | None = None
+    """on a GPU: the CUDA memory snapshot of the window (pickle, for pytorch.org/memory_viz)"""
+    memory_snapshot_html: str | None = None
+    """the same drawn by torch.cuda._memory_viz"""
+
+
+class Profile(_Model):
+    """--profile_steps A-B: torch.profiler on exactly those optimizer steps, on every rank."""
+
+    steps: list[int]
+    """the window asked for: [A, B]"""
+    profiled_steps: list[int] | None
+    """the steps rank 0 traced: the window, or its part before the run ended; null when none"""
+    top_ops: TopOps | None
+    """rank 0's operators with the most self time in the window"""
+    traces: list[ProfileFiles]
+    """per rank, in rank order (only rank 0's when the run failed)"""
+    missing: str | None
+    """why rank 0's profile is incomplete, or null"""
+
+
+class OomMemorySnapshot(_Model):
+    """--oom_snapshot: the CUDA memory snapshot taken at the out-of-memory failure, relative to the dump's folder."""
+
+    memory_snapshot: str | None
+    memory_snapshot_html: str | None
+    missing: str | None
+    """why there is none (no CUDA device recording, no room to write it), or null"""
+
+
 class Dump(_Model):
     """A benchmark run's dump, written by rank 0 of ``wrappers/bench_train.py`` however the run ends."""
 
@@ -407,6 +503,10 @@ class Dump(_Model):
     the last one's (dumps before it lack the key)"""
     estimate: MemoryEstimate | None = None
     """the memory estimate made before training; null with --memory_estimate False (dumps before it lack the key)"""
+    profile: Profile | None = None
+    """--profile_steps' window: traces per rank and the top operators; null without the flag"""
+    oom_snapshot: OomMemorySnapshot | None = None
+    """--oom_snapshot: the memory snapshot at a GPU out-of-memory failure; null without one"""
 
     @model_validator(mode="after")
     def _status_agrees(self) -> "Dump":

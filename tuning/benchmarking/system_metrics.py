@@ -17,11 +17,10 @@ from typing import Any
 import psutil
 import torch
 
-from tuning.benchmarking.dump import GPU_POWER, PROCESS_ANON_RSS, PROCESS_RSS
+from tuning.benchmarking.dump import GPU_POWER, GPU_UTILIZATION, PROCESS_ANON_RSS, PROCESS_RSS
 
 logger = logging.getLogger(__name__)
 
-GPU_UTILIZATION = "gpu_utilization_percent"
 GPU_MEMORY_USED = "gpu_memory_used_bytes"
 GPU_POWER_PERCENT = "gpu_power_percent"
 GPU_TEMPERATURE = "gpu_temperature_celsius"

@@ -42,6 +42,7 @@ class StopAgreement:
     their next collective). Each stopping callback joins at train begin with its kind of vote and a handler, then votes
     at every step end; the step's last vote runs one all-reduce (MAX) of all votes on a CPU (gloo) group, so no device
     sync, and gives each handler the agreed value of its kind. In a single process the votes stand as they are.
+    ``collective_seconds``: the time spent in those all-reduces so far (the step anatomy's communication).
     """
 
     def __init__(self) -> None:
@@ -49,6 +50,7 @@ class StopAgreement:
         self._votes: dict[Vote, int] = {}
         self._joint = False
         self._group: Any = None
+        self.collective_seconds = 0.0
 
     def join(self, kind: Vote, on_agreed: OnAgreed) -> None:
         """Vote ``kind`` from now on. Every rank joins the same kinds in the same order: the first join on a non-gloo
@@ -67,9 +69,11 @@ class StopAgreement:
         votes = [self._votes.get(each, 0) for each in Vote]
         self._votes = {}
         if self._joint:
+            began = time.perf_counter()
             tensor = torch.tensor(votes, dtype=torch.int64)
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
             votes = tensor.tolist()
+            self.collective_seconds += time.perf_counter() - began
         for each, on_agreed in self._handlers.items():
             on_agreed(votes[each], control)
 
