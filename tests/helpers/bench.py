@@ -1,6 +1,7 @@
 """bench_train for tests: the flags of a short benchmark run, the run as a job, its dump and its rebuilt journal."""
 
 import csv
+import itertools
 import json
 from pathlib import Path
 
@@ -53,3 +54,12 @@ def csv_by(path: Path, column: str) -> dict[str, dict[str, str]]:
     """The rows of a CSV file (a report's, a comparison's) by their value in ``column``."""
     with path.open(newline="") as handle:
         return {row[column]: row for row in csv.DictReader(handle)}
+
+
+def markdown_rows(text: str, section: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table under ``## section`` in ``text``, by header (cells stripped of padding)."""
+    lines = text.split(f"## {section}\n", 1)[1].splitlines()
+    after = itertools.dropwhile(lambda line: not line.startswith("|"), lines)
+    table = itertools.takewhile(lambda line: line.startswith("|"), after)
+    headers, *rows = ([cell.strip() for cell in line.strip("|").split(" | ")] for line in table)
+    return [dict(zip(headers, cells, strict=True)) for cells in rows[1:]]
