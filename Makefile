@@ -32,8 +32,9 @@ demo: venv
 			--metadata "{\"benchmark\": \"demo\", \"batch_size\": $$batch}" --system_metrics_interval 1 \
 			--skip_warmup_steps 2 --skip_warmup_seconds 0.5 || exit 1; \
 	done
+	# It prints the points table (report.md adds a row per run, report.csv every column).
 	$(PY) wrappers/bench_report.py $(DEMO) --labels batch_size --x batch_size --output_dir $(DEMO)/report
-	@echo "--- outputs:" && ls -1 $(DEMO)/run-bs4 $(DEMO)/report && cat $(DEMO)/report/report.md
+	@echo "--- outputs:" && ls -1 $(DEMO)/run-bs4 $(DEMO)/report
 
 # One worker per core (the tests train single-threaded); the tests sharing a fixture that runs jobs or a server go to
 # one worker (tests/conftest.py SHARED_FIXTURES).

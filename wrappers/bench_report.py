@@ -1,10 +1,11 @@
-"""bench_report.py: many benchmark runs → one table, one CSV and plots, with the root cause of every failed run across
-its ranks (``tuning.benchmarking.report``).
+"""bench_report.py: many benchmark runs → a table of points (a median and range over each point's repeats), a table of
+every run, their failures with the root cause across ranks, CSVs and plots (``tuning.benchmarking.report``).
 
     python wrappers/bench_report.py RUNS_DIR 'more/*.json' --labels model,batch_size --x batch_size --group model
 
 The files of one run share ``NAME`` (``bench_train.py --metrics_path NAME.json``); a sweep's ``sweep_state.jsonl``
-adds its points' outcomes. ``--help`` describes the flags, docs/benchmarking.md ("Reports over many runs") the columns.
+adds its points' outcomes. ``--help`` describes the flags, docs/benchmarking.md ("Reports over many runs") the
+report's sections and columns.
 """
 
 from typing import Any
@@ -29,21 +30,25 @@ def main(
     group: str | None = None,
     output_dir: str = "bench_report",
 ) -> None:
-    """Benchmark runs → report.md, report.csv and, with --x, throughput.png and peak_memory.png; mfu_by_batch_size.png
-    when per_device_train_batch_size is a column (a sweep axis or a label) and a run has an MFU.
+    """Benchmark runs → report.md (points, runs, failures), report.csv, points.csv, goodput.png and, with --x,
+    throughput.png and peak_memory.png; mfu_by_batch_size.png when per_device_train_batch_size is a column (a sweep
+    axis or a label) and a run has an MFU. Prints the points table and the failures.
 
-    One row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl): the labels,
-    status (ok, stopped, interrupted, error, killed), the root cause (the earliest failure across ranks), throughput,
-    memory and steps; a sweep's state file adds its skipped points. docs/benchmarking.md lists the columns and statuses.
+    A point is the runs whose label values are equal (a sweep's repeats): its row has their count and the median and
+    range of throughput, step time, peak memory, goodput (and bound_by where the dumps have it). The run table has a
+    row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl), its repeat a
+    column; the failures section names each failed run's root cause (the earliest failure across ranks).
+    docs/benchmarking.md lists the columns and statuses.
 
     Args:
         inputs: Dumps, rank error reports, journals and sweep state files: files, directories (searched
             recursively) or globs.
-        labels: Metadata keys shown as columns, comma-separated; dotted keys reach into nested metadata; default:
-            the axes of the sweeps among the inputs.
-        x: Metadata key on the plots' x axis; without it, no plots.
+        labels: Metadata keys shown as columns, whose values make a point, comma-separated; dotted keys reach into
+            nested metadata; default: the axes of the sweeps among the inputs, else the metadata keys whose values
+            differ between runs (never the repeat index, a column of its own).
+        x: Metadata key on the x axis of the throughput and memory plots; without it, those are not drawn.
         group: Metadata key whose values get one line each on the plots.
-        output_dir: Where report.md, report.csv, throughput.png and peak_memory.png are written.
+        output_dir: Where the report and the plots are written.
     """
     outputs = report.write_report(
         [str(item) for item in inputs],

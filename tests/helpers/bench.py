@@ -1,6 +1,7 @@
 """bench_train for tests: the flags of a short benchmark run, the run as a job, its dump and its rebuilt journal."""
 
 import csv
+import itertools
 import json
 import math
 from pathlib import Path
@@ -78,3 +79,12 @@ def assert_parts_sum_to_step_times(dump: dict) -> None:
     assert sorted(parts) == sorted(times)
     for step, seconds in times.items():
         assert math.fsum(parts[step].values()) == pytest.approx(seconds, rel=0.05), (step, parts[step], seconds)
+
+
+def markdown_rows(text: str, section: str) -> list[dict[str, str]]:
+    """The rows of the first Markdown table under ``## section`` in ``text``, by header (cells stripped of padding)."""
+    lines = text.split(f"## {section}\n", 1)[1].splitlines()
+    after = itertools.dropwhile(lambda line: not line.startswith("|"), lines)
+    table = itertools.takewhile(lambda line: line.startswith("|"), after)
+    headers, *rows = ([cell.strip() for cell in line.strip("|").split(" | ")] for line in table)
+    return [dict(zip(headers, cells, strict=True)) for cells in rows[1:]]

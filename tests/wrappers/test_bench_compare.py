@@ -154,7 +154,7 @@ def test_identical_values_say_identical_with_n_and_no_interval(bench_compare, tm
     row = rows["batch=1"]
     assert row["verdict"] == "identical" and "identical values (n=4/4)" in row["note"]
     assert row["ci_low"] == row["ci_high"] == "" and row["interval"] == "none" and code == 0
-    assert "| 4/4 | 200 | 200 | 1.000 |  | none |" in out
+    assert "| 4/4 | 200 | 200 | 1.000 | — | none |" in out
     assert run_compare(bench_compare, tmp_path, capsys, strict=True)[0] == 3
 
 
@@ -552,3 +552,32 @@ def test_a_slower_point_names_the_step_part_and_the_operators_that_grew_most(ben
     assert row["slower_part"].startswith(f"backward +{backward:.3g} ms/step")
     assert row["slower_part"].endswith("cpu operators grown most per step: aten::bmm +1.25 ms")
     assert f"grew most: {row['slower_part']}" in out
+
+
+def test_the_table_has_a_legend_of_its_columns_and_verdicts_and_marks_missing_values(bench_compare, tmp_path, capsys):
+    """Under the table: a line each for the ratio (and which way is better), the interval, the p-value and the
+    correction, and the verdicts the table shows; a value not computed reads as a dash; equal losses as no gap."""
+    runs(tmp_path / "base", SECONDS, {"batch": 1})
+    runs(tmp_path / "cand", [s / 1.1 for s in SECONDS], {"batch": 1})
+    runs(tmp_path / "base", SECONDS[:3], {"batch": 2}, tokens_per_second=0.0)
+    runs(tmp_path / "cand", SECONDS[:3], {"batch": 2})
+    *_, out = run_compare(bench_compare, tmp_path, capsys, metric="step_time_p50")
+    assert "- ratio (HL): the candidate's step_time_p50 " in out and "lower is better, so a ratio below 1" in out
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys)
+    assert (rows["batch=1"]["verdict"], rows["batch=2"]["verdict"], code) == ("faster", "invalid", 2)
+    text = (tmp_path / "out" / "comparison.md").read_text()
+    table, legend = text.split("\n\n", 1)
+    invalid = next(line for line in table.splitlines() if line.startswith("| batch=2 |"))
+    cells = [cell.strip() for cell in invalid.strip("|").split(" | ")]
+    assert cells[4:8] == ["—"] * 4  # ratio, interval, over, p (Holm): not computed
+    assert "gap +0" not in text and "no gap" in text  # the default synthetic losses are the same on both sides
+    lines = legend.splitlines()
+    for column in ("ratio (HL)", "95 % interval", "over", "p (Holm)", "correction"):
+        assert sum(line.startswith(f"- {column}: ") for line in lines) == 1, column
+    assert "higher is better, so a ratio above 1 favours the candidate" in legend
+    assert [line.split(":")[0] for line in lines if "verdict" in line.split(":")[0]] == [
+        "- verdict faster",
+        "- verdict invalid",
+        "- loss verdict matched",
+    ]
+    assert legend in out

@@ -2,15 +2,18 @@
 SIGKILLed, and a 2-rank torchrun job whose last rank runs out of memory. The runs are made once per session, all
 at the same time; faults come in through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
 
+import csv
 import json
 import shutil
 import signal
+import statistics
 import subprocess
 from pathlib import Path
 
 import pytest
+from matplotlib.colors import to_rgba
 
-from tests.helpers.bench import csv_by, rebuild, start_bench
+from tests.helpers.bench import csv_by, markdown_rows, rebuild, start_bench
 from tests.helpers.dumps import write_dump
 from tests.helpers.training import (
     BENCH_CALLBACKS,
@@ -21,6 +24,7 @@ from tests.helpers.training import (
     run_python,
     wait_for_steps,
 )
+from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import journal_path
 from tuning.benchmarking.report import write_report
 
@@ -108,8 +112,9 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "skipped" not in result.stderr  # model configs and tokenizers beside the dumps are not benchmark files
-    outputs = [out / name for name in ("report.md", "report.csv", "throughput.png", "peak_memory.png", "goodput.png")]
-    assert result.stdout.split()[-5:] == [str(path) for path in outputs]
+    names = ("report.md", "report.csv", "points.csv", "throughput.png", "peak_memory.png", "goodput.png")
+    outputs = [out / name for name in names]
+    assert result.stdout.split()[-len(names) :] == [str(path) for path in outputs]
 
     rows = read_csv(out / "report.csv")
     assert set(rows) == set(RUNS)
@@ -130,10 +135,18 @@ def test_table_csv_and_plots_of_a_directory_of_runs(runs_dir, tmp_path):
     assert rows["oom-a8"]["training_steps"] == "2" and "injected by the test" in rows["oom-a8"]["error_message"]
     assert rows["ranks-b2"]["failed_ranks"] == "0 1"
 
-    table = (out / "report.md").read_text().splitlines()
-    assert table[0].startswith("| run | model | batch_size | status | error_category |") and len(table) == 2 + len(RUNS)
-    assert "| killed-b8 | b | 8 | killed |" in (out / "report.md").read_text()
-    for png in outputs[2:]:
+    text = (out / "report.md").read_text()
+    table = markdown_rows(text, "Runs")
+    assert list(table[0])[:4] == ["run", "model", "batch_size", "status"] and len(table) == len(RUNS)
+    killed = next(row for row in table if row["run"] == "killed-b8")
+    assert (killed["model"], killed["batch_size"], killed["status"]) == ("b", "8", "killed")
+    failures = text.split("## Failures\n", 1)[1]
+    assert (
+        "- `ranks-b2`: error, gpu_oom on rank 1 at step 2: " in failures
+        and "(ranks that reported a failure: 0 1)" in failures
+    )
+    assert "- `killed-b8`: killed, no error report on any rank" in failures and "ok-a2" not in failures
+    for png in outputs[3:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -222,7 +235,8 @@ def test_mfu_energy_and_skew_columns_and_the_mfu_plot_by_batch_size(bench_report
     assert float(rows["b1"]["mfu"]) == pytest.approx(200 * flops / 1e12 / 1e-6)  # 200 tokens/s
     assert float(rows["b2"]["rank_skew"]) == pytest.approx(4.0)
     assert rows["b1"]["joules_per_token"] == ""  # no NVML
-    assert "| mfu | joules_per_token | rank_skew |" in (tmp_path / "out" / "report.md").read_text()
+    (shown, _) = markdown_rows((tmp_path / "out" / "report.md").read_text(), "Runs")
+    assert {"mfu", "rank_skew"} <= shown.keys() and "joules_per_token" not in shown
     assert (tmp_path / "out" / "mfu_by_batch_size.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(tmp_path / "out" / "mfu_by_batch_size.png") in capsys.readouterr().out
 
@@ -236,8 +250,10 @@ def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
 
 
 def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(bench_report):
+    """... and its axes say their units, and a point's runs are each a dot, their range a bar."""
     x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
-    rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4)]
+    rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4, 4)]
+    rows[-1]["peak_gpu_memory_bytes"] = 6e9  # two runs of batch size 4: 4 and 6 GB
     metric, ylabel = "peak_gpu_memory_bytes", "peak GPU memory reserved (GB)"
     figure = bench_report.report.draw(rows, x, None, metric, ylabel)
     figure.set_dpi(bench_report.report.PLOT_DPI)
@@ -245,10 +261,18 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     (axes,) = figure.axes
     title, frame = axes.title.get_window_extent(), figure.bbox
     assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
-    assert axes.title.get_text().replace("\n", " ") == f"{ylabel} by {x} (ok and stopped runs)"
+    assert axes.title.get_text().replace("\n", " ").startswith(f"{ylabel} by {x} (ok and stopped runs)")
+    assert axes.get_xlabel() == f"{x} (samples per device)"
     low, high = axes.get_xlim()
     ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
     assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+    ranges = [
+        segment.tolist()
+        for bars in axes.collections
+        if hasattr(bars, "get_segments")
+        for segment in bars.get_segments()
+    ]
+    assert [[4, 4], [4, 6]] in [[[a, b] for a, b in zip(*segment, strict=True)] for segment in ranges]
 
 
 def test_the_goodput_column_and_its_stacked_bar_per_run(tmp_path, capsys):
@@ -283,3 +307,86 @@ def test_bound_by_the_step_shares_and_a_link_to_each_rank_s_trace(tmp_path, caps
     assert rows["plain"]["bound_by"] == rows["plain"]["step_parts"] == rows["plain"]["traces"] == ""
     table = (tmp_path / "out" / "report.md").read_text()
     assert f"[rank0]({traces[0]}) [rank1]({traces[1]})" in table
+
+
+def write_sweep_with_repeats(root: Path) -> dict[tuple[int, int], dict]:
+    """A sweep directory as bench_sweep leaves it, of synthetic dumps: batch sizes 2 and 4, three repeats each, and
+    batch size 8, whose one run ran out of memory before writing a dump; → the dumps by (batch size, repeat)."""
+    dumps, lines = {}, []
+    for batch in (2, 4):
+        for repeat in range(3):
+            name = f"bs{batch}-repeat{repeat}"
+            seconds = [0.1 * batch * (1 + 0.1 * repeat + 0.05 * (step % 2)) for step in range(5)]
+            path = root / "points" / f"{name}.json"
+            dumps[batch, repeat] = write_dump(path, seconds, {BATCH_SIZE: batch, "repeat": repeat}, samples=batch)
+            lines.append(
+                {"point": name, "axes": {BATCH_SIZE: batch}, "metrics_path": f"points/{name}.json", "status": "ok"}
+            )
+    reason = "CUDA out of memory (injected)"
+    oom = {"axes": {BATCH_SIZE: 8}, "metrics_path": "points/bs8.json", "status": "error", "category": "gpu_oom"}
+    lines.append({"point": "bs8", **oom, "reason": reason})
+    (root / "sweep_state.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return dumps
+
+
+def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_run(tmp_path, capsys):
+    """The points table: one row per point, the median and range of its runs' figures; the run table with the repeat
+    as a column and without the columns no run measured (the CSV keeps them); the failure in a section of its own.
+    What is printed is the points table and the failure, in 120 columns."""
+    dumps = write_sweep_with_repeats(tmp_path / "sweep")
+    outputs = write_report([str(tmp_path / "sweep")], output_dir=str(tmp_path / "out"))
+    assert outputs[:3] == [tmp_path / "out" / name for name in ("report.md", "report.csv", "points.csv")]
+    text = (tmp_path / "out" / "report.md").read_text()
+    points = csv_by(tmp_path / "out" / "points.csv", BATCH_SIZE)
+    shown = {row[BATCH_SIZE]: row for row in markdown_rows(text, "Points")}
+    assert list(points) == list(shown) == ["2", "4", "8"]
+    for batch in (2, 4):
+        runs = [dumps[batch, repeat]["summary"] for repeat in range(3)]
+        point = points[str(batch)]
+        assert (point["runs"], point["done_runs"]) == ("3", "3")
+        for column, key in (("tokens_per_second", "tokens_per_second"), ("step_time_p50_s", "step_time_p50")):
+            values = [run[key] for run in runs]
+            expected = (statistics.median(values), min(values), max(values))
+            assert tuple(float(point[f"{column}_{end}"]) for end in ("median", "min", "max")) == expected
+        middle, low, high = (float(point[f"tokens_per_second_{end}"]) for end in ("median", "min", "max"))
+        assert (
+            shown[str(batch)]["runs"] == "3" and shown[str(batch)]["tokens/s"] == f"{middle:.1f} ({low:.1f}–{high:.1f})"
+        )
+    assert (points["8"]["done_runs"], points["8"]["tokens_per_second_median"], shown["8"]["runs"]) == (
+        "0",
+        "",
+        "0 of 1",
+    )
+    assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step time p50 (s)", "goodput"]
+    assert "- tokens/s: tokens trained per second" in text and "- bound by" not in text  # the legend of what is shown
+
+    runs = markdown_rows(text, "Runs")
+    assert [(row[BATCH_SIZE], row["repeat"]) for row in runs[:6]] == [(b, r) for b in "24" for r in "012"]
+    assert list(runs[0])[:4] == ["run", BATCH_SIZE, "repeat", "status"] and "error_message" not in runs[0]
+    with (tmp_path / "out" / "report.csv").open() as handle:
+        every_column = next(csv.reader(handle))
+    for empty in ("peak_rss", "mfu", "bound_by"):  # no synthetic dump has these
+        assert not any(header.startswith(empty) for header in runs[0]) and any(
+            c.startswith(empty) for c in every_column
+        )
+    not_measured = text.split("## Runs", 1)[1].split("not measured in these runs: ", 1)[1].split("\n\n")[0]
+    assert {"mfu", "peak_rss_gb", "bound_by"} <= set(not_measured.replace("\n", " ").split(", "))
+    assert "- `bs8`: error, gpu_oom: CUDA out of memory (injected)" in text.split("## Failures", 1)[1]
+
+    printed = capsys.readouterr().out
+    assert "## Points" in printed and "## Failures" in printed and "## Runs" not in printed
+    assert max(map(len, printed.splitlines())) <= 120
+
+
+def test_each_goodput_part_has_a_colour_of_its_own_the_same_in_every_plot(bench_report):
+    colours = bench_report.report.GOODPUT_COLOURS
+    assert list(colours) == list(GOODPUT_PARTS) and len(set(map(to_rgba, colours.values()))) == len(GOODPUT_PARTS)
+    every_part = {"parts": dict.fromkeys(GOODPUT_PARTS, 1.0)}
+    resumed = {"parts": {"startup": 1.0, "productive_steps": 3.0, "gaps": 2.0, "leftover": 0.5}}
+    for bars in ([("a", every_part)], [("b", resumed), ("c", None)]):
+        (legend,) = bench_report.report.draw_goodput(bars).legends
+        drawn = {
+            text.get_text(): handle.get_facecolor()
+            for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True)
+        }
+        assert drawn == {part.replace("_", " "): to_rgba(colours[part]) for part in bars[0][1]["parts"]}

@@ -31,6 +31,28 @@ EXIT_SLOWER, EXIT_NO_DATA, EXIT_UNDECIDED, EXIT_DIVERGED = 1, 2, 3, 4
 NOT_RECORDED = "configuration not recorded (old schema): matched on metadata and world_size only"
 WITHIN_RUN = "within run (steps): ignores run-to-run noise"
 OLYMPIC = "over runs, olympic (each side's fastest and slowest dropped)"
+MISSING = "—"  # a value not measured or not computed: the note says why
+SPEED_VERDICTS = {  # what each speed verdict means, for the legend under the table
+    "faster": "p (Holm) below 0.05 and the ratio beyond the band, on the better side",
+    "slower": "p (Holm) below 0.05 and the ratio beyond the band, on the worse side (exit 1)",
+    "better": "as faster, for a figure where lower is better (memory, energy)",
+    "worse": "as slower, for a figure where lower is better (exit 1)",
+    stats.SAME: "the whole interval inside the band: no change beyond the threshold, shown",
+    stats.INCONCLUSIVE: "neither shown; the note says how many runs a side could decide it",
+    stats.IDENTICAL: "every value on both sides the same: nothing to estimate",
+    "invalid": "a value is not a positive number; the note names the file and key (exit 2)",
+    "baseline only": "the point has runs on the baseline side only (exit 2)",
+    "candidate only": "the point has runs on the candidate side only (exit 2)",
+    TOO_FEW_FOR_OLYMPIC: f"--olympic needs {stats.OLYMPIC_MIN_RUNS} runs a side (exit 2)",
+}
+LOSS_VERDICTS = {
+    quality.MATCHED: "the candidate's smoothed end loss within the tolerance of the baseline's",
+    quality.BETTER: "the candidate's loss lower by more than the tolerance",
+    quality.DIVERGED: "the candidate's loss higher by more than the tolerance: it learns worse (exit 4)",
+    quality.NO_LOSS: "a run logged no training loss (exit 2)",
+    quality.NO_MATCHED_STEPS: f"fewer than {quality.MIN_MATCHED_STEPS} steps where every run logged its loss (exit 2)",
+    NOT_CONVERGED: "more than one run a side never reached --target_loss (exit 2)",
+}
 
 
 @dataclass(frozen=True)
@@ -383,7 +405,32 @@ def exit_code(rows: list[dict[str, Any]], failed: list[str], strict: bool) -> tu
 
 
 def _number(value: float | None, digits: str = ".4g") -> str:
-    return "" if value is None else format(value, digits)
+    return MISSING if value is None else format(value, digits)
+
+
+def legend(rows: list[dict[str, Any]], metric_name: str, threshold: float) -> str:
+    """The lines under the table: what its columns mean, which way is better, and the verdicts it shows."""
+    higher = METRICS[metric_name].higher_is_better
+    band = f"{1 / (1 + threshold):.3g} to {1 + threshold:g}"
+    lines = [
+        f"- ratio (HL): the candidate's {metric_name} over the baseline's, the Hodges–Lehmann estimate (the median of "
+        f"the ratios of every baseline–candidate pair of samples); {'higher' if higher else 'lower'} is better, so "
+        f"a ratio {'above' if higher else 'below'} 1 favours the candidate",
+        "- 95 % interval: where the ratio lies with 95 % confidence (percentile bootstrap over the samples)",
+        "- over: what one sample is: a whole run (over runs), a step after the warmup (within run), or the runs "
+        "without each side's fastest and slowest (olympic)",
+        "- p (Holm): the two-sided Mann–Whitney U test's p-value, the chance of a difference at least this large "
+        "between sides that do not differ",
+        "- correction: Holm's, over the points tested together, so that testing many points does not make a chance "
+        "difference count; p (Holm) below 0.05 counts",
+        f"- band: ratios from {band} (--threshold {threshold:g}) are no change",
+    ]
+    speed = list(dict.fromkeys(row["verdict"] for row in rows if row["verdict"] in SPEED_VERDICTS))
+    loss = list(dict.fromkeys(row["loss_verdict"] for row in rows if row["loss_verdict"] in LOSS_VERDICTS))
+    lines += [f"- verdict {word}: {SPEED_VERDICTS[word]}" for word in speed]
+    lines += [f"- loss verdict {word}: {LOSS_VERDICTS[word]}" for word in loss]
+    lines.append(f"- {MISSING}: not measured or not computed; the note says why")
+    return "\n".join(lines) + "\n"
 
 
 def to_target(row: dict[str, Any], side: str) -> str:
@@ -396,12 +443,13 @@ def to_target(row: dict[str, Any], side: str) -> str:
     return reached + (f" ({short} runs short)" if short else "")
 
 
-def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
+def markdown(rows: list[dict[str, Any]], metric_name: str, threshold: float) -> str:
+    """The rows as a Markdown table, a missing value as ``MISSING``, and the legend under it."""
     header = ["point", "runs (baseline/candidate)", f"baseline {metric_name} (median)", "candidate", "ratio (HL)"]
     header += ["95 % interval", "over", "p (Holm)", "verdict", "loss verdict", "note"]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for row in rows:
-        interval = f"{row['ci_low']:.3f}–{row['ci_high']:.3f}" if row["ci_low"] is not None else ""
+        interval = f"{row['ci_low']:.3f}–{row['ci_high']:.3f}" if row["ci_low"] is not None else MISSING
         note = row["note"]
         if row["runs_needed"] is not None:
             needed = row["runs_needed"]
@@ -423,14 +471,14 @@ def markdown(rows: list[dict[str, Any]], metric_name: str) -> str:
             _number(row["candidate"]),
             _number(row["ratio"], ".3f"),
             interval,
-            row["interval"],
+            row["interval"] or MISSING,
             _number(row["p_adjusted"], ".3g"),
             row["verdict"],
-            row["loss_verdict"],
+            row["loss_verdict"] or MISSING,
             note.removeprefix("; "),
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + legend(rows, metric_name, threshold)
 
 
 def plot(rows: list[dict[str, Any]], metric_name: str, threshold: float, path: Path) -> bool:
@@ -483,7 +531,7 @@ def pair(baseline: list[Sample], candidate: list[Sample], match: list[str]) -> l
 def write_comparison(rows: list[dict[str, Any]], metric_name: str, threshold: float, output_dir: Path) -> None:
     """The table printed and written as comparison.md, the rows as comparison.csv, the plot as comparison.png."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows, metric_name)
+    table = markdown(rows, metric_name, threshold)
     print(table)
     (output_dir / "comparison.md").write_text(table, encoding="utf-8")
     with (output_dir / "comparison.csv").open("w", newline="", encoding="utf-8") as handle:

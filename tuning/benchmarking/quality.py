@@ -96,12 +96,19 @@ def compare_losses(
     gap = cand - base
     verdict = DIVERGED if gap > tolerance else BETTER if gap < -tolerance else MATCHED
     steps = (matched[-region], matched[-1])
-    relative = f", {gap / base:+.1%}" if base else ""
     note = (
         f"loss {cand:.4g} vs baseline {base:.4g} over steps {steps[0]}-{steps[1]} "
-        f"(gap {gap:+.4g}{relative}; tolerance {tolerance:.3g})"
+        f"({describe_gap(gap, base)}; tolerance {tolerance:.3g})"
     )
     return Quality(verdict, base, cand, gap, tolerance, steps, note)
+
+
+def describe_gap(gap: float, base: float) -> str:
+    """``gap +0.12, +4.0%``; ``no gap`` for equal losses; the relative gap only where it shows at one decimal."""
+    if gap == 0:
+        return "no gap"
+    relative = gap / base if base else 0.0
+    return f"gap {gap:+.4g}" + (f", {relative:+.1%}" if round(relative, 3) else "")
 
 
 def steps_to_target(run: dict[int, float], target: float) -> int | None:

@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,8 +42,61 @@ DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, compared
 FINISHED_STATUSES = (*DONE_STATUSES, ALREADY_COMPLETE)
 GB = 1e9
 BATCH_SIZE_AXIS = "per_device_train_batch_size"  # a sweep with this axis gets a plot of MFU against it
-MESSAGE_WIDTH = 80  # of the error message in the Markdown table; the CSV keeps it whole
+REPEAT = "repeat"  # a sweep's repeat index (metadata): a column of the run table, never a point of its own
+FAILURE_COLUMNS = (
+    "error_category",
+    "error_rank",
+    "error_step",
+    "failed_ranks",
+    "error_message",
+)  # "Failures" says them
+# Summary keys a dump may or may not have (newer figures): a column each, empty where a dump lacks it.
+OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio")
+# The points table's figures (run-table column → header, meaning), a median and range each, and its words (the most
+# common); the meanings are its legend.
+POINT_FIGURES = {
+    "tokens_per_second": ("tokens/s", "tokens trained per second, warmup excluded"),
+    "step_time_p50_s": ("step time p50 (s)", "the median step's seconds, warmup excluded"),
+    "mfu": ("MFU", "model FLOPs utilisation: achieved over the device's peak FLOP/s"),
+    "peak_gpu_memory_bytes": ("peak GPU memory (GB)", "the most any device reserved"),
+    "peak_rss_bytes": ("peak RSS (GB)", "rank 0's peak resident memory (shown where no GPU memory was measured)"),
+    "peak_tensor_bytes": ("peak tensors (GB)", "the most memory the run's live tensors held"),
+    "memory_estimate_ratio": ("memory estimate / measured", "the peak predicted before the run over peak tensors"),
+    "goodput": ("goodput", "productive step time over the run's wall time"),
+}
+POINT_WORDS = {"bound_by": ("bound by", "what the steps wait on, as each dump judged it; counts where the runs differ")}
+POINTS_LEGEND = (
+    "One row per point: the runs whose label values are equal (a sweep's repeats are runs of one point). Each figure "
+    "is the median over the point's runs that ended ok or stopped, with their range (lowest–highest) in brackets "
+    "where they differ; GB are 10^9 bytes."
+)
+RUNS_MEANING = "how many runs ended ok or stopped (N of M where the others did not)"
+TEXT_WIDTH = 118  # of the lines written under a table: they fit a 120-column terminal
 PLOT_DPI = 120
+# One colour per goodput part, the same in every plot (matplotlib's cycle has 10 for 12 parts): the steps in greens,
+# what repeats or waits in reds and greys, setting up in blues and purples.
+GOODPUT_COLOURS = {
+    "startup": "#4e79a7",
+    "model_load": "#a0cbe8",
+    "data_preparation": "#b07aa1",
+    "trackers_start": "#d4a6c8",
+    "checkpoint_restore": "#f28e2b",
+    "warmup_steps": "#8cd17d",
+    "productive_steps": "#2f8a3b",
+    "evaluation": "#edc948",
+    "checkpoint_save": "#9c755f",
+    "repeated_steps": "#e15759",
+    "gaps": "#555555",
+    "leftover": "#c8c8c8",
+}
+AXIS_UNITS = {  # training arguments' units, for the plots' axis labels
+    "per_device_train_batch_size": "samples per device",
+    "batch_size": "samples",
+    "gradient_accumulation_steps": "micro-batches",
+    "max_seq_length": "tokens",
+    "nproc_per_node": "processes",
+    "world_size": "processes",
+}
 PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across the figure
 
 
@@ -288,7 +342,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "resumed_from_step": summary.get("resumed_from_step"),
         "goodput": (summary.get("goodput") or {}).get("productive_fraction"),
         "data_fetch_share": summary.get("data_fetch_share"),
-        "bound_by": summary.get("bound_by"),
+        **{key: summary.get(key) for key in OPTIONAL_SUMMARY},
         "step_parts": _step_parts(summary),
         "traces": _traces(run),
         "error_message": sweep_point.get("reason") or (cause.message if cause else None),
@@ -319,8 +373,6 @@ def _straggler(summary: dict[str, Any]) -> str | None:
 def _format(key: str, value: Any) -> str:
     if value is None:
         return ""
-    if key == "error_message" and len(value) > MESSAGE_WIDTH:
-        value = value[: MESSAGE_WIDTH - 1] + "…"
     if key == "traces":  # a link to each rank's trace, named by its rank's folder
         return " ".join(f"[{os.path.basename(os.path.dirname(path))}]({path})" for path in value.split())
     if key.endswith("_bytes"):
@@ -331,13 +383,142 @@ def _format(key: str, value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The rows as a Markdown table; byte columns shown in GB."""
-    columns = list(rows[0])
+def _figure(key: str, value: float | None) -> str:
+    """A figure of the points table, to three significant digits (the range beside it says how many count)."""
+    if value is None or key.endswith("_bytes") or key == "tokens_per_second":
+        return _format(key, value)
+    return f"{value:.3g}"
+
+
+def markdown(headers: list[str], cells: list[list[str]]) -> tuple[str, list[str]]:
+    """A Markdown table, each column padded to its widest cell (it reads as a table in a terminal too), without the
+    columns empty in every row; and the headers of those left out."""
+    kept = [index for index in range(len(headers)) if any(line[index] for line in cells)]
+    dropped = [header for index, header in enumerate(headers) if index not in kept]
+    table = [[headers[index] for index in kept], *([line[index] for index in kept] for line in cells)]
+    widths = [max(len(line[column]) for line in table) for column in range(len(kept))]
+
+    def render(line: list[str]) -> str:
+        return "| " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
+    return "\n".join([render(table[0]), rule, *map(render, table[1:])]) + "\n", dropped
+
+
+def _not_measured(dropped: list[str]) -> str:
+    return textwrap.fill(f"not measured in these runs: {', '.join(dropped)}", TEXT_WIDTH) if dropped else ""
+
+
+def runs_table(rows: list[dict[str, Any]]) -> str:
+    """The run table (every column but the failure's, which "Failures" says; bytes in GB), and the line naming the
+    columns no run measured."""
+    columns = [column for column in rows[0] if column not in FAILURE_COLUMNS]
     headers = [column.replace("_bytes", "_gb") for column in columns]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_format(key, r[key]) for key in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    table, dropped = markdown(headers, [[_format(key, r.get(key)) for key in columns] for r in rows])
+    return table + ("\n" + _not_measured(dropped) + "\n" if dropped else "")
+
+
+@dataclass
+class PointRuns:
+    """The runs of one point: the rows whose label values (all but the repeat index) are equal."""
+
+    labels: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)  # the dumps' config blocks, where recorded
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] in DONE_STATUSES]
+
+
+def group_points(pairs: list[tuple[dict[str, Any], Run]], labels: list[str]) -> list[PointRuns]:
+    """The runs grouped by their ``labels``' values (``repeat`` never counts), in the rows' order."""
+    points: dict[str, PointRuns] = {}
+    shown = [label for label in labels if label != REPEAT]
+    for r, run in pairs:
+        values = {label: r[label] for label in shown}
+        point = points.setdefault(json.dumps(values, sort_keys=True, default=str), PointRuns(values))
+        point.rows.append(r)
+        if run.dump is not None and isinstance(run.dump.get("config"), dict):
+            point.configs.append(run.dump["config"])
+    return list(points.values())
+
+
+def point_row(point: PointRuns) -> dict[str, Any]:
+    """A point's figures over its ok and stopped runs: the median, lowest and highest of each, and the most common
+    word (``bound_by``), with the count of each where they differ."""
+    done = point.done
+    figures: dict[str, Any] = {**point.labels, "runs": len(point.rows), "done_runs": len(done)}
+    for key in POINT_FIGURES:
+        values = [r[key] for r in done if is_number(r.get(key))]
+        low, middle, high = (min(values), statistics.median(values), max(values)) if values else (None,) * 3
+        figures.update({f"{key}_median": middle, f"{key}_min": low, f"{key}_max": high})
+    for key in POINT_WORDS:
+        counts = Counter(str(r[key]) for r in done if r.get(key) is not None)
+        ranked = counts.most_common()
+        figures[key] = ranked[0][0] if len(ranked) == 1 else ", ".join(f"{word} ({n})" for word, n in ranked) or None
+    return figures
+
+
+def _mixed_configurations(point: PointRuns) -> str | None:
+    """A line for a point whose runs differ in configuration (the dumps' ``config``): labels do not tell them apart."""
+    configs = point.configs
+    differ = sorted({key for config in configs for key in config if len({json.dumps(c.get(key)) for c in configs}) > 1})
+    if not differ:
+        return None
+    where = ", ".join(f"{key}={value}" for key, value in point.labels.items()) or "the one point"
+    return f"{where}: its runs differ in {', '.join(differ)} (configuration); --labels can tell them apart"
+
+
+def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
+    """The points table: the labels, the runs that did their work, and per figure the median with the range
+    (lowest–highest) in brackets where the runs differ; the peak RSS only where no run measured GPU memory. Then
+    the legend, and the figures no run measured."""
+    point_rows = [point_row(point) for point in points]
+    figures = dict(POINT_FIGURES)
+    if any(r["peak_gpu_memory_bytes_median"] is not None for r in point_rows):
+        del figures["peak_rss_bytes"]  # the device's memory is the figure that decides a fit
+    labels = list(points[0].labels) if points else []
+    headers = [*labels, "runs", *(header for header, _ in figures.values()), *(h for h, _ in POINT_WORDS.values())]
+    cells = []
+    for r in point_rows:
+        runs = str(r["runs"]) if r["done_runs"] == r["runs"] else f"{r['done_runs']} of {r['runs']}"
+        line = [_format(label, r[label]) for label in labels] + [runs]
+        for key in figures:
+            middle, low, high = (_figure(key, r[f"{key}_{end}"]) for end in ("median", "min", "max"))
+            line.append(middle if low == high else f"{middle} ({low}–{high})")
+        cells.append(line + [_format(key, r[key]) for key in POINT_WORDS])
+    table, dropped = markdown(headers, cells)
+    meanings = dict([("runs", RUNS_MEANING), *figures.values(), *POINT_WORDS.values()])
+    legend = [textwrap.fill(POINTS_LEGEND, TEXT_WIDTH)]
+    legend += [f"- {header}: {meaning}" for header, meaning in meanings.items() if header not in dropped]
+    notes = [textwrap.fill(note, TEXT_WIDTH) for point in points if (note := _mixed_configurations(point))]
+    return "\n\n".join(
+        part for part in (table.rstrip(), "\n".join(legend), _not_measured(dropped), "\n".join(notes)) if part
+    )
+
+
+def failures_section(rows: list[dict[str, Any]]) -> str:
+    """A line per run that did not end ok or stopped: its status and root cause (category, rank, step, message), the
+    ranks that reported a failure; empty when every run did its work."""
+    lines = []
+    for r in rows:
+        if r["status"] in DONE_STATUSES:
+            continue
+        where = "".join(
+            f" {word} {r[key]}"
+            for word, key in (("on rank", "error_rank"), ("at step", "error_step"))
+            if r[key] is not None
+        )
+        cause = f", {r['error_category']}{where}" if r["error_category"] else ""
+        if not cause and r["status"] == "killed":
+            cause = ", no error report on any rank" + (
+                f" (trained to step {r['training_steps']})" * bool(r["training_steps"])
+            )
+        ranks = f" (ranks that reported a failure: {r['failed_ranks']})" if r["failed_ranks"] else ""
+        message = f": {r['error_message']}" if r["error_message"] else ""
+        lines.append(f"- `{r['run']}`: {r['status']}{cause}{message}{ranks}\n")
+    return "".join(lines)
 
 
 def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str, path: Path) -> bool:
@@ -371,10 +552,12 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         xs = sorted(by_x)
         medians = [statistics.median(by_x[at]) for at in xs]
         line = axes.plot(xs, medians, marker="o", label=f"{group}={name}" if group else None)[0]
-        for at in xs:  # every run, around its median
-            axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color())
-    title = f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs)"
-    axes.set(xlabel=x, ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))  # a long one would be clipped
+        for at in xs:  # every run, and the range of the point's runs
+            axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color(), s=12, alpha=0.6)
+            axes.vlines(at, min(by_x[at]), max(by_x[at]), color=line.get_color(), linewidth=3, alpha=0.35)
+    title = f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs): median, each run a dot, the range a bar"
+    # a long title would be clipped
+    axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))
     if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
@@ -384,32 +567,49 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
     return figure
 
 
-def plot_goodput(bars: list[tuple[str, dict[str, Any]]], path: Path) -> bool:
-    """One horizontal bar per run, its wall time stacked by goodput part (``summary.goodput``); False without
-    matplotlib (said on stderr) or without a run that has the figures."""
-    bars = [(name, goodput) for name, goodput in bars if goodput]
-    if not bars:
-        return False
+def axis_label(key: str) -> str:
+    """A metadata key as an axis label, with its unit where the key is a training argument that has one."""
+    unit = AXIS_UNITS.get(key.rsplit(".", 1)[-1])
+    return f"{key} ({unit})" if unit else key
+
+
+def plot_goodput(bars: list[tuple[str, dict[str, Any] | None]], path: Path) -> bool:
+    """``draw_goodput`` saved at ``path``; False without matplotlib (said on stderr) or without a run that has the
+    figures."""
     try:
-        from matplotlib.figure import Figure
+        figure = draw_goodput(bars)
     except ImportError:
         print(f"no plot {path.name}: matplotlib is not installed (pip install 'tuning-bench[plots]')", file=sys.stderr)
         return False
-    figure = Figure(figsize=(9, 1.8 + 0.45 * len(bars)))
+    if figure is not None:
+        figure.savefig(path, dpi=PLOT_DPI)
+    return figure is not None
+
+
+def draw_goodput(bars: list[tuple[str, dict[str, Any] | None]]) -> "Figure | None":
+    """One horizontal bar per run (``(name, summary.goodput)``), its wall time stacked by goodput part, each part in
+    its own colour (``GOODPUT_COLOURS``, the same in every plot) and named in the legend; None when no run has the
+    figures."""
+    bars = [(name, goodput) for name, goodput in bars if goodput]
+    if not bars:
+        return None
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 2.6 + 0.45 * len(bars)), layout="constrained")  # room for the legend below
     axes = figure.subplots()
     names = [name for name, _ in bars]
     left = [0.0] * len(bars)
     for part in GOODPUT_PARTS:
         widths = [max(goodput["parts"].get(part) or 0.0, 0.0) for _, goodput in bars]
         if any(widths):
-            axes.barh(names, widths, left=left, label=part.replace("_", " "))
+            axes.barh(names, widths, left=left, label=part.replace("_", " "), color=GOODPUT_COLOURS[part])
             left = [start + width for start, width in zip(left, widths, strict=True)]
-    axes.set(xlabel="seconds of wall time", title="where the time went (goodput: productive steps over wall time)")
+    axes.set(
+        xlabel="wall time (s)", ylabel="run", title="where the time went (goodput: productive steps over wall time)"
+    )
     axes.invert_yaxis()  # the first run on top, as in the table
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=PLOT_DPI)
-    return True
+    figure.legend(loc="outside lower center", ncol=4, fontsize="small", title="goodput parts")
+    return figure
 
 
 def _sort_key(value: Any) -> tuple[int, float, str]:
@@ -417,6 +617,21 @@ def _sort_key(value: Any) -> tuple[int, float, str]:
     if is_number(value):
         return (0, value, "")
     return (1, 0.0, str(value)) if value is not None else (2, 0.0, "")
+
+
+def varying_metadata(runs: list[Run]) -> list[str]:
+    """The metadata keys (dotted where nested) whose values are not the same in every dump, but the repeat index:
+    what tells the runs' points apart when neither ``--labels`` nor a sweep names them."""
+    flat = [_flat(run.dump["metadata"]) for run in runs if run.dump is not None]
+    keys = dict.fromkeys(key for metadata in flat for key in metadata if key != REPEAT)
+    return [key for key in keys if len({json.dumps(metadata.get(key), sort_keys=True) for metadata in flat}) > 1]
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested metadata as dotted keys → values (an empty object is a value)."""
+    if not isinstance(value, dict) or not value and prefix:
+        return {prefix[:-1]: value}
+    return {key: item for name, inner in value.items() for key, item in _flat(inner, f"{prefix}{name}.").items()}
 
 
 def write_report(
@@ -427,50 +642,73 @@ def write_report(
     output_dir: str = "bench_report",
 ) -> list[Path]:
     """The runs of ``inputs`` (dumps, rank error reports, journals, sweep state files: files, directories searched
-    recursively, or globs) → report.md, report.csv and, with ``x``, throughput.png and peak_memory.png in
-    ``output_dir``; mfu_by_batch_size.png when per_device_train_batch_size is a column and a run has an MFU. The
-    table is printed too; returns the files written. ``labels``: metadata keys shown as columns (default: the sweeps'
-    axes). Raises ``SystemExit`` with the reason when there is nothing to report."""
+    recursively, or globs) → report.md (points, runs, failures), report.csv (every run, every column), points.csv
+    (every point's figures), goodput.png and, with ``x``, throughput.png and peak_memory.png in ``output_dir``;
+    mfu_by_batch_size.png when per_device_train_batch_size is a column and a run has an MFU. The points table and the
+    failures are printed too; returns the files written. ``labels``: metadata keys shown as columns, whose values make
+    a point (default: the sweeps' axes, else the metadata keys whose values differ between runs; a run's ``repeat``
+    is a column of its own). Raises ``SystemExit`` with the reason when there is nothing to report."""
     if not inputs:
         raise SystemExit("give dumps, error reports or journals: files, directories or globs")
     runs = load(find_files([str(item) for item in inputs]))
     if not runs:
         raise SystemExit("no readable runs in the inputs")
     sweep_axes = [axis for run in runs if run.sweep_point for axis in run.sweep_point["axes"]]
-    columns = list(dict.fromkeys([*(labels or sweep_axes), *([x] if x else []), *([group] if group else [])]))
+    named = labels or sweep_axes or varying_metadata(runs)
+    repeats = [REPEAT] if any(label_value(run, REPEAT) is not None for run in runs) else []
+    columns = list(dict.fromkeys([*named, *([x] if x else []), *([group] if group else []), *repeats]))
     pairs = sorted(
         ((row(run, columns), run) for run in runs),
         key=lambda pair: [*map(_sort_key, (pair[0][c] for c in columns)), pair[0]["run"]],
     )
-    rows = [r for r, _ in pairs]
+    fields = list(dict.fromkeys(key for r, _ in pairs for key in r))  # a figure some dumps lack: empty in their rows
+    rows = [{key: r.get(key) for key in fields} for r, _ in pairs]
     common = os.path.commonpath([os.path.abspath(os.path.dirname(r["run"])) for r in rows])
     out = Path(output_dir)
     for r in rows:
         r["run"] = os.path.relpath(r["run"], common)
         if r["traces"]:  # from where the report is, so that its links open
             r["traces"] = " ".join(os.path.relpath(path, out.resolve()) for path in r["traces"].split())
+    points = group_points(list(zip(rows, (run for _, run in pairs), strict=True)), columns)
 
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows)
-    print(table)
-    outputs = [out / "report.md", out / "report.csv"]
-    outputs[0].write_text(table, encoding="utf-8")
-    with outputs[1].open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    points_text = "## Points\n\n" + points_table(points, rows) + "\n"
+    runs_text = "## Runs\n\nEvery run; report.csv holds every column, the failures' too.\n\n" + runs_table(rows)
+    failures = failures_section(rows)
+    failures_text = f"## Failures\n\nThe runs that did not end ok or stopped, and their root causes.\n\n{failures}"
+    print(
+        points_text
+        + ("\n" + failures_text if failures else "")
+        + "\nEvery run: report.md; every column: report.csv and points.csv\n"
+    )
+    outputs = [out / "report.md", out / "report.csv", out / "points.csv"]
+    sections = [points_text, runs_text, *([failures_text] if failures else [])]
+    outputs[0].write_text("\n".join(sections), encoding="utf-8")
+    _write_csv(outputs[1], rows)
+    _write_csv(outputs[2], [point_row(point) for point in points])
     if x:
         memory = ("peak_rss_bytes", "peak process RSS (GB)")
         if any(r["peak_gpu_memory_bytes"] is not None for r in rows):
             memory = ("peak_gpu_memory_bytes", "peak GPU memory reserved (GB)")
-        for metric, ylabel, name in (("tokens_per_second", "tokens/s", "throughput.png"), (*memory, "peak_memory.png")):
+        throughput = ("tokens_per_second", "throughput (tokens/s)", "throughput.png")
+        for metric, ylabel, name in (throughput, (*memory, "peak_memory.png")):
             if plot(rows, x, group, metric, ylabel, out / name):
                 outputs.append(out / name)
-    bars = [(r["run"], run.dump["summary"].get("goodput") if run.dump else None) for r, run in pairs]
+    bars = [
+        (r["run"], run.dump["summary"].get("goodput") if run.dump else None)
+        for r, (_, run) in zip(rows, pairs, strict=True)
+    ]
     if plot_goodput(bars, out / "goodput.png"):
         outputs.append(out / "goodput.png")
     if BATCH_SIZE_AXIS in columns and any(r["mfu"] is not None for r in rows):
         mfu_plot = out / "mfu_by_batch_size.png"
-        if plot(rows, BATCH_SIZE_AXIS, group, "mfu", "MFU", mfu_plot):
+        if plot(rows, BATCH_SIZE_AXIS, group, "mfu", "MFU (achieved / peak FLOP/s)", mfu_plot):
             outputs.append(mfu_plot)
     return outputs
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
