@@ -38,6 +38,7 @@ def test_the_estimate_is_within_ten_percent_of_the_real_peak(model, batch, lengt
     assert estimate["parts"]["parameters"] > 0 and estimate["peak_phase"] in ("forward", "backward", "optimizer")
 
 
+@pytest.mark.slow
 def test_a_real_run_records_the_estimate_beside_its_measured_peak(tiny_model, long_data, tmp_path):
     """LoRA with gradient checkpointing through bench_train: the dump's estimate, summary.peak_tensor_bytes (torch's
     tracker over the real steps) and their ratio, within 10 %."""

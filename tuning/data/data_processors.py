@@ -10,7 +10,6 @@ through ``datasets.load_dataset(id)``, as v3.1.0 takes it, cached in such a dire
 import contextlib
 import contextvars
 import functools
-import glob
 import logging
 import os
 import uuid
@@ -32,7 +31,14 @@ from tuning.data.data_handlers import (
     handler_argument_problem,
     prepare_multimodal_data_processor,
 )
-from tuning.data.loading import InputFileNotFoundError, MalformedDataError, iter_records
+from tuning.data.loading import (
+    GLOB_CHARACTERS,
+    InputFileNotFoundError,
+    MalformedDataError,
+    expand_data_path,
+    files_dir,
+    iter_records,
+)
 from tuning.data.utils import (
     DATA_FILE_BUILDERS,
     get_loader_for_filepath,
@@ -51,7 +57,6 @@ class UnreadableDataError(MalformedDataError, pyarrow.ArrowInvalid):
     ``ArrowInvalid``, which fms-hf-tuning v3.1.0 lets through there."""
 
 
-_GLOB_CHARACTERS = "*?["
 # huggingface_hub's reading of its offline switches: these values turn them on.
 _TRUE_VALUES = ("1", "ON", "YES", "TRUE")
 
@@ -71,7 +76,7 @@ def looks_like_hub_dataset_id(path: str) -> bool:
         and not os.path.isabs(path)
         and not path.startswith((".", "~"))
         and path.count("/") <= 1
-        and not any(char in path for char in _GLOB_CHARACTERS)
+        and not any(char in path for char in GLOB_CHARACTERS)
         and get_loader_for_filepath(path) not in DATA_FILE_BUILDERS
     )
 
@@ -108,7 +113,7 @@ def check_data_path(path: str, label: str, builder: str | None = None) -> None:
     if builder is None and is_hub_dataset_id(path):
         check_hub_dataset_id(path, label)
     else:
-        _expand(path)
+        expand_data_path(path)
 
 
 def check_data_path_flags(data_args) -> None:
@@ -179,7 +184,7 @@ def locate_row(paths: list[str], builder: str | None, row: dict) -> str | None:
     for path in paths:
         if builder is None and is_hub_dataset_id(path):
             continue
-        for file in _expand(path):
+        for file in expand_data_path(path):
             kind = builder or get_loader_for_filepath(file)
             if kind == JSON_BUILDER:
                 for index, (line, record) in enumerate(iter_records(file)):
@@ -230,43 +235,12 @@ def load_json_files(paths: list[str], streaming: bool = False) -> Dataset | Iter
         raise
 
 
-def _expand(path: str) -> list[str]:
-    """The files a data path names: itself, a folder's files (not hidden, recursively), or a glob's matches."""
-    if os.path.isdir(path):
-        found = []
-        for root, folders, names in os.walk(path):
-            folders[:] = [folder for folder in folders if not folder.startswith(".")]
-            found.extend(os.path.join(root, name) for name in names if not name.startswith("."))
-        found.sort()
-        if not found:
-            raise InputFileNotFoundError(f"data folder has no files: {path}")
-        return found
-    if any(char in path for char in _GLOB_CHARACTERS) and not os.path.exists(path):
-        found = sorted(match for match in glob.glob(path, recursive=True) if os.path.isfile(match))
-        if not found:
-            raise InputFileNotFoundError(f"no data file matches {path}")
-        return found
-    if not os.path.exists(path):
-        raise InputFileNotFoundError(f"data file not found: {path}")
-    return [path]
-
-
-def files_dir(paths: list[str]) -> str | None:
-    """The one folder holding every file the data ``paths`` name (absolute), or None when they are in several (or a
-    path names no local file: a Hub dataset id)."""
-    try:
-        folders = {os.path.dirname(os.path.abspath(file)) for path in paths for file in _expand(path)}
-    except InputFileNotFoundError:
-        return None
-    return folders.pop() if len(folders) == 1 else None
-
-
 def load_data_path(path: str, builder: str | None = None, streaming: bool = False, split: str | None = None):
     """One data path (file, folder or glob) as a dataset, by ``builder`` or else by the files' extensions; without a
     ``builder``, a path naming nothing here that looks like a Hub dataset id is loaded from the Hub."""
     if builder is None and is_hub_dataset_id(path):
         return load_hub_dataset(path, streaming, split)
-    files = _expand(path)
+    files = expand_data_path(path)
     builders = {builder} if builder else {get_loader_for_filepath(file) for file in files}
     if builders == {JSON_BUILDER}:
         loaded = load_json_files(files, streaming)

@@ -6,6 +6,7 @@ fms-hf-tuning's types (``datasets``' ``DatasetNotFoundError``, a ``FileNotFoundE
 """
 
 import codecs
+import glob
 import json
 import os
 import re
@@ -15,6 +16,8 @@ from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
 from tuning.utils import error_logging
 from tuning.utils.error_logging import UserInputError
+
+GLOB_CHARACTERS = "*?["  # a data path with one of these is a glob
 
 _READ_SIZE = 1 << 20
 _SIGNIFICANT = re.compile(r"[^ \t\r\n]")
@@ -157,3 +160,34 @@ def iter_records(path: str) -> Iterator[tuple[int, dict]]:
 def load_records(path: str) -> list[dict]:
     """All records of a JSON array or JSON lines file, for data small enough to hold in memory."""
     return [record for _, record in iter_records(path)]
+
+
+def expand_data_path(path: str) -> list[str]:
+    """The files a data path names: itself, a folder's files (not hidden, recursively), or a glob's matches."""
+    if os.path.isdir(path):
+        found = []
+        for root, folders, names in os.walk(path):
+            folders[:] = [folder for folder in folders if not folder.startswith(".")]
+            found.extend(os.path.join(root, name) for name in names if not name.startswith("."))
+        found.sort()
+        if not found:
+            raise InputFileNotFoundError(f"data folder has no files: {path}")
+        return found
+    if any(char in path for char in GLOB_CHARACTERS) and not os.path.exists(path):
+        found = sorted(match for match in glob.glob(path, recursive=True) if os.path.isfile(match))
+        if not found:
+            raise InputFileNotFoundError(f"no data file matches {path}")
+        return found
+    if not os.path.exists(path):
+        raise InputFileNotFoundError(f"data file not found: {path}")
+    return [path]
+
+
+def files_dir(paths: list[str]) -> str | None:
+    """The one folder holding every file the data ``paths`` name (absolute), or None when they are in several (or a
+    path names no local file: a Hub dataset id)."""
+    try:
+        folders = {os.path.dirname(os.path.abspath(file)) for path in paths for file in expand_data_path(path)}
+    except InputFileNotFoundError:
+        return None
+    return folders.pop() if len(folders) == 1 else None

@@ -35,7 +35,8 @@ from filelock import FileLock
 
 from tuning.data.cache import new_cache_dir, remove_orphaned_caches
 from tuning.data.data_config import DataConfig, load_and_validate_data_config
-from tuning.data.data_processors import _expand, is_hub_dataset_id
+from tuning.data.data_processors import is_hub_dataset_id
+from tuning.data.loading import expand_data_path
 from tuning.utils.error_logging import UserInputError, one_line
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ def cache_key(data_args, train_args, tokenizer, max_length: int, additional_data
     return {
         "version": KEY_VERSION,
         "code": code_version(),
-        "files": [file_identity(file) for path in paths for file in _expand(path)],
+        "files": [file_identity(file) for path in paths for file in expand_data_path(path)],
         "data_arguments": json.dumps(arguments, sort_keys=True, default=str),
         "data_config": config,
         "handlers": {

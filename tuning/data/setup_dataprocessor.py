@@ -27,7 +27,6 @@ from tuning.data.data_config import (
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler
 from tuning.data.data_preprocessing_utils import get_data_collator
 from tuning.data.data_processors import (
-    _expand,
     check_data_config,
     check_data_path_flags,
     get_datapreprocessor,
@@ -37,7 +36,7 @@ from tuning.data.data_processors import (
 )
 from tuning.data.formatting import format_file, text_value
 from tuning.data.labels import LabelLoss, check_label_loss
-from tuning.data.loading import iter_records
+from tuning.data.loading import expand_data_path, iter_records
 from tuning.data.masking import tokenize_and_mask
 from tuning.data.utils import get_loader_for_filepath
 from tuning.data.vision import (
@@ -61,7 +60,7 @@ TRAINING_COLUMNS = ("input_ids", "labels")
 def _column_names(path: str) -> set[str]:
     """The columns of a data path, read from its first record (JSON) or its schema (a Hub dataset's, streamed)."""
     if not is_hub_dataset_id(path):
-        files = _expand(path)
+        files = expand_data_path(path)
         if all(get_loader_for_filepath(file) == "json" for file in files):
             return set(next(iter_records(files[0]))[1])
     streamed = load_data_path(path, streaming=True)
@@ -433,7 +432,7 @@ def _is_plain_json_text_run(data_args) -> bool:
         return False
     paths = [data_args.training_data_path, data_args.validation_data_path]
     try:
-        files = [file for path in paths if path for file in _expand(path)]
+        files = [file for path in paths if path for file in expand_data_path(path)]
     except UserInputError:
         return False
     if not all(get_loader_for_filepath(file) == "json" for file in files):
@@ -483,7 +482,7 @@ def _prepare_rows(data_args, train_args, tokenizer, max_length: int, additional_
             if not path:
                 rows.append(None)
                 continue
-            texts = _formatted_texts(_expand(path), tokenizer.eos_token, data_args)
+            texts = _formatted_texts(expand_data_path(path), tokenizer.eos_token, data_args)
             rows.append(
                 tokenize_and_mask(
                     texts,

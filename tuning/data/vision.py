@@ -158,7 +158,7 @@ def data_path_dir(data_args) -> str | None:
     """Where relative image paths are read from: the folder holding the data files (``--training_data_path`` and
     ``--validation_data_path``, or every dataset of ``--data_config_path``), when they are all in one; else None
     (the working directory)."""
-    from tuning.data.data_processors import files_dir
+    from tuning.data.loading import files_dir
 
     if data_args.data_config_path:
         from tuning.data.data_config import load_and_validate_data_config
