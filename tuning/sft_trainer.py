@@ -55,6 +55,7 @@ from tuning.config.peft_config import (
 from tuning.config.tracker_configs import AimConfig, FileLoggingTrackerConfig, TrackerConfigFactory, TrackerConfigs
 from tuning.config.unsupported import PLAIN_FLAGS, refuse_unsupported
 from tuning.data.cache import removes_data_caches
+from tuning.data.data_config import forget_job_data_config
 from tuning.data.data_handlers import DataHandler
 from tuning.data.labels import check_invocation
 from tuning.data.prepared_cache import Preparation
@@ -626,31 +627,34 @@ def train(
         raise UserInputError(f"additional callbacks should be of type TrainerCallback, got {', '.join(wrong)}")
     if exp_metadata is not None and not isinstance(exp_metadata, dict):
         raise UserInputError(f"exp metadata passed should be a dict with valid json, got {type(exp_metadata).__name__}")
-    validate_arguments(
-        model_args, data_args, train_args, additional_data_handlers
-    )  # once: not again after the CLI's or bench_train's
-    load = load_settings(
-        model_args.model_name_or_path,
-        train_args.cache_dir,
-        peft_config,
-        get_torch_dtype(model_args.torch_dtype),
-        quantized_lora_config,
-        fusedops_kernels_config,
-        fast_moe_config,
-    )
-    padding_free = attention_and_distributed_packing_config is not None and (
-        attention_and_distributed_packing_config.is_padding_free
-    )
-    if padding_free:
-        if data_args.dataset_image_field:
-            raise UserInputError("--padding_free with --dataset_image_field: vision-language rows are padded")
-        check_padding_free(model_args, train_args, peft_config)
-    run = (model_args, data_args, train_args, peft_config, exp_metadata)
-    if trackers is not None:  # the caller's: it closes them
-        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
-    trackers = build_trackers(train_args.trackers, tracker_configs)
-    with closed_on_failure(trackers):
-        return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
+    try:  # the data config, read once for the job's start: the next job with these arguments reads it anew
+        validate_arguments(
+            model_args, data_args, train_args, additional_data_handlers
+        )  # once: not again after the CLI's or bench_train's
+        load = load_settings(
+            model_args.model_name_or_path,
+            train_args.cache_dir,
+            peft_config,
+            get_torch_dtype(model_args.torch_dtype),
+            quantized_lora_config,
+            fusedops_kernels_config,
+            fast_moe_config,
+        )
+        padding_free = attention_and_distributed_packing_config is not None and (
+            attention_and_distributed_packing_config.is_padding_free
+        )
+        if padding_free:
+            if data_args.dataset_image_field:
+                raise UserInputError("--padding_free with --dataset_image_field: vision-language rows are padded")
+            check_padding_free(model_args, train_args, peft_config)
+        run = (model_args, data_args, train_args, peft_config, exp_metadata)
+        if trackers is not None:  # the caller's: it closes them
+            return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
+        trackers = build_trackers(train_args.trackers, tracker_configs)
+        with closed_on_failure(trackers):
+            return _train(*run, trackers, additional_callbacks, padding_free, additional_data_handlers, load)
+    finally:
+        forget_job_data_config(data_args)
 
 
 def check_padding_free(model_args: ModelArguments, train_args: TrainingArguments, peft_config: Any) -> None:

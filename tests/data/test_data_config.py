@@ -12,10 +12,9 @@ import yaml
 from transformers import AutoTokenizer
 
 from tests.helpers.data_files import CHAT_TEMPLATE, write_config, write_jsonl
+from tests.helpers.file_reads import FileReads
 from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
-from tuning.benchmarking.data_description import describe_data
 from tuning.config.configs import DataArguments, TrainingArguments
-from tuning.data import data_config
 from tuning.data.data_config import load_and_validate_data_config
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler, DataHandlerType
 from tuning.data.setup_dataprocessor import process_dataargs
@@ -281,31 +280,33 @@ def test_base64_and_file_chat_templates_are_read(tmp_path):
         load_and_validate_data_config(both)
 
 
-def test_a_job_start_parses_its_data_config_once_and_an_edit_is_read_anew(tiny_model, tokenizer, tmp_path, monkeypatch):
-    """The checks, the vision test, the dump's description and the data preparation of one job all ask for the data
-    config: one parse serves them (each gets a copy of its own); an edited file, or an edited chat template file it
-    names, is parsed again."""
-    parses = []
-    parse = data_config._parse_data_config
-    monkeypatch.setattr(data_config, "_parse_data_config", lambda path: parses.append(path) or parse(path))
+def test_a_job_reads_its_data_config_once_and_the_next_job_reads_it_anew(tiny_model, tmp_path):
+    """The checks and the vision test (validate_arguments, as main() runs them before train()), then train()'s cache
+    key and data preparation read the data config file, and the chat template file it names, once between them: the
+    job trains on that reading though the file is replaced after it. The next job (train() again, into another output
+    directory) reads the file anew: its new data file does not exist."""
     template = tmp_path / "template.jinja"
     template.write_text(CHAT_TEMPLATE, encoding="utf-8")
-    dataset = {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]}
-    processor = {"chat_template_path": str(template)}
-    config = write_config(tmp_path / "c.yaml", {"dataprocessor": processor, "datasets": [dataset]})
-    model_args, _, train_args = make_args(tiny_model, str(tmp_path / "out"), SAMPLE_TRAIN_PATH)
-    data_args = DataArguments(data_config_path=config, response_template=RESPONSE_TEMPLATE, dataset_text_field="output")
-    validate_arguments(model_args, data_args, train_args)
-    describe_data(data_args, 128)
-    process_dataargs(data_args, tokenizer, train_args)
-    assert parses == [config]
-    first = load_and_validate_data_config(config)
-    first.datasets.clear()  # a caller's copy: the next one is whole
-    assert len(load_and_validate_data_config(config).datasets) == 1 and parses == [config]
-    template.write_text(CHAT_TEMPLATE + "{# edited #}", encoding="utf-8")
-    assert load_and_validate_data_config(config).dataprocessor.chat_template.endswith("{# edited #}")
-    write_config(tmp_path / "c.yaml", {"datasets": [{**dataset, "name": "other"}]})
-    assert load_and_validate_data_config(config).datasets[0].name == "other" and len(parses) == 3
+    dataset = {"name": "samples", "data_paths": [SAMPLE_TRAIN_PATH]}
+    config = write_config(
+        tmp_path / "c.yaml", {"dataprocessor": {"chat_template_path": str(template)}, "datasets": [dataset]}
+    )
+    model_args, _, train_args = make_args(tiny_model, str(tmp_path / "out"), "", max_steps=1)
+    data_args = DataArguments(
+        data_config_path=config,
+        response_template=RESPONSE_TEMPLATE,
+        dataset_text_field="output",
+        data_cache_dir=str(tmp_path / "cache"),
+    )
+    with FileReads(config) as config_reads, FileReads(template) as template_reads:
+        validate_arguments(model_args, data_args, train_args)
+        write_config(tmp_path / "c.yaml", {"datasets": [{**dataset, "data_paths": [str(tmp_path / "gone.jsonl")]}]})
+        trainer, *_ = train(model_args, data_args, train_args, trackers=[])
+        assert trainer.state.global_step == 1 and (config_reads.count(), template_reads.count()) == (1, 1)
+        train_args.output_dir = str(tmp_path / "again")
+        with pytest.raises(FileNotFoundError, match="gone.jsonl"):
+            train(model_args, data_args, train_args, trackers=[])
+        assert config_reads.count() == 2
 
 
 def test_cli_bad_data_config_exits_1_and_data_config_trains(tiny_model, tmp_path, monkeypatch, capfd):

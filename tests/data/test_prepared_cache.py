@@ -2,6 +2,7 @@
 the same work, a miss for each part of the key changed, concurrent builders and a killed one (real processes, real
 SIGKILL), eviction by size, 'none'. In-process through prepare_with_cache, on a temporary cache directory."""
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -111,7 +112,7 @@ def test_another_handler_argument_is_a_miss(tokenizer, tmp_path):
     )
     _, first = prepare(arguments, tokenizer)
     _, hit = prepare(arguments, tokenizer)
-    arguments.data_config_path = config("{{ element['output'] }} more")
+    arguments = dataclasses.replace(arguments, data_config_path=config("{{ element['output'] }} more"))  # a new job
     rows, other = prepare(arguments, tokenizer)
     assert (first.status, hit.status, other.status) == ("miss", "hit", "miss") and other.key != first.key
     assert "more" in tokenizer.decode(rows[0]["input_ids"])

@@ -4,6 +4,7 @@ Aim (local repo and a real server), real signals. Faults come in through the wra
 
 import base64
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +29,8 @@ from tests.helpers.bench import (
     series,
     start_bench,
 )
+from tests.helpers.data_files import write_config
+from tests.helpers.file_reads import FileReads
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
 from tests.helpers.nvml import load_fake_nvml
@@ -712,6 +715,21 @@ def test_data_processing_only_writes_the_data_and_a_dump_of_no_steps_that_names_
     assert dump["summary"]["tokens_per_second"] is None and dump["config"]["do_dataprocessing_only"] is True
     assert dump["data"]["data_config_path"] is None
     assert [(d["name"], d["data_paths"]) for d in dump["data"]["datasets"]] == [("training_data", [SAMPLE_TRAIN_PATH])]
+
+
+def test_a_run_reads_its_data_config_once_and_dumps_the_hash_of_what_it_read(bench_train, tiny_model, tmp_path):
+    """bench_train's job start (the dump's configuration, the checks, the vision test, the dump's description) and
+    train() (the data preparation) read the data config file once between them; the dump's configuration and its
+    data description both carry the hash of those bytes."""
+    dataset = {"name": "samples", "data_paths": [SAMPLE_TRAIN_PATH]}
+    config = write_config(tmp_path / "data.yaml", {"datasets": [dataset]})
+    flags = {"training_data_path": None, "data_config_path": config, "metrics_path": tmp_path / "d.json"}
+    with FileReads(config) as reads:
+        assert bench_train.main(cli_args(tiny_model, str(tmp_path / "out"), **flags)) == 0
+        assert reads.count() == 1
+    dump = read_dump(tmp_path / "d.json")
+    read = hashlib.sha256(Path(config).read_bytes()).hexdigest()
+    assert dump["status"] == "ok" and dump["config"]["data_config_sha256"] == dump["data"]["data_config_sha256"] == read
 
 
 def test_almost_full_filesystem_is_refused_before_training(bench_train, tiny_model, tmp_path, capsys, small_filesystem):

@@ -112,6 +112,8 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     (lora, pt or none), ``world_size``, ``data_config_sha256`` (null without a data config) and ``model_class`` (the
     architecture the model's config.json names, as ``model_architecture`` reads it); an argument that
     changes nothing as the others are set (``_ONLY_WITH``: ``eval_steps`` without step-wise evaluation...) is null."""
+    from tuning.data.data_config import job_data_config_sha256  # the data framework's imports: only for a job
+
     tune_config = args.tune_config
     peft_method = {"LoraConfig": "lora", "PromptTuningConfig": "pt"}.get(type(tune_config).__name__, "none")
     if tune_config is not None and peft_method == "none":
@@ -120,7 +122,7 @@ def run_configuration(args: Any, world_size: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         PEFT_METHOD: peft_method,
         WORLD_SIZE: world_size,
-        DATA_CONFIG_SHA256: file_sha256(args.data_args.data_config_path),
+        DATA_CONFIG_SHA256: job_data_config_sha256(args.data_args),
         MODEL_CLASS: model_architecture(args.model_args.model_name_or_path),
     }
     for where, names in CONFIG_ARGUMENTS.items():

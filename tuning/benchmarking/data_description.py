@@ -12,8 +12,7 @@ import copy
 import hashlib
 from typing import Any
 
-from tuning.benchmarking.configuration import file_sha256
-from tuning.data.data_config import DataConfig, load_and_validate_data_config
+from tuning.data.data_config import DataConfig, job_data_config, job_data_config_sha256
 from tuning.data.vision import is_vision_data_config
 
 # The dump's data.tokenised_by: the rows tokenised (and masked) before training, or each batch by the vision collator.
@@ -25,7 +24,7 @@ def describe_data(data_args: Any, max_seq_length: int) -> dict[str, Any]:
     flags, the first record of the training data (whether it is pretokenised decides the handlers)."""
     path = data_args.data_config_path
     if path:
-        config = load_and_validate_data_config(path)
+        config = job_data_config(data_args)
     else:
         from tuning.data.setup_dataprocessor import raw_data_config  # the datasets loaders: only when needed
 
@@ -33,20 +32,21 @@ def describe_data(data_args: Any, max_seq_length: int) -> dict[str, Any]:
         config, _ = raw_data_config(copy.copy(data_args), max_seq_length)
     vision = bool(data_args.dataset_image_field) or is_vision_data_config(data_args)
     return {
-        **data_config_description(config, path, data_args.chat_template),
+        **data_config_description(config, path, job_data_config_sha256(data_args), data_args.chat_template),
         "tokenised_by": VISION_COLLATOR if vision else DATA_PREPARATION,
     }
 
 
 def data_config_description(
-    config: DataConfig, data_config_path: str | None, chat_template_flag: str | None = None
+    config: DataConfig, data_config_path: str | None, sha256: str | None, chat_template_flag: str | None = None
 ) -> dict[str, Any]:
     """``config`` as the dump's ``data``: ``data_config_path`` the file it was read from (None: the plain flags'),
-    ``chat_template_flag`` the ``--chat_template`` given, which a data config's own template overrides."""
+    ``sha256`` the hash of the bytes read, ``chat_template_flag`` the ``--chat_template`` given, which a data config's
+    own template overrides."""
     processor = config.dataprocessor
     return {
         "data_config_path": data_config_path,
-        "data_config_sha256": file_sha256(data_config_path),
+        "data_config_sha256": sha256,
         "type": processor.type,
         "streaming": bool(processor.streaming),
         "seed": processor.seed,

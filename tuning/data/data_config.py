@@ -6,8 +6,8 @@ strategy of sampling, a chat template).
 Every fault is a ``UserInputError`` (a ``ValueError``) naming the file, the dataset and the key, raised before any
 model work. The online data mixing processor (``type: odm``) needs fms-acceleration and is refused."""
 
-import copy
 import hashlib
+import json
 import logging
 import os
 from base64 import b64decode
@@ -16,7 +16,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from tuning.data.utils import get_extension, load_yaml_or_json
+from tuning.data.utils import get_extension
 from tuning.utils.error_logging import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -253,48 +253,75 @@ def validate_data_config(raw: dict, source: str = "<data config>") -> DataConfig
     return DataConfig(dataprocessor=processor, datasets=datasets)
 
 
-# Each data config file read and checked once while neither it nor the chat template file it names changes: a job's
-# start asks for it in several places (the checks, the vision test, the dump's description, the cache key, the data
-# preparation). Path → (what the parse depends on, the parse).
-_PARSED: dict[str, tuple[tuple, DataConfig]] = {}
-
-
-def _identity(config_file: str, config: DataConfig | None = None) -> tuple | None:
-    """What a parse of ``config_file`` depends on: the working directory (a relative template path is read from it),
-    and the bytes of the file and of the chat template file it names (hashed: an edit of the same size within a
-    timestamp's granularity counts too); None when one cannot be read."""
-    paths = [config_file] + ([config.dataprocessor.chat_template_path] if config else [])
-    try:
-        digests = [hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in paths if path]
-    except OSError:
-        return None
-    return (os.getcwd(), *digests)
-
-
 def load_and_validate_data_config(data_config_file: str) -> DataConfig:
-    """Read and check a ``.yaml``/``.yml``/``.json`` data config: a copy of the one parse of the file while neither it
-    nor its chat template file has changed (callers may fill the copy in)."""
-    key = os.path.abspath(data_config_file)
-    if (cached := _PARSED.get(key)) is not None and cached[0] == _identity(data_config_file, cached[1]):
-        return copy.deepcopy(cached[1])
-    before = _identity(data_config_file)
-    config = _parse_data_config(data_config_file)
-    after = _identity(data_config_file, config)
-    if before is not None and after is not None and after[: len(before)] == before:  # not edited while read
-        _PARSED[key] = (after, copy.deepcopy(config))
-    return config
+    """Read and check a ``.yaml``/``.yml``/``.json`` data config."""
+    return _parse_data_config(data_config_file, _read_data_config(data_config_file))
 
 
-def _parse_data_config(data_config_file: str) -> DataConfig:
-    import yaml
-
+def _read_data_config(data_config_file: str) -> bytes:
     where = _Where(data_config_file)
     if not os.path.isfile(data_config_file):
         raise where.fail("file not found")
     if get_extension(data_config_file) not in (".yaml", ".yml", ".json"):
         raise where.fail("a data config is a .yaml, .yml or .json file")
+    return Path(data_config_file).read_bytes()
+
+
+def _parse_data_config(data_config_file: str, content: bytes) -> DataConfig:
+    import yaml
+
     try:
-        raw = load_yaml_or_json(data_config_file)
+        text = content.decode("utf-8")
+        raw = json.loads(text) if get_extension(data_config_file) == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, ValueError, UnicodeDecodeError) as exc:
-        raise where.fail(f"not valid YAML/JSON: {exc}") from exc
+        raise _Where(data_config_file).fail(f"not valid YAML/JSON: {exc}") from exc
     return validate_data_config(raw, data_config_file)
+
+
+# A job's data config is read once: the first step of its start that asks for it (the dump's configuration, the
+# checks, the vision test, the dump's description, the cache key, the data preparation) reads the file, and the job's
+# DataArguments carry those bytes and their parse to the others, so that all of them see the one reading even if the
+# file is replaced meanwhile. train() drops it when it ends: arguments handed to train() again read the file again.
+_JOB_DATA_CONFIG = "_tuning_data_config"
+
+
+@dataclass
+class _JobDataConfig:
+    path: str
+    content: bytes
+    config: DataConfig | None = None
+
+
+def _job_data_config(data_args) -> _JobDataConfig:
+    held = vars(data_args).get(_JOB_DATA_CONFIG)
+    if held is None or held.path != data_args.data_config_path:
+        held = _JobDataConfig(data_args.data_config_path, _read_data_config(data_args.data_config_path))
+        vars(data_args)[_JOB_DATA_CONFIG] = held
+    return held
+
+
+def job_data_config(data_args) -> DataConfig | None:
+    """The checked data config of ``data_args.data_config_path`` (None without one), read once per job: every later
+    call with these arguments (or a shallow copy of them) gets the same object, which callers read and never change."""
+    if not data_args.data_config_path:
+        return None
+    held = _job_data_config(data_args)
+    if held.config is None:
+        held.config = _parse_data_config(held.path, held.content)
+    return held.config
+
+
+def job_data_config_sha256(data_args) -> str | None:
+    """The sha256 (hex) of the data config's bytes as the job read them; None without one, or where it cannot be
+    read (the checks name that fault)."""
+    if not data_args.data_config_path:
+        return None
+    try:
+        return hashlib.sha256(_job_data_config(data_args).content).hexdigest()
+    except (OSError, UserInputError):
+        return None
+
+
+def forget_job_data_config(data_args) -> None:
+    """The end of a job: the next one with these arguments reads the data config file again."""
+    vars(data_args).pop(_JOB_DATA_CONFIG, None)

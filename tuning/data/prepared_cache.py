@@ -34,7 +34,7 @@ import datasets
 from filelock import FileLock
 
 from tuning.data.cache import new_cache_dir, remove_orphaned_caches
-from tuning.data.data_config import DataConfig, load_and_validate_data_config
+from tuning.data.data_config import DataConfig, job_data_config, job_data_config_sha256
 from tuning.data.data_processors import is_hub_dataset_id
 from tuning.data.loading import expand_data_path
 from tuning.utils.error_logging import UserInputError, one_line
@@ -196,14 +196,14 @@ _NOT_IN_KEY = {
 
 def cache_key(data_args, train_args, tokenizer, max_length: int, additional_data_handlers: dict | None) -> dict | None:
     """The key's parts, or None when the rows cannot be keyed (a Hub dataset id, streaming): not cached."""
-    parsed = load_and_validate_data_config(data_args.data_config_path) if data_args.data_config_path else None
+    parsed = job_data_config(data_args)
     paths = _data_paths(data_args, parsed)
     if paths is None or (parsed is not None and parsed.dataprocessor.streaming):
         return None
     config = None
     if parsed is not None:
         config = {
-            "sha256": _sha256(Path(data_args.data_config_path).read_bytes()),
+            "sha256": job_data_config_sha256(data_args),
             "parsed": json.dumps(dataclasses.asdict(parsed), sort_keys=True, default=str),
         }
     arguments = {

@@ -22,7 +22,7 @@ from tuning.data.data_config import (
     DataHandlerConfig,
     DataPreProcessorConfig,
     DataSetConfig,
-    load_and_validate_data_config,
+    job_data_config,
 )
 from tuning.data.data_handlers import IGNORE_INDEX, DataHandler
 from tuning.data.data_preprocessing_utils import get_data_collator
@@ -190,7 +190,7 @@ def process_dataconfig_file(
     is_padding_free: bool = False,
 ):
     """``(train_dataset, eval_dataset, dataset_text_field, sampling_weights)`` of ``--data_config_path``."""
-    data_config = load_and_validate_data_config(data_args.data_config_path)
+    data_config = job_data_config(data_args)
     if data_args.training_data_path is not None or data_args.validation_data_path is not None:
         raise UserInputError(
             "--training_data_path and --validation_data_path must not be given with --data_config_path: "
@@ -519,7 +519,7 @@ def check_data_arguments(data_args, additional_data_handlers: dict | None = None
                 "--training_data_path and --validation_data_path must not be given with --data_config_path: "
                 "list the data in the data config"
             )
-        config = load_and_validate_data_config(data_args.data_config_path)
+        config = job_data_config(data_args)
         handlers = dict(get_datapreprocessor(DataPreProcessorConfig(), None).registered_handlers)
         handlers.update(additional_data_handlers or {})
         check_data_config(config, data_args.data_config_path, handlers)

@@ -161,9 +161,9 @@ def data_path_dir(data_args) -> str | None:
     from tuning.data.loading import files_dir
 
     if data_args.data_config_path:
-        from tuning.data.data_config import load_and_validate_data_config
+        from tuning.data.data_config import job_data_config
 
-        config = load_and_validate_data_config(data_args.data_config_path)
+        config = job_data_config(data_args)
         return files_dir([path for dataset in config.datasets for path in dataset.data_paths])
     return files_dir([path for path in (data_args.training_data_path, data_args.validation_data_path) if path])
 
@@ -299,9 +299,9 @@ def is_vision_data_config(data_args) -> bool:
         return False
     if data_args.dataset_image_field:
         return True
-    from tuning.data.data_config import load_and_validate_data_config
+    from tuning.data.data_config import job_data_config
 
-    config = load_and_validate_data_config(data_args.data_config_path)
+    config = job_data_config(data_args)
     return any(
         handler.name == MULTIMODAL_HANDLER for dataset in config.datasets for handler in dataset.data_handlers or ()
     )
