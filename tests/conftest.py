@@ -2,6 +2,7 @@
 fixtures of tests/helpers/fixtures.py, and a note on unmarked tests that take seconds. Shared helpers live in
 tests/helpers/."""
 
+import gc
 import os
 
 import pytest
@@ -22,6 +23,14 @@ pytest_plugins = ["tests.helpers.fixtures"]
 # Fixtures that run jobs or start servers for several tests. Under pytest-xdist (`make test`: --dist loadgroup) the
 # tests that use one go to one worker, so that it runs once; the other tests spread one by one.
 SHARED_FIXTURES = ("local_grid", "runs_dir", "healthy_jobs", "aim_server", "mlflow_server")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Collected, the libraries are imported: their hundreds of thousands of objects are moved out of the garbage
+    collector's sight (``gc.freeze``), so that each full collection (accelerate runs one at every ``train()``'s end,
+    the collector on its own now and then) walks only what the tests made since."""
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
