@@ -519,6 +519,7 @@ def test_bench_train_counts_image_tokens_apart_and_names_the_run(tiny_llava, par
         *("--output_dir", str(tmp_path / "out"), "--metrics_path", str(tmp_path / "bench.json"), "--max_steps", "3"),
         *("--per_device_train_batch_size", "2", "--save_strategy", "no", "--torch_dtype", "float32"),
         *("--skip_warmup_steps", "1", "--trackers", "none", "--save_model_dir", str(tmp_path / "saved")),
+        *("--memory_estimate", "False"),
     ]
     assert bench_train.main(args) == 0
     saved = reloads_and_generates(tmp_path / "saved", "LlavaForConditionalGeneration").state_dict()

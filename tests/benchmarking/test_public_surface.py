@@ -97,7 +97,9 @@ def test_a_copy_of_bench_train_outside_the_repo_runs_with_its_own_default(tiny_m
     (mine / "my_bench.py").write_text(edited, encoding="utf-8")
     metrics = tmp_path / "out" / "bench.json"
     args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=4, tracker="none", metrics_path=metrics)
-    result = run_python(str(mine / "my_bench.py"), *args, "--system_metrics_interval", "0", cwd=mine)
+    result = run_python(
+        str(mine / "my_bench.py"), *args, "--system_metrics_interval", "0", "--memory_estimate", "False", cwd=mine
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     dump = json.loads(metrics.read_text())
     assert validate_dump(dump) == [] and dump["status"] == "ok"

@@ -490,6 +490,7 @@ def learning_and_frozen(tiny_model, tmp_path_factory) -> tuple[Path, Path]:
             "learning_rate": 0.01,
             "lr_scheduler_type": "constant",
             "system_metrics_interval": 0,
+            "memory_estimate": False,
             "callbacks": callbacks,
         }
         assert bench_train.main(cli_args(tiny_model, str(root / side / "out"), **flags)) == 0

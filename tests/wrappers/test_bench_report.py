@@ -69,7 +69,7 @@ EXPECTED = {  # name → (status, root-cause category, root-cause rank)
 
 def start(name: str, model: str, runs_dir: Path) -> Job:
     metadata, extra, torchrun = RUNS[name]
-    flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, **extra}
+    flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, "memory_estimate": False, **extra}
     args = cli_args(
         model, str(runs_dir / name), metrics_path=runs_dir / f"{name}.json", metadata=json.dumps(metadata), **flags
     )

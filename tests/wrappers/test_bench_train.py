@@ -686,7 +686,7 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
     ],
 )
 def test_bad_input_fails_before_training(bench_train, tiny_model, tmp_path, capsys, make_flags, message):
-    flags = {"metrics_path": tmp_path / "bench.json", **make_flags(tmp_path)}
+    flags = {"metrics_path": tmp_path / "bench.json", "memory_estimate": False, **make_flags(tmp_path)}
     assert bench_train.main(cli_args(tiny_model, str(tmp_path), **flags)) == 1
     marker = [line for line in capsys.readouterr().err.splitlines() if line.startswith("TUNING_ERROR")]
     assert len(marker) == 1 and "category=user_error" in marker[0] and message in marker[0]
@@ -706,6 +706,7 @@ def test_data_processing_only_writes_the_data_and_a_dump_of_no_steps_that_names_
         "num_train_dataset_shards": 2,
         "save_model_dir": tmp_path / "model",
         "system_metrics_interval": 0,
+        "memory_estimate": False,
     }
     assert bench_train.main(cli_args(tiny_model, str(tmp_path / "out"), **flags)) == 0
     shards = sorted(path.name for path in (tmp_path / "out" / "train_dataset").glob("*.parquet"))
@@ -724,6 +725,7 @@ def test_a_run_reads_its_data_config_once_and_dumps_the_hash_of_what_it_read(ben
     dataset = {"name": "samples", "data_paths": [SAMPLE_TRAIN_PATH]}
     config = write_config(tmp_path / "data.yaml", {"datasets": [dataset]})
     flags = {"training_data_path": None, "data_config_path": config, "metrics_path": tmp_path / "d.json"}
+    flags.update(memory_estimate=False, system_metrics_interval=0)
     with FileReads(config) as reads:
         assert bench_train.main(cli_args(tiny_model, str(tmp_path / "out"), **flags)) == 0
         assert reads.count() == 1
