@@ -21,6 +21,7 @@ def long_data(tmp_path_factory) -> str:
     return long_rows(tmp_path_factory.mktemp("memory-data") / "long.jsonl")
 
 
+@pytest.mark.slow  # seconds: traces the step under FakeTensorMode and measures a real one
 @pytest.mark.parametrize(
     ("model", "batch", "length", "flags"),
     [
@@ -115,6 +116,7 @@ def test_a_llama_3_8b_shaped_config_is_estimated_from_its_config_alone(tmp_path)
     assert estimate["sequence_length"] == 2048
 
 
+@pytest.mark.slow  # seconds: bench_train traces the job, then once more
 def test_suggest_devices_names_the_fewest_devices_or_why_none(tiny_model, tmp_path, capfd):
     """Without --fsdp every device holds the whole job: one device when it fits, else no count at all."""
     bench_train = load_script(BENCH_TRAIN)
@@ -129,6 +131,7 @@ def test_suggest_devices_names_the_fewest_devices_or_why_none(tiny_model, tmp_pa
     assert suggest_devices(job, 2**30)["devices"] == 1
 
 
+@pytest.mark.slow  # seconds: two FSDP traces
 def test_fsdp_is_traced_sharded_over_a_fake_process_group_sized_like_the_job(tiny_model, tmp_path):
     """--fsdp: FSDPMemTracker over fully_shard on every decoder layer, on a fake process group of the device count:
     the parameters each device keeps shrink with the devices, and no process group is left behind."""

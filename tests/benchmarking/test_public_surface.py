@@ -53,6 +53,7 @@ def test_a_copy_written_against_the_package_itself_still_finds_every_name():
         _ = tuning.benchmarking.no_such_name
 
 
+@pytest.mark.slow  # a fresh interpreter per module
 @pytest.mark.parametrize(
     ("module", "unwanted"),
     [

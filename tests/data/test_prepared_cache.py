@@ -144,6 +144,7 @@ def test_least_recently_used_entries_go_beyond_the_size_limit(data, tokenizer, t
     assert [entry.name for entry in entries(cache)] == sorted([keys[0], newest.key])
 
 
+@pytest.mark.slow  # tokenising on two processes
 def test_several_processes_tokenise_the_same_rows_in_the_same_order(tokenizer, monkeypatch):
     texts = [f"### Input: question {index}\n\n### Response: answer {index * 7}" for index in range(300)]
     texts[5::7] = ["no template here"] * len(texts[5::7])

@@ -242,6 +242,7 @@ def test_bad_input_is_one_line_before_any_work(bench_compare, tmp_path, make_arg
     assert not (tmp_path / "out").exists()  # nothing done before the check
 
 
+@pytest.mark.slow  # starts bench_compare
 def test_an_unknown_flag_is_one_line_and_exit_1(tmp_path):
     result = compare_command(str(tmp_path), str(tmp_path), "--metrc", "mfu", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1

@@ -209,6 +209,7 @@ def test_malformed_and_old_inputs_are_skipped_with_a_reason(runs_dir, tmp_path):
     assert list(read_csv(tmp_path / "out" / "report.csv")) == ["ok-a2"]
 
 
+@pytest.mark.slow  # starts bench_report
 def test_nothing_readable_is_an_error(tmp_path):
     (tmp_path / "cut.json").write_text('{"schema_version": 1, "sta')
     result = report(str(tmp_path / "cut.json"), str(tmp_path / "missing-*.json"), "--output_dir", str(tmp_path))
@@ -241,6 +242,7 @@ def test_mfu_energy_and_skew_columns_and_the_mfu_plot_by_batch_size(bench_report
     assert str(tmp_path / "out" / "mfu_by_batch_size.png") in capsys.readouterr().out
 
 
+@pytest.mark.slow  # starts bench_report
 def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
     (tmp_path / "cut.json").write_text('{"schema_version": 1, "sta')
     result = report(str(tmp_path / "cut.json"), "--ouput_dir", str(tmp_path / "out"), "--bogus", "1")
