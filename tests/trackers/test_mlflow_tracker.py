@@ -39,7 +39,6 @@ from tuning.benchmarking.dump import STEP_TIME
 from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
 from tuning.trackers import Tracker, TrackerSpec
 from tuning.trackers.mlflow_tracker import DEGRADED_WARNING, RUN_URI_FILENAME, MLflowTracker
-from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH
 from tuning.utils.error_logging import UserInputError
 
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
@@ -136,6 +135,8 @@ def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_pat
     config = MLflowConfig(
         mlflow_tracking_uri=uri, mlflow_experiment="local", mlflow_run_uri_export_path=str(export_dir)
     )
+    from tuning.trackers.mlflow_writer import MAX_PARAM_VALUE_LENGTH  # MLflow: not imported by test-fast
+
     tracker = MLflowTracker(config)
     long_value = "x" * (MAX_PARAM_VALUE_LENGTH + 10)
     long_keys = {"k" * 300 + "a": "first", "k" * 300 + "b": "second"}  # alike in MLflow's first 250 characters
