@@ -140,7 +140,7 @@ def test_a_run_that_cannot_reach_its_target_ends_not_converged_with_its_evaluati
     assert by_key["run_stop"]["metadata"] == {"status": "aborted", "reason": "not_converged"}
     assert by_key["global_batch_size"]["value"] == 2 and by_key["gradient_accumulation_steps"]["value"] == 2
     assert (by_key["lora_rank"]["value"], by_key["lora_alpha"]["value"]) == (8, 32)
-    assert by_key["opt_learning_rate_training_steps"]["value"] == 8 and by_key["seed"]["value"] == 42
+    assert by_key["opt_learning_rate_training_steps"]["value"] == 8 and by_key["seed"]["value"] == dump["seed"] == 42
 
 
 def test_a_sigtermed_and_resumed_run_is_not_presented_as_one_mlperf_run(bench_train, tiny_model, tmp_path):

@@ -611,6 +611,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
         "config": _config(header.get("config"), notes),
+        "seed": header.get("seed"),
         "data": _data(notes),
         "host": header["host"],
         "rank": header["rank"],

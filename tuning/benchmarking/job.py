@@ -383,6 +383,7 @@ class BenchmarkJob:
                 "config": run_configuration(args, self.world_size),
                 "environment": environment_info(),
                 "flags": dataclasses.asdict(flags),
+                "seed": train_args.seed,
             }
             journal = paths.journal(self.rank)
             try:

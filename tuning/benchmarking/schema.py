@@ -494,6 +494,8 @@ class Dump(_Model):
     config: dict[str, Any] | None = None
     """the arguments that define the run's work, flat (tuning.benchmarking.configuration.CONFIG_ARGUMENTS): equal
     objects, the same configuration (dumps before it lack the key)"""
+    seed: int | None = None
+    """--seed the run trained with (a sweep's repeats each their own); null in a dump written before the key"""
     data: DataDescription | None = None
     """which data the run trained on: its data config and datasets with their sampling ratios; null when the run
     failed before its arguments were checked (dumps before it lack the key)"""
