@@ -451,24 +451,23 @@ class BenchmarkJob:
         """MLPerf's clock starts here, before ``train()`` reads any data: ``run_start`` journaled (the dump's
         ``init_seconds`` and ``time_to_train`` count from it) and, with --mlperf_log, the run's hyperparameters,
         ``init_stop`` and ``run_start`` logged."""
-        now = time.time()
-        if self.time_to_train is not None:
-            self.time_to_train.run_start = now
-        if self.record is not None and self.time_to_train is not None:
+        now = self.time_to_train.run_start = time.time()
+        if self.record is not None:
             self.record.note(**{RUN_START: now})
         if (log := self.mlperf_log) is None:
             return
         train_args, peft = self.args.training_args, self.args.tune_config
-        log.event(
-            "global_batch_size",
-            train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps * self.world_size,
-        )
-        log.event("gradient_accumulation_steps", train_args.gradient_accumulation_steps)
+        accumulation = train_args.gradient_accumulation_steps
+        log.event("global_batch_size", train_args.per_device_train_batch_size * accumulation * self.world_size)
+        log.event("gradient_accumulation_steps", accumulation)
         log.event("seed", train_args.seed)
+        optimizer = str(getattr(train_args.optim, "value", train_args.optim))
+        log.event("opt_name", optimizer)
         log.event("opt_base_learning_rate", train_args.learning_rate)
         log.event("opt_gradient_clip_norm", train_args.max_grad_norm)
-        log.event("opt_adamw_weight_decay", train_args.weight_decay)
-        if hasattr(peft, "lora_alpha"):
+        decay = "opt_adamw_weight_decay" if optimizer.startswith("adamw") else "opt_weight_decay"
+        log.event(decay, train_args.weight_decay)
+        if hasattr(peft, "lora_alpha"):  # LoRA's config (aLoRA's too)
             log.event("lora_rank", peft.r)
             log.event("lora_alpha", peft.lora_alpha)
         log.end("init_stop", at=now)
@@ -596,16 +595,17 @@ class BenchmarkJob:
             raise TrainingInterrupted(self.graceful_stop.received_signal)
 
     def finish(self) -> None:
-        """The dump of a run that trained to its end (``ok``), to a stop rule (``stopped``) or nothing, its job
-        finished already (``already_complete``: the journal it continues keeps the earlier segments' measurement); a
-        dump that had to go to a fallback place is a storage error."""
+        """The dump of a run that trained to its end (``ok``), to a stop rule (``stopped``), to its eval-loss target
+        or not (``converged``, ``not_converged``: --target_eval_loss) or nothing, its job finished already
+        (``already_complete``: the journal it continues keeps the earlier segments' measurement); a dump that had to
+        go to a fallback place is a storage error."""
         if self.already_complete is not None:
             status = ALREADY_COMPLETE
         elif self.time_to_train is not None:
             status = CONVERGED if self.time_to_train.converged_at is not None else NOT_CONVERGED
-            self.close_mlperf_log(status)
         else:
             status = "stopped" if self.bench is not None and self.bench.stop_reason else "ok"
+        self.close_mlperf_log(status)  # --estimate_memory with it: a log that never reached run_start says why
         misplaced = self._finish(status)
         if misplaced is not None:
             raise StorageError(misplaced)
