@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.bench import bench_args, read_dump
+from tests.helpers.bench import bench_args, csv_by, read_dump
 from tests.helpers.training import BENCH_CALLBACKS, BENCH_TRAIN, load_script
 from tuning.benchmarking.mlperf import eval_interval, skipped_evaluations
 from tuning.errors import UserInputError
@@ -80,7 +80,7 @@ def converged(bench_train, tiny_model, tmp_path_factory):
         mlperf_org="tuning-bench tests",
     )
     assert bench_train.main(args) == 0
-    return read_dump(output_dir / "bench.json"), log_lines(output_dir / "mlperf.log")
+    return read_dump(output_dir / "bench.json"), log_lines(output_dir / "mlperf.log"), output_dir / "bench.json"
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def not_converged(bench_train, tiny_model, tmp_path_factory):
         eval_every_samples=3,
     )
     assert bench_train.main(args) == 0  # it measured what was asked: its status says it missed the target
-    return read_dump(output_dir / "bench.json"), log_lines(output_dir / "mlperf.log")
+    return read_dump(output_dir / "bench.json"), log_lines(output_dir / "mlperf.log"), output_dir / "bench.json"
 
 
 def test_the_cadence_and_skip_rule_follow_mlperf_at_any_global_batch():
@@ -109,7 +109,7 @@ def test_the_cadence_and_skip_rule_follow_mlperf_at_any_global_batch():
 
 
 def test_a_run_that_reaches_its_target_stops_at_that_evaluation_and_its_clock_is_the_log_s(converged):
-    dump, events = converged
+    dump, events, _ = converged
     summary = dump["summary"]
     assert dump["status"] == "converged" and dump["stop_reason"] is None and summary["converged"] is True
     evaluations = summary["evaluations"]
@@ -132,7 +132,7 @@ def test_a_run_that_reaches_its_target_stops_at_that_evaluation_and_its_clock_is
 
 
 def test_a_run_that_cannot_reach_its_target_ends_not_converged_with_its_evaluations(not_converged):
-    dump, events = not_converged
+    dump, events, _ = not_converged
     summary = dump["summary"]
     assert dump["status"] == "not_converged" and summary["converged"] is False and summary["time_to_train"] is None
     assert dump["training_steps"] == 8 and [one["samples"] for one in summary["evaluations"]] == [12, 16]
@@ -141,6 +141,21 @@ def test_a_run_that_cannot_reach_its_target_ends_not_converged_with_its_evaluati
     assert by_key["global_batch_size"]["value"] == 2 and by_key["gradient_accumulation_steps"]["value"] == 2
     assert (by_key["lora_rank"]["value"], by_key["lora_alpha"]["value"]) == (8, 32)
     assert by_key["opt_learning_rate_training_steps"]["value"] == 8 and by_key["seed"]["value"] == dump["seed"] == 42
+
+
+def test_bench_report_shows_the_time_to_train_beside_the_throughput(converged, not_converged, tmp_path):
+    """Both runs did their work (a row each in the points' count); only the converged one has a time to train."""
+    from tuning.benchmarking.report import write_report
+
+    write_report([str(converged[2]), str(not_converged[2])], [], None, None, str(tmp_path))
+    runs = csv_by(tmp_path / "report.csv", "status")
+    assert (runs["converged"]["converged"], runs["not_converged"]["converged"]) == ("True", "False")
+    assert float(runs["converged"]["time_to_train"]) == converged[0]["summary"]["time_to_train"]
+    assert runs["not_converged"]["time_to_train"] == "" and runs["converged"]["seed"] == "42"
+    (point,) = csv_by(tmp_path / "points.csv", "runs").values()
+    assert (
+        point["done_runs"] == "2" and float(point["time_to_train_median"]) == converged[0]["summary"]["time_to_train"]
+    )
 
 
 def test_a_sigtermed_and_resumed_run_is_not_presented_as_one_mlperf_run(bench_train, tiny_model, tmp_path):

@@ -53,7 +53,7 @@ FAILURE_COLUMNS = (
     "error_message",
 )  # "Failures" says them
 # Summary keys a dump may or may not have (newer figures): a column each, empty where a dump lacks it.
-OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio")
+OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio", "converged", "time_to_train")
 # The points table's figures (run-table column → header, meaning), a median and range each, and its words (the most
 # common); the meanings are its legend.
 POINT_FIGURES = {
@@ -65,6 +65,11 @@ POINT_FIGURES = {
     "peak_tensor_bytes": ("peak tensors (GB)", "the most memory the run's live tensors held"),
     "memory_estimate_ratio": ("memory estimate / measured", "the peak predicted before the run over peak tensors"),
     "goodput": ("goodput", "productive step time over the run's wall time"),
+    "time_to_train": (
+        "time to train (s)",
+        "seconds from run_start to the evaluation that reached --target_eval_loss, over the runs that reached it "
+        "(bench_compare --mlperf scores a point's runs as MLPerf does)",
+    ),
 }
 POINT_WORDS = {"bound_by": ("bound by", "what the steps wait on, as each dump judged it; counts where the runs differ")}
 POINTS_LEGEND = (
@@ -341,6 +346,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "data_preparation_time_s": summary.get("data_preparation_time"),
         "data_cache": ((dump.get("data") or {}).get("cache") or {}).get("status") if dump else None,
         "training_steps": dump["training_steps"] if dump else None,
+        "seed": dump.get("seed") if dump else None,
         "resumed_from_step": summary.get("resumed_from_step"),
         "goodput": (summary.get("goodput") or {}).get("productive_fraction"),
         "data_fetch_share": summary.get("data_fetch_share"),
