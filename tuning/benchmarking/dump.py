@@ -484,6 +484,14 @@ def _summary(
 
 # Notes of a time-to-train run (tuning.benchmarking.mlperf writes them; this module stays torch-free).
 TARGET_NOTE, RUN_START_NOTE, EVALUATIONS_NOTE = "target_eval_loss", "run_start", "evaluations"
+TIME_TO_TRAIN_KEYS = (
+    "target_eval_loss",
+    "converged",
+    "time_to_train",
+    "time_to_train_note",
+    "evaluations",
+    "init_seconds",
+)
 RESUMED_NOT_ONE_RUN = "resumed from a checkpoint: its segments are not one MLPerf run (its clock was paused)"
 
 
@@ -493,7 +501,7 @@ def _time_to_train(notes: dict[str, Any], process_start: float, resumed: bool) -
     evaluations and the seconds from the process's start to ``run_start``; all null without --target_eval_loss."""
     target = notes.get(TARGET_NOTE)
     if target is None:
-        return dict.fromkeys(("target_eval_loss", "converged", "time_to_train", "evaluations", "init_seconds"))
+        return dict.fromkeys(TIME_TO_TRAIN_KEYS)
     evaluations = notes.get(EVALUATIONS_NOTE, [])
     reached = next((one for one in evaluations if one["eval_loss"] is not None and one["eval_loss"] <= target), None)
     run_start = notes.get(RUN_START_NOTE)
