@@ -17,7 +17,7 @@ from tests.helpers.training import (
     run_main,
     subprocess_env,
 )
-from tuning.config.peft_config import LoraConfig, PromptTuningConfig
+from tuning.config.peft_config import PromptTuningConfig
 from tuning.data.formatting import format_file
 from tuning.data.masking import tokenize_and_mask
 from tuning.sft_trainer import _to_sft_config, save, train
@@ -69,18 +69,6 @@ def test_full_fine_tuning_calls_given_callbacks_and_saves_only_when_asked(tiny_m
     assert not list(output_dir.glob("*.safetensors"))  # the final model goes where save() is told, as in v3.1.0
     save(str(tmp_path / "final"), trainer, tc_callback)
     assert (tmp_path / "final" / "model.safetensors").exists() and (tmp_path / "final" / "tokenizer.json").exists()
-
-
-def test_lora_writes_an_adapter(tiny_model, sample_train, tmp_path):
-    trainer, *_ = train(
-        *make_args(tiny_model, str(tmp_path / "out"), sample_train),
-        peft_config=LoraConfig(r=4, target_modules=["all-linear"]),
-    )
-    save(str(tmp_path), trainer, None)
-    config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4
-    assert (tmp_path / "adapter_model.safetensors").exists()
-    assert not (tmp_path / "model.safetensors").exists()
 
 
 def test_prompt_tuning_writes_an_adapter(tiny_model, sample_train, tmp_path):
@@ -214,7 +202,14 @@ def test_bad_input_fails_before_the_model_loads(change, culprit, tiny_model, sam
 def test_cli_writes_training_logs_and_the_lora_artifacts(tiny_model, tmp_path, monkeypatch, capfd):
     """The command line through main() in this process (the script as a process of its own: test_preemption,
     test_aim_e2e, test_error_logging_e2e)."""
-    args = cli_args(tiny_model, str(tmp_path), peft_method="lora", save_model_dir=tmp_path / "final")
+    args = cli_args(
+        tiny_model,
+        str(tmp_path),
+        peft_method="lora",
+        r=4,
+        target_modules="all-linear",
+        save_model_dir=tmp_path / "final",
+    )
     exit_code, stderr = run_main(args, monkeypatch, capfd)
     assert exit_code == 0, stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "training_logs.jsonl").read_text().splitlines()]
@@ -223,7 +218,13 @@ def test_cli_writes_training_logs_and_the_lora_artifacts(tiny_model, tmp_path, m
     assert all(set(r["data"]) == {"epoch", "step", "value", "timestamp"} for r in records)
     assert [r["name"] for r in records].count("model_load_time") == 1
     assert (tmp_path / "final" / "adapter_model.safetensors").exists()
-    assert not (tmp_path / "adapter_model.safetensors").exists()
+    assert (
+        not (tmp_path / "final" / "model.safetensors").exists()
+        and not (tmp_path / "adapter_model.safetensors").exists()
+    )
+    config = json.loads((tmp_path / "final" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert any(name.endswith("mlp.down_proj") for name in config["target_modules"])  # all-linear, not q and v only
     for directory in (tmp_path, tmp_path / "final"):  # fms-hf-tuning's LoRA artifact, in both places
         assert json.loads((directory / "added_tokens_info.json").read_text())["num_new_tokens"] == 0
 
