@@ -319,6 +319,7 @@ def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
         "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
         "straggler_rank": rank,
         "straggler_cause": cause,
+        "rank_nodes": notes.get("rank_nodes"),
     }
 
 
