@@ -94,10 +94,11 @@ def test_a_point_on_two_ray_nodes_runs_a_rank_on_each_and_a_lost_node_is_its_roo
     out, line = ray_nodes_sweep["out"], ray_nodes_sweep["lines"][2]
     assert (line["status"], line["category"], line["exit_code"]) == ("interrupted", "interrupted", 137), line
     assert line["reason"].startswith("node 1 (") and "its launcher was killed by signal 9" in line["reason"]
-    by_node = {entry["node"]: entry for entry in line["nodes"]}
-    assert sorted(by_node) == [0, 1] and by_node[0]["ray_node_id"] != by_node[1]["ray_node_id"]
-    assert {entry["ray_node_id"] for entry in line["nodes"]} == ray_nodes_sweep["nodes"]
-    assert by_node[1]["exit_code"] == 137 and by_node[0]["termination"].startswith("communication: rank 0: node 0 (")
+    assert [entry["bundle"] for entry in line["nodes"]] == [0, 1]
+    assert {entry["ray_node_id"] for entry in line["nodes"]} == ray_nodes_sweep["nodes"]  # a bundle on each node
+    codes = sorted((entry["exit_code"], entry["termination"]) for entry in line["nodes"])
+    assert [code for code, _ in codes] == [137, 206]  # the peer on node 0 lost rank 1: a communication error
+    assert codes[1][1].startswith("communication: rank 0: node 0 (") and codes[0][1].startswith("interrupted: rank")
 
     dump = dump_of(out, line)
     places = dump["summary"]["rank_nodes"]
@@ -106,7 +107,7 @@ def test_a_point_on_two_ray_nodes_runs_a_rank_on_each_and_a_lost_node_is_its_roo
     killed_rank = next(rank for rank, place in enumerate(places) if place["node_rank"] == 1)
     assert f"rank {killed_rank}: node 1 (" in (out / "points" / f"{line['point']}.termination-log").read_text()
     log = (out / "points" / f"{line['point']}.log").read_text(errors="replace")
-    assert "--- bench_sweep: node 0 of 2" in log and "--- bench_sweep: node 1 of 2" in log
+    assert "--- bench_sweep: bundle 0 of 2" in log and "--- bench_sweep: bundle 1 of 2" in log
 
 
 def test_a_point_the_cluster_cannot_place_is_unschedulable_and_the_sweep_goes_on(ray_nodes_sweep):

@@ -110,11 +110,12 @@ class PointProcess:
         return code
 
 
-def end_leftovers(marker: str) -> list[int]:
+def end_leftovers(marker: str) -> dict[str, Any]:
     """Every process whose environment holds ``POINT_MARKER_ENV=marker`` killed, once the point's launcher has ended:
-    torchrun's workers run in sessions of their own and outlive a launcher killed by SIGKILL. Returns their ranks
-    (their ``RANK``), sorted."""
-    ranks = set()
+    torchrun's workers run in sessions of their own and outlive a launcher killed by SIGKILL. Returns the ranks of
+    those workers (``ranks``, from their ``RANK``, sorted) and their node's rank in the job (``node_rank``, from
+    their ``GROUP_RANK``; None without workers)."""
+    ranks, node_rank = set(), None
     for process in psutil.process_iter(["environ"]):
         environ = process.info.get("environ") or {}  # None: another user's process
         if environ.get(POINT_MARKER_ENV) != marker:
@@ -123,7 +124,8 @@ def end_leftovers(marker: str) -> list[int]:
             process.kill()
             if environ.get("RANK", "").isdigit():
                 ranks.add(int(environ["RANK"]))
-    return sorted(ranks)
+                node_rank = int(environ.get("GROUP_RANK", "0"))
+    return {"ranks": sorted(ranks), "node_rank": node_rank}
 
 
 def point_outcome(paths: RunPaths, ended: dict[str, Any], point_timeout: float | None) -> dict[str, Any]:

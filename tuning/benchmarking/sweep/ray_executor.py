@@ -86,7 +86,7 @@ def run_point_on_node(
             process.wait()
             raise
         finally:
-            leftover_ranks = end_leftovers(scratch)
+            leftovers = end_leftovers(scratch)
         ended_at = time.time()
         paths = RunPaths.from_stem(stem)
         names = [paths.dump, *paths.rank_reports(), *glob.glob(glob.escape(stem) + ".rank*" + JOURNAL_SUFFIX)]
@@ -98,7 +98,7 @@ def run_point_on_node(
         shutil.rmtree(scratch, ignore_errors=True)
         os.close(lock_fd)
     ending = {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
-    return {**ending, "node_id": node_id, "ended_at": ended_at, "leftover_ranks": leftover_ranks}
+    return {**ending, "node_id": node_id, "ended_at": ended_at, "leftovers": leftovers}
 
 
 class RayExecutor:

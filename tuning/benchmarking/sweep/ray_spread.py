@@ -100,7 +100,7 @@ class SpreadPoint:
             strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=node)
             resources = {"num_cpus": self.bundle["CPU"], "num_gpus": self.bundle.get("GPU", 0)}
             task = self.run_node.options(
-                name=f"bench_sweep {name} node {node}", scheduling_strategy=strategy, **resources
+                name=f"bench_sweep {name} bundle {node}", scheduling_strategy=strategy, **resources
             )
             self.tasks.append(
                 task.remote(flags, nproc, name, *self.task_args, node_flags(self.point, node, address, port))
@@ -129,16 +129,18 @@ class SpreadPoint:
         remove_placement_group(self.group)
 
 
-def node_line(node: int, ended: Ended) -> str:
-    """A node's root cause as one termination line naming the node: its launcher's line, or what the task saw (a
-    launcher killed by a signal, a task or node lost)."""
-    where = f"node {node} ({ended.get('host') or '?'}, Ray node {(ended.get('node_id') or '?')[:12]})"
+def node_line(bundle: int, ended: Ended) -> str:
+    """A node's root cause as one termination line naming the node: its launcher's line (which names its node, host
+    and Ray node), or what its task saw (a launcher killed by a signal, a task or node lost, the node stopped by the
+    sweep), naming the node by its rank in the job where its workers said it, else by its bundle."""
     log = next((data for name, data in ended.get("files", {}).items() if name.endswith(TERMINATION_LOG_SUFFIX)), b"")
     first = (log.decode(errors="replace").splitlines() or [""])[0]
-    if match := TERMINATION_LINE.match(first):
-        rank = f"rank {match['rank']}: " if match["rank"] is not None else ""
-        return f"{match['category']}: {rank}{where}: {match['reason']}"
-    ranks = ended.get("leftover_ranks") or []
+    if TERMINATION_LINE.match(first):
+        return first
+    leftovers = ended.get("leftovers") or {}
+    ranks, node_rank = leftovers.get("ranks") or [], leftovers.get("node_rank")
+    node = f"node {node_rank}" if node_rank is not None else f"the node of bundle {bundle}"
+    where = f"{node} ({ended.get('host') or '?'}, Ray node {(ended.get('node_id') or '?')[:12]})"
     rank = f"rank {ranks[0]}: " if ranks else ""
     if ended.get("cancelled"):
         stopped = f"stopped by bench_sweep {STOP_GRACE_SECONDS:g}s after another node failed"
@@ -161,7 +163,7 @@ def root_order(entry: dict[str, Any], ended: list[Ended]) -> tuple[bool, bool, f
     """A failed node's place in the order of causes: a node's own failure before the ``communication`` errors of
     the peers that lost it, those before the nodes the sweep stopped, then by when its task saw its launcher end."""
     category = TERMINATION_LINE.match(entry["termination"])["category"]
-    result = ended[entry["node"]]
+    result = ended[entry["bundle"]]
     return bool(result.get("cancelled")), category == ErrorCategory.COMMUNICATION, result.get("ended_at") or math.inf
 
 
@@ -177,7 +179,7 @@ def merge_nodes(point: Point, ended: list[Ended]) -> Ended:
         line = node_line(node, result) if result["exit_code"] != 0 else None
         nodes.append(
             {
-                "node": node,
+                "bundle": node,
                 "host": result.get("host"),
                 "ray_node_id": result.get("node_id"),
                 "exit_code": exit_code_of(result),
@@ -185,7 +187,7 @@ def merge_nodes(point: Point, ended: list[Ended]) -> Ended:
             }
         )
         header = (
-            f"--- bench_sweep: node {node} of {len(ended)} ({result.get('host')}, Ray node {result.get('node_id')})"
+            f"--- bench_sweep: bundle {node} of {len(ended)} ({result.get('host')}, Ray node {result.get('node_id')})"
         )
         node_files = dict(result.get("files") or {})
         files[log_name] = files.get(log_name, b"") + f"{header}\n".encode() + node_files.pop(log_name, b"")
