@@ -314,6 +314,29 @@ def test_manifest_has_what_the_docs_promise():
     assert pod["terminationGracePeriodSeconds"] > shutdown_timeout  # the launcher outlives its wait for the workers
 
 
+def test_multi_node_manifests_have_what_the_docs_promise():
+    """The 2-node PyTorchJob and TrainJob: queued by Kueue, the launcher in every pod on the same job config, two
+    nodes of 2 processes; the PyTorchJob restarts on system faults only (exit codes 128-255)."""
+    kubernetes = MANIFEST.parent
+    config_map, job = yaml.safe_load_all((kubernetes / "pytorchjob.yaml").read_text())
+    assert json.loads(config_map["data"]["config.json"])["accelerate_launch_args"]["num_processes"] == 2
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] and job["spec"]["nprocPerNode"] == "2"
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert sum(spec["replicas"] for spec in replicas.values()) == 2
+    for spec in replicas.values():
+        [container] = spec["template"]["spec"]["containers"]
+        assert spec["restartPolicy"] == "ExitCode" and container["name"] == "pytorch"
+        assert container["command"][:3] == ["python", "-m", "tuning.launch"]
+    (trainjob,) = yaml.safe_load_all((kubernetes / "trainjob.yaml").read_text())
+    trainer = trainjob["spec"]["trainer"]
+    assert (
+        trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+        == job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    )
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 2)
+    assert trainer["command"] == container["command"]
+
+
 def test_manifest_passes_kubectl_client_dry_run():
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
