@@ -15,6 +15,7 @@ import yaml
 
 from tests.helpers.bench import sweep_point_flags
 from tests.helpers.training import BENCH_CALLBACKS, REPO_ROOT, run_python
+from tuning.benchmarking import sweep
 from tuning.benchmarking.sweep.point import POINT_MARKER_ENV
 
 pytestmark = pytest.mark.slow  # a Ray cluster, torchrun on two Ray nodes: not in make test-fast
@@ -35,7 +36,7 @@ def point_processes(temp: str) -> list[int]:
 @pytest.fixture(scope="module")
 def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
     """The grid ``nnodes: [3, 2, 1]`` on a 2-node cluster: the points, the cluster's placement groups after the
-    sweep, and the sweep's dry run after it. The cluster's processes get this checkout on their path and a short
+    sweep, and the plan of its rerun. The cluster's processes get this checkout on their path and a short
     temp dir of their own (Ray's sockets live there; the points' scratch directories too)."""
     import ray
     from ray.cluster_utils import Cluster
@@ -63,7 +64,8 @@ def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
         command += ["--ray_address", cluster.address, "--placement_timeout", str(PLACEMENT_TIMEOUT)]
         result = run_python(*command, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
-        dry_run = run_python(*command, "--dry_run", timeout=120)
+        points = sweep.grid(sweep.load_spec(str(spec)))  # the rerun's plan, as --dry_run prints it
+        plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
         ray.init(address=cluster.address, log_to_driver=False)
         groups = ray.util.placement_group_table()
         nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
@@ -75,7 +77,7 @@ def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
             "order": [line["axes"]["nnodes"] for line in lines],
             "groups": groups,
             "nodes": nodes,
-            "dry_run": dry_run,
+            "plan": plan,
             "temp": temp,
         }
     finally:
@@ -124,5 +126,4 @@ def test_a_point_the_cluster_cannot_place_is_unschedulable_and_the_sweep_goes_on
     assert len(ray_nodes_sweep["groups"]) == 2  # the 3-node point's and the 2-node point's
     assert {group["state"] for group in ray_nodes_sweep["groups"].values()} == {"REMOVED"}
     assert not point_processes(ray_nodes_sweep["temp"])
-    dry_run = ray_nodes_sweep["dry_run"]
-    assert dry_run.returncode == 0 and dry_run.stdout.strip().endswith("3 points, 0 to run"), dry_run.stdout
+    assert ray_nodes_sweep["plan"][-1] == "3 points, 0 to run"
