@@ -46,6 +46,7 @@ from tuning.data.utils import (
     try_concatenate_datasets,
 )
 from tuning.utils.error_logging import UserInputError, one_line
+from tuning.utils.processes import children_die_with_this_process
 
 logger = logging.getLogger(__name__)
 TRAIN_SPLIT, EVAL_SPLIT = "train", "test"  # datasets' names; a data config's "validation" is "test" here
@@ -452,7 +453,8 @@ class DataPreProcessor:
         op = RowChecked(handler.op, dataset_config, f"data handler {name}", bool(kwargs.get("with_indices")))
         kwargs["with_indices"] = True
         if kind is DataHandlerType.FILTER:
-            return raw_datasets.filter(op, fn_kwargs=fn_kwargs, **kwargs)
+            with children_die_with_this_process():  # a SIGKILLed run leaves no num_proc worker behind
+                return raw_datasets.filter(op, fn_kwargs=fn_kwargs, **kwargs)
         if kind is not DataHandlerType.MAP:
             raise UserInputError(f"data handler {name} has an unknown type {kind}")
         fn_kwargs["tokenizer"] = self.tokenizer
@@ -470,7 +472,8 @@ class DataPreProcessor:
                         "'all' cannot apply; list the columns"
                     )
                 split_kwargs["remove_columns"] = dataset.column_names
-            processed[split] = dataset.map(op, fn_kwargs=fn_kwargs, **split_kwargs)
+            with children_die_with_this_process():
+                processed[split] = dataset.map(op, fn_kwargs=fn_kwargs, **split_kwargs)
         return IterableDatasetDict(processed) if streaming else DatasetDict(processed)
 
     def _check_tokenized_rows(self, raw: DatasetDict, config: DataSetConfig) -> None:

@@ -27,6 +27,7 @@ from datasets.exceptions import DatasetGenerationError
 from tuning.data.cache import new_cache_dir
 from tuning.data.labels import LabelLoss, check_label_loss
 from tuning.utils.error_logging import UserInputError
+from tuning.utils.processes import children_die_with_this_process
 
 IGNORE_INDEX = -100
 # A batch takes ~300 bytes per token until written: at most this many texts or characters keeps it near 10 MB.
@@ -299,23 +300,24 @@ def _tokenize_in_processes(
     """``tokenize_and_mask`` on ``num_proc`` processes: the texts go to an Arrow file (read once, a batch at a
     time), which ``datasets`` splits into contiguous shards, one per process, joined back in order."""
     text_rows = _generate(functools.partial(_text_rows, texts), _TEXT_FEATURES, cache_dir, BATCH_TEXTS)
-    rows = text_rows.map(
-        _tokenize_batch,
-        fn_kwargs={
-            "tokenizer": tokenizer,
-            "max_length": max_length,
-            "response_template": response_template,
-            "instruction_template": instruction_template,
-        },
-        batched=True,
-        batch_size=BATCH_TEXTS,
-        writer_batch_size=WRITER_BATCH_ROWS,
-        remove_columns=["text"],
-        features=_FEATURES,
-        num_proc=num_proc,
-        new_fingerprint=uuid.uuid4().hex,
-        desc=f"tokenising {source}",
-    )
+    with children_die_with_this_process():  # a SIGKILLed run leaves no worker behind
+        rows = text_rows.map(
+            _tokenize_batch,
+            fn_kwargs={
+                "tokenizer": tokenizer,
+                "max_length": max_length,
+                "response_template": response_template,
+                "instruction_template": instruction_template,
+            },
+            batched=True,
+            batch_size=BATCH_TEXTS,
+            writer_batch_size=WRITER_BATCH_ROWS,
+            remove_columns=["text"],
+            features=_FEATURES,
+            num_proc=num_proc,
+            new_fingerprint=uuid.uuid4().hex,
+            desc=f"tokenising {source}",
+        )
     if len(rows) < len(text_rows):
         texts = (text for batch in text_rows.iter(batch_size=BATCH_TEXTS) for text in batch["text"])
         loss = _label_loss(texts, tokenizer, max_length, response_template, instruction_template)

@@ -4,8 +4,6 @@ else from its log's error marker, else from its exit code.
 """
 
 import contextlib
-import ctypes
-import functools
 import math
 import os
 import re
@@ -13,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +20,15 @@ from tuning.benchmarking import report
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.sweep.spec import flag_tokens
 from tuning.utils.error_logging import TERMINATION_LOG_ENV
+from tuning.utils.processes import parent_death_signal
 
 STOP_GRACE_SECONDS = 30.0  # after a SIGTERM (timeout, Ctrl-C) a point gets this long to write its dump
 POLL_SECONDS = 0.5
 # tuning.utils.error_logging's marker line: its category, and its type= part (exception type and message).
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(?P<category>\w+) .*?type=(?P<message>.*)$", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
-PR_SET_PDEATHSIG = 1
 POINT_MARKER_ENV = "TUNING_SWEEP_POINT"  # in every process of a Ray point: its scratch directory
 UNSCHEDULABLE = "unschedulable"  # a point the cluster could not place within its bounded wait: never started
-
-
-def die_with_parent() -> Callable[[], Any] | None:
-    """What the child runs before exec (Linux): SIGTERM when the process that started it dies (a SIGKILLed driver
-    or Ray worker), so that no point outlives its sweep. prctl is looked up in the parent: the child only calls it."""
-    if sys.platform != "linux":
-        return None
-    return functools.partial(ctypes.CDLL(None, use_errno=True).prctl, PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class PointProcess:
@@ -76,7 +65,7 @@ class PointProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=parent_death_signal(signal.SIGTERM),  # no point outlives its sweep
                 env=env,
                 **popen,
             )
