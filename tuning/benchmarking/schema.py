@@ -226,6 +226,9 @@ class Summary(_Model):
     """the rank whose own time per step (forward + data fetch) exceeds the other ranks' median by more than 10 %"""
     straggler_cause: Literal["data", "compute"] | None = None
     """where the straggler's extra time goes: its data fetch or its forward passes"""
+    straggler_node: int | None = None
+    """in a run across nodes, the straggler's node (its rank in the job, rank_nodes' node_rank): the slowest node;
+    null on one node or without a straggler (dumps before it lack the key)"""
     resumed_from_step: int | None = None
     """the global step of the checkpoint the run's last segment resumed from; null for a run trained in one go
     (dumps before it lack the key)"""
