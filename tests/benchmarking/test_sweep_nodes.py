@@ -1,8 +1,10 @@
 """tuning.benchmarking.sweep.ray_spread in process: how a point across nodes ends, from what its nodes' tasks
 handed back (the real cluster's run: tests/wrappers/test_bench_sweep_nodes.py)."""
 
-from tuning.benchmarking.sweep import grid
-from tuning.benchmarking.sweep.ray_spread import merge_nodes, node_flags
+from pathlib import Path
+
+from tuning.benchmarking.sweep import Sweep, grid
+from tuning.benchmarking.sweep.ray_spread import SpreadPoint, merge_nodes, node_flags
 
 (POINT,) = grid({"base": {}, "axes": {"nnodes": [2]}, "metadata": {}, "repeats": 1})
 LOG, TERMINATION_LOG = f"{POINT.id}.log", f"{POINT.id}.termination-log"
@@ -52,3 +54,17 @@ def test_a_point_whose_nodes_all_ended_well_has_no_termination_log_and_meets_at_
     flags = node_flags(POINT, 1, "10.0.0.1", 29400)
     assert "--rdzv_endpoint=10.0.0.1:29400" in flags and "--nnodes=2" in flags
     assert any(flag.startswith("--rdzv_conf=is_host=0,") for flag in flags)
+
+
+def test_a_point_whose_rendezvous_cannot_be_set_up_is_a_communication_error_retried_as_transient(tmp_path):
+    """The task finding bundle 0's free port failed or timed out: the point ends as ``communication`` (206), which
+    the sweep retries, and its log says why."""
+    spread = object.__new__(SpreadPoint)  # its ending only: no cluster, no placement group
+    spread.point = POINT
+    ended = spread.not_started(TimeoutError("Get timed out: some object(s) not ready."))
+    line = "communication: no rendezvous on bundle 0's node: Get timed out: some object(s) not ready."
+    assert ended["exit_code"] == 206 and ended["files"][TERMINATION_LOG].decode() == f"{line}\n"
+    sweep = Sweep([POINT], tmp_path, retries=1, point_timeout=None, bench_train=Path("bench_train.py"))
+    (tmp_path / "points").mkdir()
+    outcome = sweep.outcome(POINT, ended)
+    assert (outcome["status"], outcome["category"], outcome["exit_code"]) == ("error", "communication", 206)

@@ -15,7 +15,7 @@ from tuning.benchmarking.paths import LOG_SUFFIX, TERMINATION_LOG_SUFFIX
 from tuning.benchmarking.sweep.executor import Ended
 from tuning.benchmarking.sweep.point import STOP_GRACE_SECONDS
 from tuning.benchmarking.sweep.spec import Point
-from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
+from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory, exit_code_for
 
 RENDEZVOUS_TIMEOUT_SECONDS = 600  # how long the nodes' launchers wait for each other (torchrun's join_timeout)
 PORT_LOOKUP_SECONDS = 120  # for the task that finds bundle 0's free port (a worker may have to start)
@@ -73,7 +73,12 @@ class SpreadPoint:
                     f"{self.placement_timeout:g}s (STRICT_SPREAD: one node per bundle)"
                 )
                 return {"unschedulable": reason, "exit_code": None, "timed_out": False, "host": None}
-            self.start()
+            try:
+                self.start()
+            except self.ray.exceptions.RayError as exc:  # the port task failed or timed out: no rendezvous
+                self.cancel()
+                self.remove()
+                return self.not_started(exc)
             return None
         for node, task in enumerate(self.tasks):
             if node not in self.results and self.ray.wait([task], timeout=0)[0]:
@@ -105,6 +110,15 @@ class SpreadPoint:
             self.tasks.append(
                 task.remote(flags, nproc, name, *self.task_args, node_flags(self.point, node, address, port))
             )
+
+    def not_started(self, exc: Exception) -> Ended:
+        """The ending of a point whose rendezvous could not be set up: ``communication`` (retried as transient)."""
+        line = f"{ErrorCategory.COMMUNICATION}: no rendezvous on bundle 0's node: {' '.join(str(exc).split())[:500]}"
+        name = self.point.id
+        files = {f"{name}{TERMINATION_LOG_SUFFIX}": f"{line}\n", f"{name}{LOG_SUFFIX}": f"bench_sweep: {line}\n"}
+        exit_code = exit_code_for(ErrorCategory.COMMUNICATION)
+        encoded = {file: text.encode() for file, text in files.items()}
+        return {"exit_code": exit_code, "timed_out": False, "host": None, "files": encoded}
 
     def result(self, node: int, task: Any) -> Ended:
         try:
