@@ -2,7 +2,7 @@
 
     python wrappers/bench_compare.py BASELINE CANDIDATE [--metric tokens_per_second] [--threshold 0.02]
                                      [--match key1,key2] [--within_run] [--strict] [--output_dir bench_compare]
-                                     [--loss_tolerance X] [--target_loss X] [--olympic] [--drop_damaged]
+                                     [--loss_tolerance X] [--target_loss X] [--olympic] [--drop_damaged] [--mlperf]
 
 BASELINE and CANDIDATE are sweep directories or directories of dumps. A point is a configuration: the run's metadata
 and the dump's ``config`` (the arguments that define the work). Each whole run is one sample; per point the
@@ -56,6 +56,8 @@ class CompareFlags:
             runs a side.
         drop_damaged: Compare without the run files that cannot be read (cut short, not JSON), naming them; by
             default they make the comparison exit 2.
+        mlperf: Compare time_to_train (bench_train --target_eval_loss runs) scored MLPerf's way: 10 runs a side or
+            more, each side's fastest and slowest dropped, one non-converged run the slowest, two invalid.
     """
 
     baseline: str
@@ -70,10 +72,14 @@ class CompareFlags:
     target_loss: float | None = None
     olympic: bool = False
     drop_damaged: bool = False
+    mlperf: bool = False
 
     def __post_init__(self) -> None:
         """Every flag checked: a one-line error (exit 1) before any file is read."""
-        compare.check_options(self.metric, self.threshold, self.loss_tolerance, self.target_loss)
+        others = [f"--{name}" for name in ("olympic", "within_run") if getattr(self, name)]
+        compare.check_options(self.metric, self.threshold, self.loss_tolerance, self.target_loss, self.mlperf, *others)
+        if self.mlperf:
+            self.metric = compare.MLPERF_METRIC
 
 
 def main(*args: Any, **kwargs: Any) -> int:
@@ -96,6 +102,7 @@ def main(*args: Any, **kwargs: Any) -> int:
         bool(flags.olympic),
         flags.loss_tolerance,
         flags.target_loss,
+        bool(flags.mlperf),
     )
     # 5. The table (printed too), the CSV and the plot.
     compare.write_comparison(rows, flags.metric, float(flags.threshold), Path(str(flags.output_dir)))

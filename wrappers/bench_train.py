@@ -52,6 +52,14 @@ class BenchmarkFlags:
     profile_steps: str | None = flag(None, "Profile optimizer steps A-B (torch.profiler, every rank): traces, top ops.")
     profile_memory: bool = flag(False, "With --profile_steps: the memory timeline of the window too.")
     oom_snapshot: bool = flag(False, "On a GPU: record the allocator's last events; an OOM's dump links a snapshot.")
+    target_eval_loss: float | None = flag(None, "Time to train: stop at the first evaluation with this eval loss.")
+    eval_every_samples: int | None = flag(None, "Training samples between evaluations; default 384, per global batch.")
+    eval_skip: int | None = flag(None, "First evaluations not run; default MLPerf's FLOOR(0.125 x global batch + 2).")
+    mlperf_log: str | None = flag(None, "With --target_eval_loss: write the MLPerf result log (:::MLLOG lines) here.")
+    mlperf_benchmark: str = flag("llama2_70b_lora", "The log's submission_benchmark.")
+    mlperf_division: str = flag("open", "The log's submission_division: open or closed.")
+    mlperf_org: str = flag("unspecified", "The log's submission_org.")
+    mlperf_platform: str | None = flag(None, "The log's submission_platform; default <devices>x<device name>.")
 
 
 def main(argv: list[str] | None = None, early_helpers: "benchmarking.EarlyHelpers | None" = None) -> int:

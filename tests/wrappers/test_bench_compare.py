@@ -581,3 +581,57 @@ def test_the_table_has_a_legend_of_its_columns_and_verdicts_and_marks_missing_va
         "- loss verdict matched",
     ]
     assert legend in out
+
+
+def mlperf_runs(directory: Path, template: dict, point: str, times: list[float | None]) -> None:
+    """A --target_eval_loss run per entry of ``times`` (seconds to train; None: it never converged), ``template``'s
+    dump otherwise; ``"resumed"``: converged, but resumed from a checkpoint, so without a time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, seconds in enumerate(times):
+        dump = json.loads(json.dumps(template))
+        dump["metadata"] = {"point": point, "repeat": index}
+        converged = seconds is not None
+        dump["status"] = "converged" if converged else "not_converged"
+        resumed = seconds == "resumed"
+        note = "resumed from a checkpoint: its segments are not one MLPerf run" if resumed else None
+        summary = {"target_eval_loss": 0.925, "converged": converged, "time_to_train_note": note}
+        dump["summary"].update(summary, time_to_train=None if resumed else seconds)
+        (directory / f"{point}-{index}.json").write_text(json.dumps(dump))
+
+
+def test_mlperf_scores_each_side_dropping_its_fastest_and_slowest_and_a_non_converged_run(
+    bench_compare, tmp_path, capsys
+):
+    """Four points, 10 runs a side unless said: all converged and the candidate 10 % faster (faster, scored as MLPerf
+    scores); one candidate run short of the target (it is the slowest, dropped), beside a resumed run left out; two
+    short (invalid); nine runs (too few runs, never scored). Exit 2: not every point could be scored."""
+    template = write_dump(tmp_path / "template.json", [0.5] * 4, {})
+    template["config"] = CONFIG
+    base = [30.0 + 0.1 * index for index in range(10)]
+    faster = [seconds * 0.9 for seconds in base]
+    mlperf_runs(tmp_path / "base", template, "all", base)
+    mlperf_runs(tmp_path / "cand", template, "all", faster)
+    mlperf_runs(tmp_path / "base", template, "one", base)
+    mlperf_runs(tmp_path / "cand", template, "one", [*faster[:9], None, "resumed"])
+    mlperf_runs(tmp_path / "base", template, "two", base)
+    mlperf_runs(tmp_path / "cand", template, "two", [*faster[:8], None, None])
+    mlperf_runs(tmp_path / "base", template, "few", base)
+    mlperf_runs(tmp_path / "cand", template, "few", faster[:9])
+    code, rows, out = run_compare(bench_compare, tmp_path, capsys, mlperf=True)
+    assert code == 2, out
+    rows = {json.loads(key.removeprefix("point=")): row for key, row in rows.items()}
+    kept = (sorted(base)[1:-1], sorted(faster)[1:-1])
+    everything = rows["all"]
+    assert everything["interval"] == compare.MLPERF and everything["verdict"] == "faster"
+    assert float(everything["baseline_mlperf_score"]) == pytest.approx(sum(kept[0]) / 8)
+    assert float(everything["candidate_mlperf_score"]) == pytest.approx(sum(kept[1]) / 8)
+    assert float(everything["ratio"]) == pytest.approx(statistics.hodges_lehmann_ratio(*kept), rel=1e-6)
+    one = rows["one"]
+    assert one["candidate_not_converged_runs"] == "1" and "one-10.json left out: resumed" in one["note"]
+    assert float(one["candidate_mlperf_score"]) == pytest.approx(sum(sorted(faster[:9])[1:]) / 8)
+    assert one["verdict"] == "faster"
+    assert rows["two"]["verdict"] == "invalid" and "2 of 10 runs did not converge" in rows["two"]["note"]
+    assert rows["two"]["candidate_mlperf_score"] == ""
+    assert rows["few"]["verdict"] == "too few runs" and "9 runs, MLPerf scores 10 or more" in rows["few"]["note"]
+    with pytest.raises(SystemExit, match="leave out --olympic"):
+        bench_compare.main(str(tmp_path / "base"), str(tmp_path / "cand"), mlperf=True, olympic=True)

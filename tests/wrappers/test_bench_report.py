@@ -261,7 +261,8 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     (axes,) = figure.axes
     title, frame = axes.title.get_window_extent(), figure.bbox
     assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
-    assert axes.title.get_text().replace("\n", " ").startswith(f"{ylabel} by {x} (ok and stopped runs)")
+    done = "ok, stopped, converged and not_converged"
+    assert axes.title.get_text().replace("\n", " ").startswith(f"{ylabel} by {x} ({done} runs)")
     assert axes.get_xlabel() == f"{x} (samples per device)"
     low, high = axes.get_xlim()
     ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]

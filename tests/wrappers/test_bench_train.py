@@ -41,7 +41,15 @@ from tests.helpers.training import (
     wait_for_steps,
     wait_until,
 )
-from tuning.benchmarking.dump import STEP_SAMPLES, STEP_TIME, STEP_TOKENS, TOKENS_PER_SECOND, build_dump, utc_iso
+from tuning.benchmarking.dump import (
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    TIME_TO_TRAIN_KEYS,
+    TOKENS_PER_SECOND,
+    build_dump,
+    utc_iso,
+)
 from tuning.benchmarking.journal import read_journal
 from tuning.sft_trainer import get_parser
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
@@ -176,6 +184,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     nothing_to_say |= {"text_tokens_per_second", "image_tokens_per_second"}
     nothing_to_say |= {"language_flops_per_token", "vision_flops_per_image_token", "vision_flops_fraction"}
     nothing_to_say |= {"peak_tensor_bytes", "memory_estimate_ratio"}  # bench_args: --memory_estimate False
+    nothing_to_say |= set(TIME_TO_TRAIN_KEYS)  # no --target_eval_loss
     assert all(dump["summary"][key] is None for key in nothing_to_say) and len(dump["segments"]) == 1
     nulls = [key for key, value in dump["summary"].items() if value is None and key not in without_gpu | nothing_to_say]
     assert not nulls, nulls

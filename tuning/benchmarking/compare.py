@@ -31,6 +31,7 @@ EXIT_SLOWER, EXIT_NO_DATA, EXIT_UNDECIDED, EXIT_DIVERGED = 1, 2, 3, 4
 NOT_RECORDED = "configuration not recorded (old schema): matched on metadata and world_size only"
 WITHIN_RUN = "within run (steps): ignores run-to-run noise"
 OLYMPIC = "over runs, olympic (each side's fastest and slowest dropped)"
+MLPERF = "over runs, MLPerf-scored (fastest and slowest dropped, a non-converged run the slowest)"
 MISSING = "—"  # a value not measured or not computed: the note says why
 SPEED_VERDICTS = {  # what each speed verdict means, for the legend under the table
     "faster": "p (Holm) below 0.05 and the ratio beyond the band, on the better side",
@@ -43,7 +44,9 @@ SPEED_VERDICTS = {  # what each speed verdict means, for the legend under the ta
     "invalid": "a value is not a positive number; the note names the file and key (exit 2)",
     "baseline only": "the point has runs on the baseline side only (exit 2)",
     "candidate only": "the point has runs on the candidate side only (exit 2)",
-    TOO_FEW_FOR_OLYMPIC: f"--olympic needs {stats.OLYMPIC_MIN_RUNS} runs a side (exit 2)",
+    TOO_FEW_FOR_OLYMPIC: (
+        f"--olympic needs {stats.OLYMPIC_MIN_RUNS} runs a side, --mlperf {stats.MLPERF_MIN_RUNS}, never scored (exit 2)"
+    ),
 }
 LOSS_VERDICTS = {
     quality.MATCHED: "the candidate's smoothed end loss within the tolerance of the baseline's",
@@ -99,7 +102,9 @@ METRICS = {
     "mfu": Metric(_summary_key("mfu"), True, TOKENS_PER_SECOND, ("slower", "faster")),
     "peak_memory": Metric(_peak_memory, False, None, ("worse", "better")),
     "joules_per_token": Metric(_summary_key("joules_per_token"), False, None, ("worse", "better")),
+    "time_to_train": Metric(_summary_key("time_to_train"), False, None, ("slower", "faster")),
 }
+MLPERF_METRIC = "time_to_train"  # what --mlperf compares
 
 
 def step_values(dump: dict[str, Any], metric: Metric) -> list[float]:
@@ -236,6 +241,39 @@ def samples_of(
     return values[0], values[1], problems, WITHIN_RUN if over_steps else "over runs"
 
 
+def mlperf_samples(point: Point) -> tuple[list[stats.MlperfScore], list[str], list[str]]:
+    """Each side's runs scored MLPerf's way (``statistics.mlperf_score`` of their ``time_to_train``, None for a run
+    that did not converge), the problems found (a run without --target_eval_loss, a time that is not a positive
+    number) and the runs left out: converged but resumed, so not one MLPerf run."""
+    scores, problems, left_out = [], [], []
+    for runs in point.sides:
+        times: list[float | None] = []
+        for sample in runs:
+            summary = sample.dump["summary"]
+            seconds = summary.get("time_to_train")
+            if summary.get("converged") is None:
+                problems.append(f"{sample.name}.json: not a --target_eval_loss run (summary.converged is null)")
+            elif not summary["converged"]:
+                times.append(None)
+            elif seconds is None:
+                left_out.append(f"{sample.name}.json left out: {summary.get('time_to_train_note') or 'no time'}")
+            elif reason := bad_value(seconds):
+                problems.append(f"{sample.name}.json: summary.time_to_train is {reason}")
+            else:
+                times.append(seconds)
+        scores.append(stats.mlperf_score(times))
+    return scores, problems, left_out
+
+
+def mlperf_columns(scores: list[stats.MlperfScore]) -> dict[str, Any]:
+    """The row's MLPerf columns: each side's score (the mean of the times kept) and its non-converged runs."""
+    columns: dict[str, Any] = {}
+    for side, score in zip(("baseline", "candidate"), scores, strict=True):
+        columns[f"{side}_mlperf_score"] = score.score
+        columns[f"{side}_not_converged_runs"] = score.not_converged
+    return columns
+
+
 def compare_points(
     points: list[Point],
     metric: Metric,
@@ -245,13 +283,21 @@ def compare_points(
     olympic: bool = False,
     loss_tolerance: float | None = None,
     target_loss: float | None = None,
+    mlperf: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per point: the runs, the sides' medians, the ratio, its interval, the p-values and the verdict, then
-    the loss comparison (and with ``target_loss`` each side's steps and time to it)."""
+    the loss comparison (and with ``target_loss`` each side's steps and time to it). With ``mlperf`` the samples are
+    each side's times to train that MLPerf's scoring keeps, and the row has each side's score."""
     shown = distinguishing_keys(points)
     rows, tested = [], []
     for point in points:
-        base, cand, problems, interval = samples_of(point, metric, metric_name, within_run, olympic)
+        if mlperf:
+            scores, problems, left_out = mlperf_samples(point)
+            base, cand, interval = scores[0].kept, scores[1].kept, MLPERF
+            sides = zip(("baseline", "candidate"), scores, strict=True)
+            unscored = [f"{side}: {score.note}" for side, score in sides if score.verdict]
+        else:
+            base, cand, problems, interval = samples_of(point, metric, metric_name, within_run, olympic)
         row: dict[str, Any] = {
             "point": label(point, shown),
             "baseline_runs": len(point.sides[0]),
@@ -265,8 +311,14 @@ def compare_points(
             "note": "" if point.recorded else NOT_RECORDED,
         }
         too_few = olympic and not within_run and min(len(runs) for runs in point.sides) < stats.OLYMPIC_MIN_RUNS
-        if not base or not cand:
-            row["verdict"] = "baseline only" if base else "candidate only"
+        if mlperf:
+            row.update(mlperf_columns(scores))
+            row["note"] = "; ".join(note for note in (row["note"], *left_out) if note)
+        if not all(point.sides):
+            row["verdict"] = "baseline only" if point.sides[0] else "candidate only"
+        elif mlperf and not problems and unscored:
+            verdict = "invalid" if any(score.verdict == "invalid" for score in scores) else TOO_FEW_FOR_OLYMPIC
+            row.update(verdict=verdict, note="; ".join(note for note in (*unscored, row["note"]) if note))
         elif too_few:
             row.update(verdict=TOO_FEW_FOR_OLYMPIC, note=f"--olympic needs {stats.OLYMPIC_MIN_RUNS} runs a side")
         elif problems:
@@ -418,7 +470,7 @@ def legend(rows: list[dict[str, Any]], metric_name: str, threshold: float) -> st
         f"a ratio {'above' if higher else 'below'} 1 favours the candidate",
         "- 95 % interval: where the ratio lies with 95 % confidence (percentile bootstrap over the samples)",
         "- over: what one sample is: a whole run (over runs), a step after the warmup (within run), or the runs "
-        "without each side's fastest and slowest (olympic)",
+        "without each side's fastest and slowest (olympic; MLPerf-scored: a non-converged run the slowest)",
         "- p (Holm): the two-sided Mann–Whitney U test's p-value, the chance of a difference at least this large "
         "between sides that do not differ",
         "- correction: Holm's, over the points tested together, so that testing many points does not make a chance "
@@ -462,6 +514,10 @@ def markdown(rows: list[dict[str, Any]], metric_name: str, threshold: float) -> 
         for name in ("baseline", "candidate"):
             if f"{name}_steps_to_target" in row:
                 note += f"; {name} to target: {to_target(row, name)}"
+        if "baseline_mlperf_score" in row:
+            scores = " vs ".join(_number(row[f"{name}_mlperf_score"]) for name in ("baseline", "candidate"))
+            short = "/".join(str(row[f"{name}_not_converged_runs"]) for name in ("baseline", "candidate"))
+            note += f"; MLPerf score (s) {scores}, not converged {short}"
         note += f"; {row['loss_note']}" if row["loss_note"] else ""
         note += f"; grew most: {row['slower_part']}" if row["slower_part"] else ""
         cells = [
@@ -505,8 +561,15 @@ def plot(rows: list[dict[str, Any]], metric_name: str, threshold: float, path: P
     return True
 
 
-def check_options(metric: str, threshold: Any, loss_tolerance: Any, target_loss: Any) -> None:
-    """The comparison's options checked: a one-line ``SystemExit`` naming the flag."""
+def check_options(
+    metric: str, threshold: Any, loss_tolerance: Any, target_loss: Any, mlperf: bool = False, *other_samples: str
+) -> None:
+    """The comparison's options checked: a one-line ``SystemExit`` naming the flag. ``other_samples``: the flags
+    given that choose other samples than --mlperf's (``--olympic``, ``--within_run``)."""
+    if mlperf and metric not in ("tokens_per_second", MLPERF_METRIC):  # the default, or what --mlperf compares
+        raise SystemExit(f"{PROG}: --mlperf compares {MLPERF_METRIC}: leave out --metric {metric}")
+    if mlperf and other_samples:
+        raise SystemExit(f"{PROG}: --mlperf scores whole runs its own way: leave out {other_samples[0]}")
     if metric not in METRICS:
         raise SystemExit(f"{PROG}: --metric {metric!r}: choose one of {', '.join(METRICS)}")
     if not bench_report.is_number(threshold) or not 0 <= threshold < 1:

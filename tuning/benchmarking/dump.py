@@ -494,6 +494,39 @@ def _summary(
     }
 
 
+# Notes of a time-to-train run (tuning.benchmarking.mlperf writes them; this module stays torch-free).
+TARGET_NOTE, RUN_START_NOTE, EVALUATIONS_NOTE = "target_eval_loss", "run_start", "evaluations"
+TIME_TO_TRAIN_KEYS = (
+    "target_eval_loss",
+    "converged",
+    "time_to_train",
+    "time_to_train_note",
+    "evaluations",
+    "init_seconds",
+)
+RESUMED_NOT_ONE_RUN = "resumed from a checkpoint: its segments are not one MLPerf run (its clock was paused)"
+
+
+def _time_to_train(notes: dict[str, Any], process_start: float, resumed: bool) -> dict[str, Any]:
+    """``summary``'s time-to-train keys (docs/benchmarking.md, "Time to train"): the target, whether an evaluation
+    reached it, seconds from ``run_start`` to that evaluation's end (null when not reached, or for a resumed run), the
+    evaluations and the seconds from the process's start to ``run_start``; all null without --target_eval_loss."""
+    target = notes.get(TARGET_NOTE)
+    if target is None:
+        return dict.fromkeys(TIME_TO_TRAIN_KEYS)
+    evaluations = notes.get(EVALUATIONS_NOTE, [])
+    reached = next((one for one in evaluations if one["eval_loss"] is not None and one["eval_loss"] <= target), None)
+    run_start = notes.get(RUN_START_NOTE)
+    return {
+        "target_eval_loss": target,
+        "converged": reached is not None,
+        "time_to_train": reached["seconds"] if reached is not None and not resumed else None,
+        "time_to_train_note": RESUMED_NOT_ONE_RUN if resumed else None,
+        "evaluations": evaluations,
+        "init_seconds": run_start - process_start if run_start is not None else None,
+    }
+
+
 def memory_ratio(estimate: dict[str, Any] | None, measured: int | None) -> float | None:
     """The estimate's peak over the measured one; None when either is missing."""
     predicted = (estimate or {}).get("peak_bytes_per_device")
@@ -589,6 +622,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
     first_warmup = spans[0].warmup_end if spans[0] is not None else end["training_steps"]
     summary = _summary(series, notes, end, spans, trained, header["world_size"], resumed[-1] if resumed else None)
     summary["goodput"] = _goodput(run, endings, spans)
+    summary.update(_time_to_train(notes, run.segments[-1].header["time"], bool(resumed)))
     return {
         "schema_version": SCHEMA_VERSION,
         "status": end["status"],
@@ -597,6 +631,7 @@ def dump_of(run: RunData, rebuilt_from_journal: bool = False) -> dict[str, Any]:
         "experiment": header.get("experiment"),
         "metadata": notes.get("metadata", {}),
         "config": _config(header.get("config"), notes),
+        "seed": header.get("seed"),
         "data": _data(notes),
         "host": header["host"],
         "rank": header["rank"],

@@ -12,6 +12,7 @@ import fcntl
 import importlib
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -30,6 +31,18 @@ from tuning.benchmarking.data_description import describe_data
 from tuning.benchmarking.dump import ALREADY_COMPLETE, MEMORY_ESTIMATE, PEAK_TENSOR_BYTES, write_dump
 from tuning.benchmarking.goodput import DATA_PREPARATION_TIME, MODEL_LOAD_TIME, STARTUP_END, TRACKERS_START
 from tuning.benchmarking.journal import Journal, read_journal
+from tuning.benchmarking.mlperf import (
+    ABORTED,
+    CONVERGED,
+    DIVISIONS,
+    NOT_CONVERGED,
+    RESUMED,
+    RUN_START,
+    TARGET,
+    MlperfLog,
+    TimeToTrain,
+    platform_name,
+)
 from tuning.benchmarking.paths import RunPaths
 from tuning.benchmarking.profiling import OomSnapshot, ProfileCallback, parse_window, relative_paths
 from tuning.benchmarking.record import RunRecord
@@ -176,6 +189,32 @@ def check_flags(flags: Any) -> None:
         raise UserInputError("--profile_memory needs --profile_steps: the memory timeline is of a profiled window")
 
 
+def check_time_to_train(flags: Any, args: ParsedArguments) -> None:
+    """--target_eval_loss and the flags that go with it (a copy of bench_train may lack them all)."""
+    target = getattr(flags, "target_eval_loss", None)
+    if target is None:
+        given = [name for name in ("eval_every_samples", "eval_skip", "mlperf_log") if getattr(flags, name, None)]
+        if given:
+            raise UserInputError(f"--{given[0]} needs --target_eval_loss: it belongs to a time-to-train run")
+        return
+    if not math.isfinite(target) or target < 0:
+        raise UserInputError(f"--target_eval_loss must be a finite loss of at least 0, got {target}")
+    if (every := flags.eval_every_samples) is not None and every < 1:
+        raise UserInputError(f"--eval_every_samples must be at least 1, got {every}")
+    if (skip := flags.eval_skip) is not None and skip < 0:
+        raise UserInputError(f"--eval_skip must not be negative, got {skip}")
+    if flags.auto_stop:
+        raise UserInputError("--auto_stop with --target_eval_loss: a time-to-train run ends at its target or its end")
+    if flags.mlperf_division not in DIVISIONS:
+        raise UserInputError(f"--mlperf_division {flags.mlperf_division!r}: choose {' or '.join(DIVISIONS)}")
+    if str(args.training_args.eval_strategy) not in ("no", "IntervalStrategy.NO"):
+        raise UserInputError(
+            "--target_eval_loss evaluates every --eval_every_samples training samples: leave --eval_strategy no"
+        )
+    if not (args.data_args.validation_data_path or args.data_args.data_config_path):
+        raise UserInputError("--target_eval_loss needs validation data to evaluate on: give --validation_data_path")
+
+
 def check_writable(path: str) -> None:
     """Fail now, not after hours of training, when the dump could not be written: not writable (a user error) or a
     filesystem with almost no room left (``storage``)."""
@@ -291,6 +330,9 @@ class BenchmarkJob:
         self.data: dict[str, Any] | None = None  # the dump's ``data``, known on rank 0 once the arguments are checked
         self.already_complete: FinishedRun | None = None  # a rerun of a finished job: it trains nothing
         self.memory_meter: Any = None  # the real peak's meter (--memory_estimate)
+        self.args: ParsedArguments | None = None
+        self.time_to_train: TimeToTrain | None = None  # --target_eval_loss
+        self.mlperf_log: MlperfLog | None = None  # --mlperf_log, rank 0
 
     @property
     def metrics_path(self) -> str | None:
@@ -312,11 +354,12 @@ class BenchmarkJob:
         """Check what is cheap to check, claim the metrics path and open the journal (rank 0, and each node's sampling
         rank): from here on every failure ends in the dump too. Then the trainer's own checks (``validate_arguments``,
         once: ``train()`` finds these arguments checked)."""
-        self.flags = flags
+        self.flags, self.args = flags, args
         train_args = args.training_args
         if train_args.resume_from_checkpoint is None:  # a benchmark measures whole runs: resume only when told to
             train_args.resume_from_checkpoint = "false"
         check_flags(flags)
+        check_time_to_train(flags, args)
         if getattr(flags, "profile_steps", None):
             parse_window(flags.profile_steps, train_args.max_steps)
         check_output_dir(train_args.output_dir)
@@ -340,6 +383,7 @@ class BenchmarkJob:
                 "config": run_configuration(args, self.world_size),
                 "environment": environment_info(),
                 "flags": dataclasses.asdict(flags),
+                "seed": train_args.seed,
             }
             journal = paths.journal(self.rank)
             try:
@@ -356,6 +400,10 @@ class BenchmarkJob:
                 )
             self.record = RunRecord(Journal(journal, append=bool(previous)), header, previous)
             self.record.note(**{STARTUP_END: self.constructed})
+            if getattr(flags, "target_eval_loss", None) is not None:
+                self.record.note(**{TARGET: flags.target_eval_loss})
+        if self.rank == 0 and getattr(flags, "mlperf_log", None) and self.already_complete is None:
+            self.open_mlperf_log(flags, resumed=bool(writes_files and previous))
         validate_arguments(args.model_args, args.data_args, train_args)
         if self.rank == 0:  # the dump's and the trackers' description of the data, once the data config is known good
             self.data = describe_data(args.data_args, train_args.max_seq_length)
@@ -386,6 +434,44 @@ class BenchmarkJob:
         if self.record is not None:
             self.record.note(**{MEMORY_ESTIMATE: estimate})
         return estimate
+
+    def open_mlperf_log(self, flags: Any, resumed: bool) -> None:
+        """--mlperf_log: the submission lines and ``init_start`` at the process's start; a resumed run first says so
+        (its log then holds two runs, which no checker takes for one)."""
+        log = self.mlperf_log = MlperfLog(flags.mlperf_log, append=resumed)
+        if resumed:
+            log.event(RESUMED, True, reason="interrupted and resumed from a checkpoint: not one MLPerf run")
+        log.event("submission_benchmark", flags.mlperf_benchmark)
+        log.event("submission_division", flags.mlperf_division)
+        log.event("submission_org", flags.mlperf_org)
+        log.event("submission_platform", flags.mlperf_platform or platform_name(self.world_size))
+        log.start("init_start", at=self.started)
+
+    def start_the_clock(self) -> None:
+        """MLPerf's clock starts here, before ``train()`` reads any data: ``run_start`` journaled (the dump's
+        ``init_seconds`` and ``time_to_train`` count from it) and, with --mlperf_log, the run's hyperparameters,
+        ``init_stop`` and ``run_start`` logged."""
+        now = self.time_to_train.run_start = time.time()
+        if self.record is not None:
+            self.record.note(**{RUN_START: now})
+        if (log := self.mlperf_log) is None:
+            return
+        train_args, peft = self.args.training_args, self.args.tune_config
+        accumulation = train_args.gradient_accumulation_steps
+        log.event("global_batch_size", train_args.per_device_train_batch_size * accumulation * self.world_size)
+        log.event("gradient_accumulation_steps", accumulation)
+        log.event("seed", train_args.seed)
+        optimizer = str(getattr(train_args.optim, "value", train_args.optim))
+        log.event("opt_name", optimizer)
+        log.event("opt_base_learning_rate", train_args.learning_rate)
+        log.event("opt_gradient_clip_norm", train_args.max_grad_norm)
+        decay = "opt_adamw_weight_decay" if optimizer.startswith("adamw") else "opt_weight_decay"
+        log.event(decay, train_args.weight_decay)
+        if hasattr(peft, "lora_alpha"):  # LoRA's config (aLoRA's too)
+            log.event("lora_rank", peft.r)
+            log.event("lora_alpha", peft.lora_alpha)
+        log.end("init_stop", at=now)
+        log.start("run_start", at=now)
 
     def annotate(self, metadata: dict[str, Any]) -> dict[str, Any]:
         """Journal the run's metadata (the dump's ``metadata``); returns it for ``train(exp_metadata=...)``."""
@@ -420,7 +506,8 @@ class BenchmarkJob:
         self.process_times["trackers_start"] = time.time() - began
         others = [tracker for tracker in trackers if tracker not in self.mirrored]
         own_times = ProcessTimes(self.process_times)
-        return [*others, own_times, *([self.record] if self.rank == 0 else []), *self.mirrored]
+        mlperf = [self.mlperf_log] if self.mlperf_log is not None else []
+        return [*others, own_times, *([self.record] if self.rank == 0 else []), *mlperf, *self.mirrored]
 
     def callbacks(self, extra: list[TrainerCallback] = ()) -> list[TrainerCallback]:
         """``train(additional_callbacks=...)``: the benchmark's step hooks first (a step's time and number before any
@@ -469,6 +556,16 @@ class BenchmarkJob:
         if getattr(flags, "oom_snapshot", False):
             self.oom_snapshot = OomSnapshot(self.paths.oom_snapshot)
             measuring.append(self.oom_snapshot)
+        if getattr(flags, "target_eval_loss", None) is not None:
+            self.time_to_train = TimeToTrain(
+                flags.target_eval_loss,
+                time.time(),  # until training() starts the clock
+                flags.eval_every_samples,
+                flags.eval_skip,
+                note=self.record.note if self.record is not None and self.rank == 0 else None,
+                log=self.mlperf_log,
+            )
+            measuring.append(self.time_to_train)
         return [self.bench, *measuring, self.graceful_stop, *extra, self.bench.log_recorder]
 
     def note_peak_tensor_bytes(self, peak: int) -> None:
@@ -484,7 +581,10 @@ class BenchmarkJob:
     @contextlib.contextmanager
     def training(self) -> Iterator[None]:
         """Around ``train()``: the sampler and watchdog stopped and the Aim/MLflow runs ended with the outcome so far,
-        however it ends; a SIGTERM that stopped training gracefully ends the run as interrupted."""
+        however it ends; a SIGTERM that stopped training gracefully ends the run as interrupted. With
+        --target_eval_loss, MLPerf's clock starts on entry."""
+        if self.time_to_train is not None:
+            self.start_the_clock()
         try:
             yield
         except BaseException as exc:
@@ -495,16 +595,27 @@ class BenchmarkJob:
             raise TrainingInterrupted(self.graceful_stop.received_signal)
 
     def finish(self) -> None:
-        """The dump of a run that trained to its end (``ok``), to a stop rule (``stopped``) or nothing, its job
-        finished already (``already_complete``: the journal it continues keeps the earlier segments' measurement); a
-        dump that had to go to a fallback place is a storage error."""
+        """The dump of a run that trained to its end (``ok``), to a stop rule (``stopped``), to its eval-loss target
+        or not (``converged``, ``not_converged``: --target_eval_loss) or nothing, its job finished already
+        (``already_complete``: the journal it continues keeps the earlier segments' measurement); a dump that had to
+        go to a fallback place is a storage error."""
         if self.already_complete is not None:
             status = ALREADY_COMPLETE
+        elif self.time_to_train is not None:
+            status = CONVERGED if self.time_to_train.converged_at is not None else NOT_CONVERGED
         else:
             status = "stopped" if self.bench is not None and self.bench.stop_reason else "ok"
+        self.close_mlperf_log(status)  # --estimate_memory with it: a log that never reached run_start says why
         misplaced = self._finish(status)
         if misplaced is not None:
             raise StorageError(misplaced)
+
+    def close_mlperf_log(self, outcome: str) -> None:
+        """``run_stop`` (``aborted`` with ``outcome`` as its reason, unless the target was reached) and the log
+        closed."""
+        if self.mlperf_log is not None:
+            self.mlperf_log.run_stop(ABORTED, reason=outcome)
+            self.mlperf_log.close()
 
     def note_mirrored(self, tracker: Tracker) -> None:
         """Journal which Aim/MLflow run this is and whether tracking to it stopped."""
@@ -534,7 +645,7 @@ class BenchmarkJob:
         dump = self.record.finish(
             status,
             training_steps=self.already_complete.global_step if status == ALREADY_COMPLETE else self.global_step() or 0,
-            stop_reason=self.bench.stop_reason if status == "stopped" else None,
+            stop_reason=self.bench.stop_reason if status in ("stopped", NOT_CONVERGED) else None,
             error=error,
             peak_rss_bytes=peak_rss_bytes(),
             cuda=cuda_peak_memory(),
@@ -574,6 +685,7 @@ class BenchmarkJob:
             taken = self.oom_snapshot.take()
             self.record.note(oom_snapshot=relative_paths(taken, os.path.dirname(self.paths.dump)))
         self.close_helpers(KILLED if interrupted else FAILED)
+        self.close_mlperf_log(f"{report['category']}: {report.get('message', '')}")
         if self.profile is not None and self.profile.result is None and (result := self.profile.own_result()):
             self.note_profile(result)
         misplaced = self._finish("interrupted" if interrupted else "error", error=report)

@@ -36,7 +36,9 @@ SWEEP_STATE = "sweep_state.jsonl"
 REPORT_KEYS = ("category", "rank", "timestamp", "message", "global_step")
 DIRECTORY_PATTERNS = (*RUN_FILE_PATTERNS, SWEEP_STATE)
 TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
-DONE_STATUSES = ("ok", "stopped")  # runs that did their work: plotted, compared, and not rerun by --rerun_failed
+# Runs that did their work: plotted, compared, and not rerun by --rerun_failed. A --target_eval_loss run ends
+# converged or not_converged: both measured (time to train, throughput); only ``converged`` reached the target.
+DONE_STATUSES = ("ok", "stopped", "converged", "not_converged")
 # A rerun of a job that had trained to its end, which trained nothing: no failure (not rerun), and no measurement (never
 # plotted or compared: a measurement it holds is the earlier run's, from the journal it continued).
 FINISHED_STATUSES = (*DONE_STATUSES, ALREADY_COMPLETE)
@@ -51,7 +53,7 @@ FAILURE_COLUMNS = (
     "error_message",
 )  # "Failures" says them
 # Summary keys a dump may or may not have (newer figures): a column each, empty where a dump lacks it.
-OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio")
+OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio", "converged", "time_to_train")
 # The points table's figures (run-table column → header, meaning), a median and range each, and its words (the most
 # common); the meanings are its legend.
 POINT_FIGURES = {
@@ -63,14 +65,19 @@ POINT_FIGURES = {
     "peak_tensor_bytes": ("peak tensors (GB)", "the most memory the run's live tensors held"),
     "memory_estimate_ratio": ("memory estimate / measured", "the peak predicted before the run over peak tensors"),
     "goodput": ("goodput", "productive step time over the run's wall time"),
+    "time_to_train": (
+        "time to train (s)",
+        "seconds from run_start to the evaluation that reached --target_eval_loss, over the runs that reached it "
+        "(bench_compare --mlperf scores a point's runs as MLPerf does)",
+    ),
 }
 POINT_WORDS = {"bound_by": ("bound by", "what the steps wait on, as each dump judged it; counts where the runs differ")}
 POINTS_LEGEND = (
     "One row per point: the runs whose label values are equal (a sweep's repeats are runs of one point). Each figure "
-    "is the median over the point's runs that ended ok or stopped, with their range (lowest–highest) in brackets "
-    "where they differ; GB are 10^9 bytes."
+    "is the median over the point's runs that ended ok, stopped, converged or not_converged, with their range "
+    "(lowest–highest) in brackets where they differ; GB are 10^9 bytes."
 )
-RUNS_MEANING = "how many runs ended ok or stopped (N of M where the others did not)"
+RUNS_MEANING = "how many runs ended ok, stopped, converged or not_converged (N of M where the others did not)"
 TEXT_WIDTH = 118  # of the lines written under a table: they fit a 120-column terminal
 PLOT_DPI = 120
 # One colour per goodput part, the same in every plot (matplotlib's cycle has 10 for 12 parts): the steps in greens,
@@ -339,6 +346,7 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "data_preparation_time_s": summary.get("data_preparation_time"),
         "data_cache": ((dump.get("data") or {}).get("cache") or {}).get("status") if dump else None,
         "training_steps": dump["training_steps"] if dump else None,
+        "seed": dump.get("seed") if dump else None,
         "resumed_from_step": summary.get("resumed_from_step"),
         "goodput": (summary.get("goodput") or {}).get("productive_fraction"),
         "data_fetch_share": summary.get("data_fetch_share"),
@@ -447,8 +455,8 @@ def group_points(pairs: list[tuple[dict[str, Any], Run]], labels: list[str]) -> 
 
 
 def point_row(point: PointRuns) -> dict[str, Any]:
-    """A point's figures over its ok and stopped runs: the median, lowest and highest of each, and the most common
-    word (``bound_by``), with the count of each where they differ."""
+    """A point's figures over its runs that did their work (``DONE_STATUSES``): the median, lowest and highest of
+    each, and the most common word (``bound_by``), with the count of each where they differ."""
     done = point.done
     figures: dict[str, Any] = {**point.labels, "runs": len(point.rows), "done_runs": len(done)}
     for key in POINT_FIGURES:
@@ -557,7 +565,8 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         for at in xs:  # every run, and the range of the point's runs
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color(), s=12, alpha=0.6)
             axes.vlines(at, min(by_x[at]), max(by_x[at]), color=line.get_color(), linewidth=3, alpha=0.35)
-    title = f"{ylabel} by {x} ({' and '.join(DONE_STATUSES)} runs): median, each run a dot, the range a bar"
+    done = f"{', '.join(DONE_STATUSES[:-1])} and {DONE_STATUSES[-1]}"
+    title = f"{ylabel} by {x} ({done} runs): median, each run a dot, the range a bar"
     # a long title would be clipped
     axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))
     if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5

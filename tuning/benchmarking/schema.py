@@ -21,9 +21,10 @@ from tuning.benchmarking.clocks import PROC_STAT_STARTTIME, PSUTIL_CREATE_TIME, 
 from tuning.benchmarking.dump import SCHEMA_VERSION
 from tuning.benchmarking.stopping import STOP_REASONS
 
-Status = Literal["ok", "error", "stopped", "interrupted", "already_complete"]
+Status = Literal["ok", "error", "stopped", "interrupted", "already_complete", "converged", "not_converged"]
 # interrupted: ended by SIGTERM/SIGINT, with its report; already_complete: a rerun of a job that had trained to its
-# end, which trained nothing (its earlier segments, when its journal holds them, are the measurement)
+# end, which trained nothing (its earlier segments, when its journal holds them, are the measurement); converged /
+# not_converged: a --target_eval_loss run that reached its target at an evaluation / ended without reaching it
 StopReason = Literal[STOP_REASONS]
 
 Number = float | None  # null stands for a value that was NaN or infinite
@@ -155,6 +156,17 @@ class BoundByShares(_Model):
     """the rest; on a GPU also the compute share the device sat idle"""
 
 
+class Evaluation(_Model):
+    """One evaluation of a --target_eval_loss run."""
+
+    samples: int
+    """training samples seen before it (optimizer steps x global batch)"""
+    eval_loss: Number
+    """the mean loss over the validation data"""
+    seconds: float
+    """from run_start (MLPerf's clock) to its end"""
+
+
 class Summary(_Model):
     train_runtime: Number
     """seconds from train begin to train end"""
@@ -252,6 +264,19 @@ class Summary(_Model):
     rank_nodes: list[RankNode] | None = None
     """per rank, in rank order: where it ran (host, its node's rank, its Ray node), gathered as training begins; null
     for a run that did not reach it (dumps before it lack the key)"""
+    target_eval_loss: Number = None
+    """--target_eval_loss; null (and the keys below) for a run without it (dumps before it lack these keys)"""
+    converged: bool | None = None
+    """an evaluation's loss was at or below the target (status converged); false: status not_converged"""
+    time_to_train: Number = None
+    """seconds from run_start (MLPerf's clock: before train() reads data) to the end of the evaluation that reached
+    the target; null when none did, and for a run resumed from a checkpoint (time_to_train_note)"""
+    time_to_train_note: str | None = None
+    """why time_to_train is null for a run that converged"""
+    evaluations: list[Evaluation] | None = None
+    """every evaluation made, in order (the last segment's for a resumed run)"""
+    init_seconds: Number = None
+    """seconds from the process's start to run_start: MLPerf's initialisation, off the clock"""
 
 
 class Environment(_Model):
@@ -475,7 +500,7 @@ class Dump(_Model):
     status: Status
     """how the run ended"""
     stop_reason: StopReason | None
-    """set exactly when status is stopped"""
+    """set when status is stopped; also for not_converged when a stop rule (--stop_after_seconds) ended the run"""
     run_hash: str | None
     """the Aim run"""
     experiment: str | None
@@ -484,6 +509,8 @@ class Dump(_Model):
     config: dict[str, Any] | None = None
     """the arguments that define the run's work, flat (tuning.benchmarking.configuration.CONFIG_ARGUMENTS): equal
     objects, the same configuration (dumps before it lack the key)"""
+    seed: int | None = None
+    """--seed the run trained with (a sweep's repeats each their own); null in a dump written before the key"""
     data: DataDescription | None = None
     """which data the run trained on: its data config and datasets with their sampling ratios; null when the run
     failed before its arguments were checked (dumps before it lack the key)"""
@@ -527,8 +554,10 @@ class Dump(_Model):
     def _status_agrees(self) -> "Dump":
         if (self.status in ("error", "interrupted")) != (self.error is not None):
             raise PydanticCustomError("status", "error must be set exactly when status is 'error' or 'interrupted'")
-        if (self.status == "stopped") != (self.stop_reason is not None):
-            raise PydanticCustomError("status", "stop_reason must be set exactly when status is 'stopped'")
+        if (self.status == "stopped") > (self.stop_reason is not None):
+            raise PydanticCustomError("status", "stop_reason must be set when status is 'stopped'")
+        if self.stop_reason is not None and self.status not in ("stopped", "not_converged"):
+            raise PydanticCustomError("status", "stop_reason is set only when status is 'stopped' or 'not_converged'")
         return self
 
 

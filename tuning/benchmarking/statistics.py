@@ -37,6 +37,36 @@ def olympic(values: Sequence[float]) -> list[float]:
     return sorted(values)[1:-1]
 
 
+MLPERF_MIN_RUNS = 10  # MLPerf Training's runs for LLM fine-tuning
+
+
+@dataclass(frozen=True)
+class MlperfScore:
+    """A point's side scored as MLPerf scores a benchmark result: ``score`` (None unless ``verdict`` is empty), the
+    times it is the mean of, and why it is not scored (``invalid``, ``too few runs``) with a note."""
+
+    score: float | None
+    kept: list[float]
+    not_converged: int
+    verdict: str = ""
+    note: str = ""
+
+
+def mlperf_score(times: Sequence[float | None], min_runs: int = MLPERF_MIN_RUNS) -> MlperfScore:
+    """``times`` to train, None for a run that did not converge: the fastest and the slowest dropped and the mean
+    of the rest; one non-converged run counts as the slowest (the one dropped), two or more make the result
+    ``invalid``; fewer than ``min_runs`` runs are ``too few runs``, never scored (mlcommons/training_policies,
+    "Benchmark Results")."""
+    converged = sorted(time for time in times if time is not None)
+    short = len(times) - len(converged)
+    if len(times) < min_runs:
+        return MlperfScore(None, [], short, "too few runs", f"{len(times)} runs, MLPerf scores {min_runs} or more")
+    if short > 1:
+        return MlperfScore(None, [], short, "invalid", f"{short} of {len(times)} runs did not converge: at most 1 may")
+    kept = converged[1:] if short else converged[1:-1]
+    return MlperfScore(sum(kept) / len(kept), kept, short)
+
+
 @dataclass(frozen=True)
 class Result:
     """One point's comparison. ``ratio`` and the interval are candidate/baseline; ``better``/``worse`` stand for

@@ -22,6 +22,8 @@ from tuning.benchmarking.configuration import file_sha256
 
 SPEC_KEYS = ("base", "axes", "metadata")
 REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
+SEED = "seed"  # each repeat its own (MLPerf's runs of one point differ by seed): the base's (default) + repeat
+DEFAULT_SEED = 42  # transformers' TrainingArguments.seed
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
 PREDICTED_OOM = "predicted_oom"  # a point whose memory estimate exceeds the device budget: never started
@@ -118,6 +120,8 @@ def spec_problems(spec: Any) -> Iterator[str]:
         if not isinstance(spec.get(key) or {}, dict):
             yield f"{key} must be a mapping, got {type(spec[key]).__name__}"
     base, axes = spec.get("base") or {}, spec.get("axes") or {}
+    if not is_count(base.get(SEED, DEFAULT_SEED), 0):
+        yield f"base {SEED} must be a non-negative integer (each repeat adds its index), got {base[SEED]!r}"
     if not axes:
         yield "axes is empty; give at least one flag with a list of values"
     for axis, values in axes.items():
@@ -151,9 +155,10 @@ def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
 
 def grid(spec: dict[str, Any], interleave: bool = False) -> list[Point]:
     """Every combination of the axes, in the order the file lists them (the last axis varies fastest); with
-    ``repeats`` N > 1, each N times, its metadata's ``repeat`` (0 to N-1) in its id too: in a row, or with
-    ``interleave`` in rounds (every combination once, then every one again), so that a drift of the machine's speed
-    falls on all of them alike."""
+    ``repeats`` N > 1, each N times, its metadata's ``repeat`` (0 to N-1) in its id too and its own ``seed`` (the
+    base's, default 42, plus the repeat; unless ``seed`` is an axis): in a row, or with ``interleave`` in rounds
+    (every combination once, then every one again), so that a drift of the machine's speed falls on all of them
+    alike."""
     points = []
     repeats = spec[REPEATS_KEY]
     for values in itertools.product(*spec["axes"].values()):
@@ -162,6 +167,8 @@ def grid(spec: dict[str, Any], interleave: bool = False) -> list[Point]:
         nproc, nnodes = flags.pop("nproc_per_node", 1), flags.pop("nnodes", 1)
         for repeat in range(repeats):
             tells_apart = {"repeat": repeat} if repeats > 1 else {}
+            if repeats > 1 and SEED not in spec["axes"]:
+                flags = {**flags, SEED: spec["base"].get(SEED, DEFAULT_SEED) + repeat}
             metadata = {**spec["metadata"], **axes, **tells_apart}
             runs_with = {"flags": flags, "nproc": nproc, "metadata": metadata}
             if nnodes > 1:  # one node's points keep the hash they always had: their state lines still count
