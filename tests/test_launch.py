@@ -20,6 +20,7 @@ from tests.helpers.training import (
     SFT_TRAINER,
     Job,
     cli_args,
+    free_port,
     markers,
     run_python,
     termination_lines,
@@ -33,6 +34,7 @@ from tuning.launch import K8S_TERMINATION_MESSAGE_MAX_BYTES, RankFailure, termin
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
 
 MANIFEST = REPO_ROOT / "docs" / "kubernetes" / "job.yaml"
+COLLECTIVE_FAULT = REPO_ROOT / "tests" / "helpers" / "collective_fault.py"
 
 
 def start_launch(args: list[str], tmp_path: Path, **env: str) -> Job:
@@ -146,6 +148,27 @@ def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):
     assert first.startswith("interrupted: rank 1: killed by SIGKILL, without an error report of its own")
     assert second.startswith(("communication: rank 0: ", "interrupted: rank 0: "))
     assert not (tmp_path / "bench.json.rank1.error.json").exists()
+
+
+def test_two_nodes_on_loopback_each_pod_reports_the_root_cause_its_node_saw(tmp_path):
+    """Two launchers as the two pods of a PyTorchJob or TrainJob (torchrun reads the PET_* variables the operators
+    set): one job of 2 ranks, one per node. Node 1's rank fails with a user error after a first all-reduce: node 1's
+    pod exits 1 with that line, naming its node; node 0's pod exits 206 with the communication error its rank saw
+    losing the peer, naming node 0 (its launcher sees its own workers only)."""
+    port = str(free_port())
+    nodes = []
+    for node in (0, 1):
+        pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(node)}
+        pet |= {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port}
+        nodes.append(start_launch([str(COLLECTIVE_FAULT)], tmp_path / f"node{node}", **pet))
+    stderrs = [launcher.finish() for launcher in nodes]
+    assert [launcher.returncode for launcher in nodes] == [206, 1], [stderr[-2000:] for stderr in stderrs]
+    outputs = [(tmp_path / f"node{node}" / "stdout").read_text() for node in (0, 1)]
+    assert outputs == [f"rank {node} of 2 on node {node}: sum 1\n" for node in (0, 1)]  # one job, a rank per node
+    (node_1_line,) = check_pod_log(tmp_path / "node1")
+    assert node_1_line.startswith("user_error: rank 1: node 1 (") and "the data of node 1 is not what" in node_1_line
+    (node_0_line,) = check_pod_log(tmp_path / "node0")
+    assert node_0_line.startswith("communication: rank 0: node 0 (") and "Connection closed by peer" in node_0_line
 
 
 def test_bad_input_on_every_rank_exits_1(tiny_model, tmp_path):
@@ -289,6 +312,29 @@ def test_manifest_has_what_the_docs_promise():
     assert container["env"] == [{"name": "SFT_TRAINER_CONFIG_JSON_PATH", "value": "/etc/sft/config.json"}]
     shutdown_timeout = int(container["command"][container["command"].index("--shutdown_timeout") + 1])
     assert pod["terminationGracePeriodSeconds"] > shutdown_timeout  # the launcher outlives its wait for the workers
+
+
+def test_multi_node_manifests_have_what_the_docs_promise():
+    """The 2-node PyTorchJob and TrainJob: queued by Kueue, the launcher in every pod on the same job config, two
+    nodes of 2 processes; the PyTorchJob restarts on system faults only (exit codes 128-255)."""
+    kubernetes = MANIFEST.parent
+    config_map, job = yaml.safe_load_all((kubernetes / "pytorchjob.yaml").read_text())
+    assert json.loads(config_map["data"]["config.json"])["accelerate_launch_args"]["num_processes"] == 2
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] and job["spec"]["nprocPerNode"] == "2"
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert sum(spec["replicas"] for spec in replicas.values()) == 2
+    for spec in replicas.values():
+        [container] = spec["template"]["spec"]["containers"]
+        assert spec["restartPolicy"] == "ExitCode" and container["name"] == "pytorch"
+        assert container["command"][:3] == ["python", "-m", "tuning.launch"]
+    (trainjob,) = yaml.safe_load_all((kubernetes / "trainjob.yaml").read_text())
+    trainer = trainjob["spec"]["trainer"]
+    assert (
+        trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+        == job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    )
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 2)
+    assert trainer["command"] == container["command"]
 
 
 def test_manifest_passes_kubectl_client_dry_run():

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from tuning.benchmarking.placement import RAY_NODE_ID_ENV
 from tuning.prologue import prologue
 from tuning.utils.config_utils import CONFIG_BASE64_ENV, CONFIG_PATH_ENV, get_json_config
 from tuning.utils.error_logging import (
@@ -190,6 +192,26 @@ def failures_in_order(
     ]
 
 
+def spans_nodes(args: argparse.Namespace) -> bool:
+    """Whether the job may run on more than one node (``--nnodes N`` or ``MIN:MAX``, also from ``PET_NNODES``)."""
+    return any(part.strip().isdigit() and int(part) > 1 for part in str(args.nnodes).split(":"))
+
+
+def on_node(failure: RankFailure, local_rank: int, args: argparse.Namespace) -> RankFailure:
+    """A failure of a job across nodes, its line naming the node it happened on: the node's rank in the job (ranks
+    are numbered node by node, ``--nproc_per_node`` each), this host and, in a Ray sweep, its Ray node. A node's
+    launcher sees its own workers only: a peer lost on another node is a ``communication`` error here, that node's
+    pod names the cause."""
+    if not (match := TERMINATION_LINE.match(failure.line)):
+        return failure
+    per_node = str(args.nproc_per_node)
+    node = f"node {(failure.rank - local_rank) // int(per_node)} " if per_node.isdecimal() else "node "
+    ray_node = os.environ.get(RAY_NODE_ID_ENV)
+    where = f"{node}({socket.gethostname()}{f', Ray node {ray_node[:12]}' if ray_node else ''})"
+    rank = f"rank {match['rank']}: " if match["rank"] is not None else ""
+    return failure._replace(line=f"{match['category']}: {rank}{where}: {match['reason']}")
+
+
 def termination_message(failures: list[RankFailure]) -> str:
     """The pod's termination log: the root cause's line, then one line per other failed rank while within 4 KiB."""
     root, *others = failures
@@ -276,6 +298,8 @@ def launch(args: argparse.Namespace, scratch: str) -> int:
         return 0
     except ChildFailedError as exc:
         failed = failures_in_order(exc.failures, read_rank_lines(workers_log), memory)
+        if spans_nodes(args):
+            failed = [on_node(failure, exc.failures[failure.rank].local_rank, args) for failure in failed]
     except SignalException as exc:
         # The agent has forwarded it and waited for the workers: the job ends as interrupted, in one line.
         raise SignalInterrupt(exc.sigval) from exc

@@ -41,6 +41,8 @@ class SweepFlags:
         ray_address: An existing Ray cluster (ray://host:10001 or host:6379); default: start a local instance.
         ray_num_cpus: CPUs of the local Ray instance (default: all of this machine's).
         ray_runtime_env: JSON Ray runtime_env, e.g. '{"working_dir": "."}' to ship this checkout to the nodes.
+        placement_timeout: Seconds a point across nodes (nnodes > 1, --executor ray) waits for its nodes before it
+            ends unschedulable.
         predict_memory: Estimate every point's peak memory per device first (from its model's config) and end
             the points above --device_memory_gb as predicted_oom without starting them; False: start every point.
         device_memory_gb: The memory budget per device for that; default: the visible GPU's (none on a CPU).
@@ -59,6 +61,7 @@ class SweepFlags:
     ray_address: str | None = None
     ray_num_cpus: int | None = None
     ray_runtime_env: str | dict | None = None
+    placement_timeout: float = 300.0
     predict_memory: bool = True
     device_memory_gb: float | None = None
 
@@ -71,6 +74,10 @@ class SweepFlags:
                 raise SystemExit(f"--{name} must be an integer >= {low}, got {value!r}")
         if self.point_timeout is not None and (not is_number(self.point_timeout) or self.point_timeout <= 0):
             raise SystemExit(f"--point_timeout must be a positive number of seconds, got {self.point_timeout!r}")
+        if not is_number(self.placement_timeout) or self.placement_timeout <= 0:
+            raise SystemExit(
+                f"--placement_timeout must be a positive number of seconds, got {self.placement_timeout!r}"
+            )
         if self.device_memory_gb is not None and (not is_number(self.device_memory_gb) or self.device_memory_gb <= 0):
             raise SystemExit(f"--device_memory_gb must be a positive number, got {self.device_memory_gb!r}")
 
@@ -96,7 +103,7 @@ def main(*args: Any, **kwargs: Any) -> int:
     predicted = sweep.predicted_ooms(points, flags.device_memory_gb, BENCH_TRAIN) if flags.predict_memory else {}
     # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor.
     run.claim(str(flags.spec))
-    ray_options = (flags.ray_address, flags.ray_num_cpus, flags.ray_runtime_env)
+    ray_options = (flags.ray_address, flags.ray_num_cpus, flags.ray_runtime_env, flags.placement_timeout)
     executor = run.start_executor(flags.executor, flags.concurrency, *ray_options)
     # 7. Run every point not finished yet; the bar's last line holds the counts of done, failed and skipped points.
     run.run(executor, flags.rerun_failed, predicted)

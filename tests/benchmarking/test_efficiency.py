@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.nvml import load_fake_nvml
+from tuning.benchmarking import report
 from tuning.benchmarking.callback import DISPATCHED_BATCHES, _dispatched
 from tuning.benchmarking.dump import GPU_POWER, STEP_IMAGE_TOKENS, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, straggler
 from tuning.benchmarking.flops import (
@@ -231,6 +232,14 @@ def test_rank_skew_is_the_slowest_over_the_fastest_forward_time(tmp_path):
     assert summary["rank_forward_time_p50"] == [0.1, 0.25] and summary["rank_data_wait_p50"] == [0.01, 0.02]
     assert summary["rank_data_fetch_p50"] == [0.01, 0.01] and summary["data_fetch_unmeasurable"] is None
     assert (summary["straggler_rank"], summary["straggler_cause"]) == (1, "compute")
+    assert summary["straggler_node"] is None  # one node
+
+
+def test_across_nodes_the_straggler_s_node_is_the_slowest_node_and_the_report_names_it(tmp_path):
+    places = [{"host": f"host-{node}", "node_rank": node, "ray_node_id": None} for node in (0, 0, 1, 1)]
+    summary = efficiency_run(tmp_path, rank_forward_time_p50=[0.1, 0.1, 0.1, 0.3], rank_nodes=places)
+    assert (summary["straggler_rank"], summary["straggler_node"], summary["rank_nodes"]) == (3, 1, places)
+    assert report._straggler(summary) == "rank 3 on node 1: compute"
 
 
 def test_sampler_reads_the_energy_counter_of_each_gpu(monkeypatch):

@@ -3,7 +3,11 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from tuning.benchmarking.sweep import Sweep, grid
+from tuning.benchmarking.sweep.local_executor import LocalExecutor
+from tuning.benchmarking.sweep.spec import spec_problems
 
 
 def test_a_resumed_point_s_attempt_is_numbered_after_those_its_log_holds(tmp_path):
@@ -18,3 +22,14 @@ def test_a_resumed_point_s_attempt_is_numbered_after_those_its_log_holds(tmp_pat
         output.write("the output of a point whose driver was SIGKILLed\n")
     sweep.begin_attempt(point)  # the next driver's first attempt at it
     assert re.findall(r"=== bench_sweep: max_steps=1, attempt (\d+) ===", log.read_text()) == ["1", "2"]
+
+
+def test_nnodes_is_a_count_and_a_point_across_nodes_needs_the_ray_executor(tmp_path):
+    """``nnodes`` as a base flag or an axis: a positive integer, not a flag of bench_train, in the point's hash only
+    when above 1 (one node's points keep their state lines); the local executor refuses a point across nodes."""
+    assert next(spec_problems({"axes": {"nnodes": [2, 0]}})) == "nnodes must be a positive integer, got 0"
+    spec = {"base": {"nproc_per_node": 2}, "axes": {"nnodes": [1, 2]}, "metadata": {}, "repeats": 1}
+    one, two = grid(spec)
+    assert (one.nnodes, one.nproc, two.nnodes, two.nproc) == (1, 2, 2, 2) and "nnodes" not in two.flags
+    with pytest.raises(SystemExit, match=r"^point nnodes=2 spans 2 nodes; run it with --executor ray$"):
+        LocalExecutor([one, two], tmp_path, "bench_train.py", None, None)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import BENCH_TRAIN, TORCHRUN, Job, cli_args, run_python, two_ranks
+from tests.helpers.training import BENCH_TRAIN, RESPONSE_TEMPLATE, TORCHRUN, Job, cli_args, run_python, two_ranks
 from tuning.benchmarking.dump import STEP_PART_SERIES, STEP_TIME
 from tuning.benchmarking.schema import validate_dump
+from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
 
 def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
@@ -21,6 +22,26 @@ def bench_args(model: str, output_dir: Path, **extra) -> list[str]:
     extra.setdefault("system_metrics_interval", 0.2)
     extra.setdefault("memory_estimate", False)  # its cost is paid by the tests of the memory estimate only
     return cli_args(model, str(output_dir), **extra)
+
+
+def sweep_point_flags(model: str, **extra) -> dict:
+    """A sweep point's flags (its spec's base): two logged steps of the tiny model; ``extra`` adds or overrides."""
+    return {
+        "model_name_or_path": model,
+        "training_data_path": SAMPLE_TRAIN_PATH,
+        "dataset_text_field": "output",
+        "response_template": RESPONSE_TEMPLATE,
+        "max_steps": 2,
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "torch_dtype": "float32",
+        "use_flash_attn": False,
+        "skip_warmup_steps": 0,
+        "system_metrics_interval": 0.5,
+        "memory_estimate": False,
+        **extra,
+    }
 
 
 def start_bench(args: list[str], torchrun: bool = False, log_dir: Path | None = None, **env: str) -> Job:

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from tuning.errors import UserInputError
+
 STEP_SECONDS = 0.3
 STEADY_STEP_SECONDS = 0.1
 STALL_SECONDS = 300
@@ -198,3 +200,26 @@ class FreezeLearning(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         for group in optimizer.param_groups:
             group["lr"] = 0.0
+
+
+def on_node_1() -> bool:
+    """Whether this process is a worker of the job's node 1 (torchrun's GROUP_RANK)."""
+    return os.environ.get("GROUP_RANK") == "1"
+
+
+class SigkillsNode1LauncherInStep3(TrainerCallback):
+    """As step 3 begins, node 1's launcher (its first worker's parent) gets a real SIGKILL, as when the node's pod
+    or Ray worker dies; that worker then blocks, so that the step cannot finish before what runs the node notices."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 2 and on_node_1() and os.environ.get("LOCAL_RANK") == "0":
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(STALL_SECONDS)
+
+
+class UserErrorOnNode1InStep2(TrainerCallback):
+    """Node 1's ranks fail with a user error as step 2 begins, their peers on node 0 in the step's collectives."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == 1 and on_node_1():
+            raise UserInputError("the data of node 1 is not what this job expects (injected by the test)")

@@ -21,11 +21,10 @@ import pytest
 import yaml
 
 from tests.helpers.aim import read_runs
-from tests.helpers.bench import markdown_rows
+from tests.helpers.bench import markdown_rows, sweep_point_flags
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     REPO_ROOT,
-    RESPONSE_TEMPLATE,
     Job,
     run_python,
     wait_until,
@@ -40,26 +39,6 @@ GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2]}
 POINTS = len(GRID["max_seq_length"]) * len(GRID["per_device_train_batch_size"])
 BATCH = "per_device_train_batch_size"
 TABLE_COLUMNS = ("run", "max_seq_length", "per_device_train_batch_size", "status", "error_category", "training_steps")
-
-
-def base_flags(model: str, **extra) -> dict:
-    """Every point's flags: two logged steps of the tiny model."""
-    return {
-        "model_name_or_path": model,
-        "training_data_path": SAMPLE_TRAIN_PATH,
-        "dataset_text_field": "output",
-        "response_template": RESPONSE_TEMPLATE,
-        "max_steps": 2,
-        "logging_strategy": "steps",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "torch_dtype": "float32",
-        "use_flash_attn": False,
-        "skip_warmup_steps": 0,
-        "system_metrics_interval": 0.5,
-        "memory_estimate": False,
-        **extra,
-    }
 
 
 def write_data_config(path: Path, *datasets: dict) -> str:
@@ -115,7 +94,7 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("sweep-local")
     out, aim_repo = tmp / "sweep", tmp / "aim"
     data_config = write_data_config(tmp / "tweets.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
-    base = base_flags(
+    base = sweep_point_flags(
         tiny_model,
         trackers=["file_logger", "aim"],
         aim_repo=str(aim_repo),
@@ -218,7 +197,9 @@ def test_a_data_config_axis_gives_each_point_its_datasets_and_ratios_one_gpu_at_
     ]
     mix = write_data_config(tmp_path / "mix.yaml", *mixed)
     spec = write_spec(
-        tmp_path / "sweep.yaml", without_training_data(base_flags(tiny_model)), {"data_config_path": [alone, mix]}
+        tmp_path / "sweep.yaml",
+        without_training_data(sweep_point_flags(tiny_model)),
+        {"data_config_path": [alone, mix]},
     )
     out = tmp_path / "sweep"
     result = sweep(spec, out, "--concurrency", "2", CUDA_VISIBLE_DEVICES="0")
@@ -258,7 +239,7 @@ def test_the_ray_executor_gives_the_same_table_one_point_at_a_time_from_a_shippe
     executor's for those points; on a 2-CPU node without GPUs and without --concurrency, one point at a time (each
     starts once the one before has stopped)."""
     row = {**GRID, "max_seq_length": GRID["max_seq_length"][:1]}
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), row)
+    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), row)
     runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
     flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
     result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
@@ -295,7 +276,7 @@ def test_a_ray_sweep_stopped_by_sigterm_records_finished_points_and_leaves_nothi
     removes: test_scratch_directories_nothing_holds_are_removed_by_the_next_point.)"""
     temp = Path(tempfile.mkdtemp(prefix="bs", dir="/tmp"))
     try:
-        base = base_flags(tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")
+        base = sweep_point_flags(tiny_model, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")
         spec = write_spec(tmp_path / "sweep.yaml", base, {"max_steps": [2, 1000]})
         out, tmpdir = tmp_path / "sweep", f"TMPDIR={temp}"
         command = sweep_command(spec, out, "--executor", "ray", "--ray_num_cpus", "2")
@@ -337,7 +318,7 @@ def test_scratch_directories_nothing_holds_are_removed_by_the_next_point(tmp_pat
 
 def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
     spec = write_spec(
-        tmp_path / "sweep.yaml", base_flags(tiny_model), {"callbacks": [f"{BENCH_CALLBACKS}:ExitsWithoutReport"]}
+        tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), {"callbacks": [f"{BENCH_CALLBACKS}:ExitsWithoutReport"]}
     )
     result = sweep(spec, tmp_path / "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -351,7 +332,7 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
 def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
     """A bench_train flag value its own check rejects before the dump exists (values the parser rejects are refused
     before any point runs): no dump, only the TUNING_ERROR line."""
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), {"stall_timeout": [-1]})
+    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), {"stall_timeout": [-1]})
     result = sweep(spec, tmp_path / "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = state_lines(tmp_path / "sweep")
@@ -368,7 +349,7 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
         "callbacks": [f"{BENCH_CALLBACKS}:SweepFaults", "no_such_module:Callback"],
         "per_device_train_batch_size": [1, 2, 4],
     }
-    spec = write_spec(tmp_path / "sweep.yaml", base_flags(tiny_model), axes)
+    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), axes)
     out = tmp_path / "sweep"
     result = sweep(spec, out, "--concurrency", "2", "--retries", "1", FAULT_MARKER_DIR=str(markers))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -398,7 +379,7 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
     """Run under tuning.launch: the point exits with its root cause's code, and the category and rank come from
     rank 1's report."""
     axes = {"nproc_per_node": [2], "per_device_train_batch_size": [1, 2]}
-    base = base_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank")
+    base = sweep_point_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank")
     out = tmp_path / "sweep"
     result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -412,7 +393,7 @@ def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp
 def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(tiny_model, tmp_path):
     """Rank 1 SIGKILLed, rank 0 then loses its peer: the launcher's root cause (termination log) names rank 1,
     not rank 0's communication error, which the sweep would retry as transient."""
-    base = base_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3")
+    base = sweep_point_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3")
     out = tmp_path / "sweep"
     spec = write_spec(tmp_path / "sweep.yaml", base, {"nproc_per_node": [2]})
     result = sweep(spec, out, "--retries", "1")
@@ -431,7 +412,7 @@ def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_re
 
 def test_a_rank_sigkilled_while_memory_was_low_is_host_oom_and_skips_larger_batches(tiny_model, tmp_path):
     """Every level of available memory counts as low here (100 %): the launcher names the kill host_oom."""
-    base = base_flags(
+    base = sweep_point_flags(
         tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3", nproc_per_node=2
     )
     out = tmp_path / "sweep"
@@ -450,7 +431,9 @@ def test_a_rank_sigkilled_while_memory_was_low_is_host_oom_and_skips_larger_batc
 
 
 def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
-    base = base_flags(tiny_model, max_steps=1000, callbacks=f"{BENCH_CALLBACKS}:SlowSteps")  # 300 s of steps at least
+    base = sweep_point_flags(
+        tiny_model, max_steps=1000, callbacks=f"{BENCH_CALLBACKS}:SlowSteps"
+    )  # 300 s of steps at least
     out = tmp_path / "sweep"
     # Whether the point is still importing or already training when its time is up, it is stopped the same way.
     result = sweep(write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]}), out, "--point_timeout", "3")
@@ -573,7 +556,7 @@ def test_a_point_predicted_above_the_device_budget_is_never_started_and_counts_a
     """With --device_memory_gb every point is estimated first: batch size 64 (predicted far above 0.1 GB) ends
     predicted_oom with its estimate, no process started (no log, no dump), and 128 is skipped as after an OOM; 1
     runs."""
-    base = base_flags(tiny_model, max_seq_length=128, peft_method="lora")
+    base = sweep_point_flags(tiny_model, max_seq_length=128, peft_method="lora")
     out = tmp_path / "sweep"
     spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 64, 128]})
     result = sweep(spec, out, "--device_memory_gb", "0.1")

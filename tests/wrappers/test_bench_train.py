@@ -183,6 +183,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     assert all(dump["summary"][key] is None for key in without_gpu)
     # Null when there is nothing to say: not resumed, fetch measurable, no straggler on one process, no image tokens.
     nothing_to_say = {"resumed_from_step", "data_fetch_unmeasurable", "straggler_rank", "straggler_cause"}
+    nothing_to_say |= {"straggler_node"}  # one node
     nothing_to_say |= {"text_tokens_per_second", "image_tokens_per_second"}
     nothing_to_say |= {"language_flops_per_token", "vision_flops_per_image_token", "vision_flops_fraction"}
     nothing_to_say |= {"peak_tensor_bytes", "memory_estimate_ratio"}  # bench_args: --memory_estimate False

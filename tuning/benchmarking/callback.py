@@ -34,6 +34,7 @@ from tuning.benchmarking.dump import (
 )
 from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
 from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED, rank_goodput
+from tuning.benchmarking.placement import rank_place
 from tuning.benchmarking.ranks import RankTimes, gather_objects
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.stopping import STOP_REASONS, StopRule
@@ -136,11 +137,13 @@ class BenchmarkCallback(TrainerCallback):
         self._fetch_unmeasurable = _dispatched(kwargs.get("train_dataloader"), args.world_size)
         if self.sampler is not None:
             self.sampler.start()
+        rank_nodes = gather_objects(rank_place())  # where every rank runs: a run that fails mid-way says it too
         self._train_start = self._last_step_end = self._recorded_at = self._mirrored_at = time.time()
         if self._anatomy is not None:
             self._anatomy.begin()
         if self._main and self.record is not None:
             self.record.note(
+                rank_nodes=rank_nodes,
                 **({TRAIN_ENTERED: self._train_entered} if self._train_entered is not None else {}),
                 train_start=self._train_start,
                 first_step=state.global_step,  # N > 0: resumed from a checkpoint of step N

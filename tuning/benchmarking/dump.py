@@ -319,7 +319,19 @@ def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
         "rank_skew": max(known) / min(known) if known and len(known) == len(forward) and min(known) > 0 else None,
         "straggler_rank": rank,
         "straggler_cause": cause,
+        "straggler_node": straggler_node(rank, notes.get("rank_nodes")),
+        "rank_nodes": notes.get("rank_nodes"),
     }
+
+
+def straggler_node(rank: int | None, rank_nodes: list[dict[str, Any]] | None) -> int | None:
+    """The node (its rank in the job) of the straggler, in a run across nodes: the slowest node; None on one node,
+    without a straggler, or without the ranks' places."""
+    if rank is None or not rank_nodes or rank >= len(rank_nodes):
+        return None
+    if len({place["node_rank"] for place in rank_nodes}) < 2:
+        return None
+    return rank_nodes[rank]["node_rank"]
 
 
 def straggler(forward: list[float | None] | None, fetch: list[float | None] | None) -> tuple[int | None, str | None]:

@@ -373,9 +373,11 @@ def _traces(run: Run) -> str | None:
 
 
 def _straggler(summary: dict[str, Any]) -> str | None:
-    """``rank N: data`` or ``rank N: compute`` from the dump's straggler keys; None when no rank held the rest back."""
-    rank = summary.get("straggler_rank")
-    return None if rank is None else f"rank {rank}: {summary.get('straggler_cause')}"
+    """``rank N: data`` or ``rank N: compute`` from the dump's straggler keys (``rank N on node G: ...`` across
+    nodes); None when no rank held the rest back."""
+    rank, node = summary.get("straggler_rank"), summary.get("straggler_node")
+    where = f"rank {rank}" if node is None else f"rank {rank} on node {node}"
+    return None if rank is None else f"{where}: {summary.get('straggler_cause')}"
 
 
 def _format(key: str, value: Any) -> str:

@@ -119,6 +119,15 @@ class RankGoodput(_Model):
     """as summary.goodput's, for this rank's own clocks"""
 
 
+class RankNode(_Model):
+    host: str
+    """the rank's host name"""
+    node_rank: int
+    """its node's rank in the job (torchrun's GROUP_RANK; 0 on one node)"""
+    ray_node_id: str | None = None
+    """the Ray node it ran on, in a Ray sweep; null elsewhere"""
+
+
 class StepParts(_Model):
     """Median share of the step time (0 to 1) of each part of a step (rank 0's, tuning.benchmarking.anatomy)."""
 
@@ -229,6 +238,9 @@ class Summary(_Model):
     """the rank whose own time per step (forward + data fetch) exceeds the other ranks' median by more than 10 %"""
     straggler_cause: Literal["data", "compute"] | None = None
     """where the straggler's extra time goes: its data fetch or its forward passes"""
+    straggler_node: int | None = None
+    """in a run across nodes, the straggler's node (its rank in the job, rank_nodes' node_rank): the slowest node;
+    null on one node or without a straggler (dumps before it lack the key)"""
     resumed_from_step: int | None = None
     """the global step of the checkpoint the run's last segment resumed from; null for a run trained in one go
     (dumps before it lack the key)"""
@@ -249,6 +261,9 @@ class Summary(_Model):
     """per rank, in rank order: its own process's goodput from its start to its train end, from its own clocks (its
     last segment's; no gaps nor repeated steps); null from a recipe that does not time it"""
     """where the wall time went, from the first process's start to the dump (dumps before it lack the key)"""
+    rank_nodes: list[RankNode] | None = None
+    """per rank, in rank order: where it ran (host, its node's rank, its Ray node), gathered as training begins; null
+    for a run that did not reach it (dumps before it lack the key)"""
     target_eval_loss: Number = None
     """--target_eval_loss; null (and the keys below) for a run without it (dumps before it lack these keys)"""
     converged: bool | None = None

@@ -36,6 +36,8 @@ class LocalExecutor:
         self.concurrency = concurrency or len(self.devices) or 1
         self.running: list[tuple[Point, PointProcess, list[str]]] = []  # and the devices it was given
         check_gpus(points, len(self.devices), f"this machine has {len(self.devices)} ({','.join(self.devices)})")
+        if spread := next((point for point in points if point.nnodes > 1), None):
+            raise SystemExit(f"point {spread.label} spans {spread.nnodes} nodes; run it with --executor ray")
 
     def can_start(self, point: Point) -> bool:
         return len(self.running) < self.concurrency and (not self.devices or point.nproc <= len(self.free_devices))

@@ -27,19 +27,31 @@ POLL_SECONDS = 0.5
 # tuning.utils.error_logging's marker line: its category, and its type= part (exception type and message).
 ERROR_MARKER = re.compile(r"^TUNING_ERROR category=(?P<category>\w+) .*?type=(?P<message>.*)$", re.M)
 ATTEMPT_HEADER = "\n=== bench_sweep: "  # starts each attempt's part of a point's log
+POINT_MARKER_ENV = "TUNING_SWEEP_POINT"  # in every process of a Ray point: its scratch directory
+UNSCHEDULABLE = "unschedulable"  # a point the cluster could not place within its bounded wait: never started
 
 
 class PointProcess:
     """A point's process tree in a session of its own: output_dir ``stem``, dump ``stem.json``, output appended to
     ``stem.log``. bench_train.py, under ``tuning.launch`` (torchrun with the root cause's exit code; ``--standalone``
-    picks a free port on the machine that runs it) when it has several processes. Stopped with SIGTERM to its root
+    picks a free port on the machine that runs it) when it has several processes, or with ``rendezvous`` (torchrun's
+    flags naming the nodes and where they meet) as one node of a point across several. Stopped with SIGTERM to its root
     (which bench_train and tuning.launch handle gracefully), then SIGKILL to every process of its tree."""
 
     def __init__(
-        self, flags: dict[str, Any], nproc: int, stem: str, bench_train: str, timeout: float | None, **popen: Any
+        self,
+        flags: dict[str, Any],
+        nproc: int,
+        stem: str,
+        bench_train: str,
+        timeout: float | None,
+        rendezvous: list[str] | None = None,
+        **popen: Any,
     ):
         launcher = [sys.executable]
-        if nproc > 1:
+        if rendezvous is not None:  # one node of several: torchrun's node flags and where the nodes meet
+            launcher += ["-m", "tuning.launch", *rendezvous, "--nproc_per_node", str(nproc)]
+        elif nproc > 1:
             launcher += ["-m", "tuning.launch", "--standalone", "--nproc_per_node", str(nproc)]
         paths = RunPaths.from_stem(stem)
         # A stopped point starts again from scratch (docs/sweeps.md): a checkpoint at its stop would only cost time.
@@ -87,10 +99,31 @@ class PointProcess:
         return code
 
 
+def end_leftovers(marker: str) -> dict[str, Any]:
+    """Every process whose environment holds ``POINT_MARKER_ENV=marker`` killed, once the point's launcher has ended:
+    torchrun's workers run in sessions of their own and outlive a launcher killed by SIGKILL. Returns the ranks of
+    those workers (``ranks``, from their ``RANK``, sorted) and their node's rank in the job (``node_rank``, from
+    their ``GROUP_RANK``; None without workers)."""
+    ranks, node_rank = set(), None
+    for process in psutil.process_iter(["environ"]):
+        environ = process.info.get("environ") or {}  # None: another user's process
+        if environ.get(POINT_MARKER_ENV) != marker:
+            continue
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+            if environ.get("RANK", "").isdigit():
+                ranks.add(int(environ["RANK"]))
+                node_rank = int(environ.get("GROUP_RANK", "0"))
+    return {"ranks": sorted(ranks), "node_rank": node_rank}
+
+
 def point_outcome(paths: RunPaths, ended: dict[str, Any], point_timeout: float | None) -> dict[str, Any]:
     """Status and category from the point's files (the root cause across ranks: they name the category and
     rank), else from the TUNING_ERROR line of this attempt's part of its log (category, and its message as the
-    reason), else from its exit code (and the log's last line as the reason)."""
+    reason), else from its exit code (and the log's last line as the reason). A point its executor could never place
+    on the cluster is ``unschedulable``, with the executor's reason."""
+    if unschedulable := ended.get("unschedulable"):
+        return {"status": UNSCHEDULABLE, "category": None, "exit_code": None, "reason": unschedulable}
     runs, exit_code = report.load(report.run_files(Path(paths.dump))), ended["exit_code"]
     status = runs[0].status if runs else "killed" if exit_code < 0 else "error"
     cause = runs[0].root_cause if runs else None

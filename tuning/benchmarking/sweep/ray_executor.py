@@ -11,15 +11,25 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from tuning.benchmarking.paths import RunPaths
+from tuning.benchmarking.paths import JOURNAL_SUFFIX, RunPaths
+from tuning.benchmarking.placement import RAY_NODE_ID_ENV
 from tuning.benchmarking.sweep.executor import Ended, check_gpus
-from tuning.benchmarking.sweep.point import POLL_SECONDS, STOP_GRACE_SECONDS, PointProcess
+from tuning.benchmarking.sweep.point import (
+    POINT_MARKER_ENV,
+    POLL_SECONDS,
+    STOP_GRACE_SECONDS,
+    PointProcess,
+    end_leftovers,
+)
+from tuning.benchmarking.sweep.ray_spread import SpreadPoint
 from tuning.benchmarking.sweep.spec import Point
 
 SCRATCH_PREFIX = "bench-sweep-"  # a Ray point's directory in its node's temp dir
+DEFAULT_PLACEMENT_TIMEOUT = 300.0  # seconds a point across nodes waits for its placement group
 
 
 def remove_abandoned_scratch() -> None:
@@ -41,36 +51,54 @@ def remove_abandoned_scratch() -> None:
 
 
 def run_point_on_node(
-    flags: dict[str, Any], nproc: int, name: str, bench_train: str, cwd: str, timeout: float | None
+    flags: dict[str, Any],
+    nproc: int,
+    name: str,
+    bench_train: str,
+    cwd: str,
+    timeout: float | None,
+    rendezvous: list[str] | None = None,
 ) -> dict[str, Any]:
-    """A Ray task's body: the point in a scratch directory of the node that runs it; returns how it ended (as
-    ``LocalExecutor.wait`` does) and the files the driver keeps (dump, rank reports, the journal when there is no
-    dump, the log) as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: the node needs
-    only what bench_train needs (this package)."""
+    """A Ray task's body: the point (with ``rendezvous``, one node of it: ``PointProcess``) in a scratch directory of
+    the node that runs it; returns how it ended (as ``LocalExecutor.wait`` does, with the Ray node's id, when it
+    ended, and the ranks of workers that outlived their launcher and were killed) and the files the driver keeps
+    (dump, rank reports, other nodes' journals, rank 0's journal when there is no dump, the termination log, the log)
+    as bytes by their names in the sweep directory. Plain arguments, not a ``Point``: the node needs only what
+    bench_train needs (this package). Every process of the point carries its Ray node's id (``RAY_NODE_ID_ENV``),
+    which the dump records per rank."""
+    import ray
+
     bench_train = os.path.abspath(bench_train)  # a shipped working_dir's copy: the task starts in it
     remove_abandoned_scratch()
     scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
     lock_fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    node_id = ray.get_runtime_context().get_node_id()
     try:
         stem = os.path.join(scratch, name)
-        popen = {"cwd": cwd if os.path.isdir(cwd) else scratch, "pass_fds": (lock_fd,)}
-        process = PointProcess(flags, nproc, stem, bench_train, timeout, **popen)
+        env = {**os.environ, POINT_MARKER_ENV: scratch, RAY_NODE_ID_ENV: node_id}
+        popen = {"cwd": cwd if os.path.isdir(cwd) else scratch, "pass_fds": (lock_fd,), "env": env}
+        process = PointProcess(flags, nproc, stem, bench_train, timeout, rendezvous, **popen)
         try:
             exit_code = process.wait()
         except BaseException:  # cancelled (the driver stopped or died): the point goes with the task
             process.stop()
             process.wait()
             raise
+        finally:
+            leftovers = end_leftovers(scratch)
+        ended_at = time.time()
         paths = RunPaths.from_stem(stem)
-        names = [paths.dump, *paths.rank_reports(), paths.termination_log, paths.log]
+        names = [paths.dump, *paths.rank_reports(), *glob.glob(glob.escape(stem) + ".rank*" + JOURNAL_SUFFIX)]
+        names += [paths.termination_log, paths.log]
         if not os.path.exists(paths.dump):
             names.append(paths.journal())
         files = {os.path.basename(name): Path(name).read_bytes() for name in names if os.path.isfile(name)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.close(lock_fd)
-    return {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
+    ending = {"exit_code": exit_code, "timed_out": process.timed_out, "host": socket.gethostname(), "files": files}
+    return {**ending, "node_id": node_id, "ended_at": ended_at, "leftovers": leftovers}
 
 
 class RayExecutor:
@@ -88,12 +116,14 @@ class RayExecutor:
         address: str | None,
         num_cpus: int | None,
         runtime_env: str | dict | None,
+        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT,
     ):
         try:
             import ray
         except ImportError as exc:
             raise SystemExit("--executor ray needs Ray: pip install 'tuning-bench[ray]'") from exc
         self.ray, self.concurrency, self.point_timeout = ray, concurrency, point_timeout
+        self.placement_timeout = placement_timeout
         try:  # fire hands a JSON object over already parsed, unless it holds true, false or null
             runtime_env = json.loads(runtime_env) if isinstance(runtime_env, str) else runtime_env or {}
         except json.JSONDecodeError as exc:
@@ -108,22 +138,36 @@ class RayExecutor:
         if self.concurrency is None and not self.gpus:  # benchmarks sharing a node's CPUs would measure each other
             self.concurrency = len(nodes)
         self.remote = ray.remote(max_retries=0)(run_point_on_node)
-        self.running: dict[Any, Point] = {}
+        self.running: dict[Any, Point] = {}  # by its task, or its SpreadPoint when it spans nodes
         check_gpus(points, self.gpus, f"the largest node has {self.gpus}")
 
     def can_start(self, point: Point) -> bool:
-        return self.concurrency is None or len(self.running) < self.concurrency
+        """Room for the point's nodes within ``concurrency``; a point alone always starts (one that cannot be
+        placed then ends unschedulable)."""
+        busy = sum(running.nnodes for running in self.running.values())
+        return self.concurrency is None or not self.running or busy + point.nnodes <= self.concurrency
 
     def start(self, point: Point) -> None:
+        task_args = (self.bench_train, os.getcwd(), self.point_timeout)
+        if point.nnodes > 1:
+            spread = SpreadPoint(self.ray, point, self.remote, task_args, self.gpus, self.placement_timeout)
+            self.running[spread] = point
+            return
         placement = {"num_gpus": point.nproc} if self.gpus else {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
         task = self.remote.options(num_cpus=point.nproc, name=f"bench_sweep {point.id}", **placement)
-        ref = task.remote(point.flags, point.nproc, point.id, self.bench_train, os.getcwd(), self.point_timeout)
-        self.running[ref] = point
+        self.running[task.remote(point.flags, point.nproc, point.id, *task_args)] = point
 
     def wait(self) -> list[tuple[Point, Ended]]:
         """Every point that ended within the poll interval (all of them: one stop signal later, none is lost)."""
-        done, _ = self.ray.wait(list(self.running), num_returns=len(self.running), timeout=POLL_SECONDS)
         ended = []
+        for spread in [key for key in self.running if isinstance(key, SpreadPoint)]:
+            if (result := spread.poll()) is not None:
+                ended.append((self.running.pop(spread), result))
+        refs = [key for key in self.running if not isinstance(key, SpreadPoint)]
+        wait = POLL_SECONDS if refs and not ended else 0
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=wait) if refs else ([], [])
+        if not refs and not ended:
+            time.sleep(POLL_SECONDS)
         for ref in done:
             point = self.running.pop(ref)
             try:
@@ -137,11 +181,19 @@ class RayExecutor:
 
     def stop(self) -> list[tuple[Point, Ended]]:
         """Every running task cancelled (its point stopped, its scratch directory removed) and waited for; the points
-        that finished before the cancel reached them, to be recorded."""
+        that finished before the cancel reached them, to be recorded. A point across nodes is stopped as a whole
+        (its tasks cancelled, its placement group removed) and left for the next run."""
+        spreads = [key for key in self.running if isinstance(key, SpreadPoint)]
+        for spread in spreads:
+            spread.cancel()
+            del self.running[spread]
         for ref in self.running:
             self.ray.cancel(ref)
+        tasks = [*self.running, *(task for spread in spreads for task in spread.tasks)]
         with contextlib.suppress(Exception):
-            self.ray.wait(list(self.running), num_returns=len(self.running), timeout=STOP_GRACE_SECONDS + 5)
+            self.ray.wait(tasks, num_returns=len(tasks), timeout=STOP_GRACE_SECONDS + 5)
+        for spread in spreads:
+            spread.remove()
         ended = []
         for ref, point in self.running.items():
             with contextlib.suppress(self.ray.exceptions.RayError):  # cancelled, or still stopping: left for a rerun

@@ -27,6 +27,7 @@ DEFAULT_SEED = 42  # transformers' TrainingArguments.seed
 SWEEP_OWNED_FLAGS = ("output_dir", "metrics_path", "metadata")  # set per point by the sweep
 BATCH_SIZE_AXIS = "per_device_train_batch_size"
 PREDICTED_OOM = "predicted_oom"  # a point whose memory estimate exceeds the device budget: never started
+LAUNCH_COUNTS = ("nproc_per_node", "nnodes")  # the launcher's, not bench_train's: processes per node, nodes
 SLUG_MAX = 120  # of a point id's readable part; file names may have 255 bytes
 
 
@@ -44,6 +45,7 @@ class Point:
     nproc: int
     config: str  # hash of all the point runs with (its data config's bytes too): a state line of another does not count
     repeat: int = 0  # which of the sweep's repeats of these axis values
+    nnodes: int = 1  # nodes the point spans, nproc processes on each (the Ray executor's placement group)
 
     @property
     def label(self) -> str:
@@ -130,9 +132,10 @@ def spec_problems(spec: Any) -> Iterator[str]:
     for key in SWEEP_OWNED_FLAGS:
         if key in base or key in axes:
             yield f"{key} is set by the sweep for each point; remove it"
-    for nproc in [base.get("nproc_per_node", 1), *axes.get("nproc_per_node", [])]:
-        if not is_count(nproc, 1):
-            yield f"nproc_per_node must be a positive integer, got {nproc!r}"
+    for count in LAUNCH_COUNTS:
+        for value in [base.get(count, 1), *axes.get(count, [])]:
+            if not is_count(value, 1):
+                yield f"{count} must be a positive integer, got {value!r}"
 
 
 def smaller_batch_sizes(point: Point, points: list[Point]) -> list[Point]:
@@ -161,18 +164,21 @@ def grid(spec: dict[str, Any], interleave: bool = False) -> list[Point]:
     for values in itertools.product(*spec["axes"].values()):
         axes = dict(zip(spec["axes"], values, strict=True))
         flags = {**spec["base"], **axes}
-        nproc = flags.pop("nproc_per_node", 1)
+        nproc, nnodes = flags.pop("nproc_per_node", 1), flags.pop("nnodes", 1)
         for repeat in range(repeats):
             tells_apart = {"repeat": repeat} if repeats > 1 else {}
             if repeats > 1 and SEED not in spec["axes"]:
                 flags = {**flags, SEED: spec["base"].get(SEED, DEFAULT_SEED) + repeat}
             metadata = {**spec["metadata"], **axes, **tells_apart}
             runs_with = {"flags": flags, "nproc": nproc, "metadata": metadata}
+            if nnodes > 1:  # one node's points keep the hash they always had: their state lines still count
+                runs_with["nnodes"] = nnodes
             if data_config := flags.get("data_config_path"):  # an edited data config is other work: run it again
                 runs_with["data_config_sha256"] = file_sha256(str(data_config))
             config = _hash(runs_with)
             flags_of_point = {**flags, "metadata": json.dumps(metadata)}
-            points.append(Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config, repeat))
+            point = Point(point_id({**axes, **tells_apart}), axes, flags_of_point, nproc, config, repeat, nnodes)
+            points.append(point)
     return sorted(points, key=lambda point: point.repeat) if interleave else points  # sorted() keeps ties' order
 
 
@@ -220,9 +226,9 @@ def check_point_flags(points: list[Point], bench_train: Path) -> None:
 
 def predicted_ooms(points: list[Point], device_memory_gb: float | None, bench_train: Path) -> dict[str, dict[str, Any]]:
     """Each point's predicted peak memory per device (``tuning.benchmarking.memory``, config only, on its
-    nproc_per_node devices), before any point starts; those above ``device_memory_gb`` (default: the visible GPU's
-    memory; without a budget, on a CPU, nothing is estimated) get ``predicted_oom`` and are never started. Returns
-    point id → its state line's outcome, for the points predicted not to fit."""
+    nproc_per_node devices on each of its nnodes), before any point starts; those above ``device_memory_gb``
+    (default: the visible GPU's memory; without a budget, on a CPU, nothing is estimated) get ``predicted_oom`` and
+    are never started. Returns point id → its state line's outcome, for the points predicted not to fit."""
     from tuning.benchmarking import memory
 
     budget = memory.gib_to_bytes(device_memory_gb) if device_memory_gb else memory.visible_device_memory()
@@ -231,7 +237,7 @@ def predicted_ooms(points: list[Point], device_memory_gb: float | None, bench_tr
     module, outcomes = load_bench_train(bench_train), {}
     for point in points:
         _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(parser_flags(point)))
-        estimate = memory.estimate_memory(args, devices=point.nproc)
+        estimate = memory.estimate_memory(args, devices=point.nproc * point.nnodes)
         print(f"{point.label}: {memory.format_estimate(estimate).splitlines()[0]}", file=sys.stderr)
         if memory.fits(estimate, budget) is False:
             reason = f"predicted {estimate['peak_bytes_per_device'] / 2**30:.2f} GiB per device > {budget / 2**30:.2f}"

@@ -24,7 +24,7 @@ from tuning.benchmarking.paths import LOG_SUFFIX, RunPaths
 from tuning.benchmarking.sweep.executor import Ended, Executor
 from tuning.benchmarking.sweep.local_executor import LocalExecutor
 from tuning.benchmarking.sweep.point import ATTEMPT_HEADER, point_outcome
-from tuning.benchmarking.sweep.ray_executor import RayExecutor
+from tuning.benchmarking.sweep.ray_executor import DEFAULT_PLACEMENT_TIMEOUT, RayExecutor
 from tuning.benchmarking.sweep.spec import BATCH_SIZE_AXIS, PREDICTED_OOM, Point, smaller_batch_sizes
 
 EXECUTORS = ("local", "ray")
@@ -104,7 +104,8 @@ class Sweep:
         """How the point ended (``point.point_outcome``), from its files: the ones an executor handed back written
         first."""
         self.store_files(ended.get("files") or {})
-        return point_outcome(self.run_paths(point), ended, self.point_timeout)
+        outcome = point_outcome(self.run_paths(point), ended, self.point_timeout)
+        return {**outcome, "nodes": ended["nodes"]} if "nodes" in ended else outcome
 
     def run(self, executor: Executor, rerun_failed: bool, predicted: dict[str, dict] | None = None) -> None:
         """Every point not finished yet, each once its smaller batch sizes have finished; a point in ``predicted``
@@ -192,6 +193,7 @@ class Sweep:
         for point in self.points:
             state = finished.get(point.id, {}).get("status", "to run")
             processes = "" if "nproc_per_node" in point.axes else f"  nproc_per_node={point.nproc}"
+            processes += f"  nnodes={point.nnodes}" if point.nnodes > 1 and "nnodes" not in point.axes else ""
             lines.append(f"{point.label}{processes}  {self.path(point)}  [{state}]")
         return [*lines, f"{len(self.points)} points, {len(self.points) - len(finished)} to run"]
 
@@ -210,11 +212,12 @@ class Sweep:
         ray_address: str | None = None,
         ray_num_cpus: int | None = None,
         ray_runtime_env: str | dict | None = None,
+        placement_timeout: float = DEFAULT_PLACEMENT_TIMEOUT,
     ) -> Executor:
         """The executor ``kind`` (one of ``EXECUTORS``) for this sweep's points; the stop signals handled again after
         it started (``ray.init()`` installs its own SIGTERM handler, which aborts the process)."""
         if kind == "ray":
-            ray_options = (ray_address, ray_num_cpus, ray_runtime_env)
+            ray_options = (ray_address, ray_num_cpus, ray_runtime_env, placement_timeout)
             executor = RayExecutor(self.points, self.bench_train, self.point_timeout, concurrency, *ray_options)
         else:
             points_dir = self.dir / "points"

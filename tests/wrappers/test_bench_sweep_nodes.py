@@ -1,0 +1,129 @@
+"""bench_sweep's points across nodes on a real 2-node Ray cluster (Ray's own ``ray.cluster_utils.Cluster``, two
+raylets on loopback, one CPU each), one cluster and one sweep for the module: a 3-node point the cluster cannot place,
+a 2-node × 1-process point whose node 1 loses its torchrun (a real SIGKILL) mid-run, and a 1-node point of the same
+grid that runs after them."""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.helpers.bench import sweep_point_flags
+from tests.helpers.training import BENCH_CALLBACKS, REPO_ROOT, run_python
+from tuning.benchmarking import sweep
+from tuning.benchmarking.sweep.point import POINT_MARKER_ENV
+
+pytestmark = pytest.mark.slow  # a Ray cluster, torchrun on two Ray nodes: not in make test-fast
+
+BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
+PLACEMENT_TIMEOUT = 3
+
+
+def point_processes(temp: str) -> list[int]:
+    """Processes of points run by the cluster whose temp dir is ``temp`` (their scratch directories are there)."""
+    found = []
+    for process in psutil.process_iter(["environ"]):
+        if (process.info.get("environ") or {}).get(POINT_MARKER_ENV, "").startswith(temp):
+            found.append(process.pid)
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
+    """The grid ``nnodes: [3, 2, 1]`` on a 2-node cluster: the points, the cluster's placement groups after the
+    sweep, and the plan of its rerun. The cluster's processes get this checkout on their path and a short
+    temp dir of their own (Ray's sockets live there; the points' scratch directories too)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    tmp = tmp_path_factory.mktemp("sweep-nodes")
+    temp = tempfile.mkdtemp(prefix="bn", dir="/tmp")
+    env = {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TMPDIR": temp}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        try:
+            cluster.add_node(num_cpus=1)
+            cluster.wait_for_nodes()
+        except BaseException:
+            cluster.shutdown()
+            raise
+    try:
+        kill = f"{BENCH_CALLBACKS}:SigkillsNode1LauncherInStep3"  # a no-op on one node
+        base = sweep_point_flags(tiny_model, max_steps=3, tracker="none", callbacks=kill)
+        spec = tmp / "sweep.yaml"
+        spec.write_text(yaml.safe_dump({"base": base, "axes": {"nnodes": [3, 2, 1]}}))
+        out = tmp / "sweep"
+        command = [str(BENCH_SWEEP), str(spec), "--output_dir", str(out), "--executor", "ray"]
+        command += ["--ray_address", cluster.address, "--placement_timeout", str(PLACEMENT_TIMEOUT)]
+        result = run_python(*command, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        points = sweep.grid(sweep.load_spec(str(spec)))  # the rerun's plan, as --dry_run prints it
+        plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
+        ray.init(address=cluster.address, log_to_driver=False)
+        groups = ray.util.placement_group_table()
+        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        ray.shutdown()
+        lines = [json.loads(line) for line in (out / "sweep_state.jsonl").read_text().splitlines()]
+        yield {
+            "out": out,
+            "lines": {line["axes"]["nnodes"]: line for line in lines},
+            "order": [line["axes"]["nnodes"] for line in lines],
+            "groups": groups,
+            "nodes": nodes,
+            "plan": plan,
+            "temp": temp,
+        }
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def dump_of(out: Path, line: dict) -> dict:
+    return json.loads((out / line["metrics_path"]).read_text())
+
+
+def test_a_point_on_two_ray_nodes_runs_a_rank_on_each_and_a_lost_node_is_its_root_cause(ray_nodes_sweep):
+    """The 2-node point trained across both Ray nodes (rank 0's dump, handed back by its node, says where each rank
+    ran) until node 1's torchrun was SIGKILLed: the root cause is node 1 and its rank (interrupted, exit 137), not
+    the communication error node 0 then saw; every node's part of the log and the peer's failure are kept."""
+    out, line = ray_nodes_sweep["out"], ray_nodes_sweep["lines"][2]
+    assert (line["status"], line["category"], line["exit_code"]) == ("interrupted", "interrupted", 137), line
+    assert line["reason"].startswith("node 1 (") and "its launcher was killed by signal 9" in line["reason"]
+    assert [entry["bundle"] for entry in line["nodes"]] == [0, 1]
+    assert {entry["ray_node_id"] for entry in line["nodes"]} == ray_nodes_sweep["nodes"]  # a bundle on each node
+    codes = sorted((entry["exit_code"], entry["termination"]) for entry in line["nodes"])
+    assert [code for code, _ in codes] == [137, 206]  # the peer on node 0 lost rank 1: a communication error
+    assert codes[1][1].startswith("communication: rank 0: node 0 (") and codes[0][1].startswith("interrupted: rank")
+
+    dump = dump_of(out, line)
+    places = dump["summary"]["rank_nodes"]
+    assert len(places) == dump["world_size"] == 2
+    assert {place["ray_node_id"] for place in places} == ray_nodes_sweep["nodes"]  # one rank on each Ray node
+    killed_rank = next(rank for rank, place in enumerate(places) if place["node_rank"] == 1)
+    assert f"rank {killed_rank}: node 1 (" in (out / "points" / f"{line['point']}.termination-log").read_text()
+    log = (out / "points" / f"{line['point']}.log").read_text(errors="replace")
+    assert "--- bench_sweep: bundle 0 of 2" in log and "--- bench_sweep: bundle 1 of 2" in log
+
+
+def test_a_point_the_cluster_cannot_place_is_unschedulable_and_the_sweep_goes_on(ray_nodes_sweep):
+    """3 nodes on a 2-node cluster: unschedulable after the bounded wait, then the 2-node and the 1-node points ran;
+    every placement group is removed, no process of a point is left, and the rerun has nothing to run."""
+    line = ray_nodes_sweep["lines"][3]
+    assert (line["status"], line["exit_code"]) == ("unschedulable", None)
+    assert f"no 3 nodes with {{'CPU': 1}} each within --placement_timeout {PLACEMENT_TIMEOUT}s" in line["reason"]
+    assert ray_nodes_sweep["order"] == [3, 2, 1]
+    one = ray_nodes_sweep["lines"][1]
+    assert (one["status"], one["exit_code"]) == ("ok", 0)
+    dump = dump_of(ray_nodes_sweep["out"], one)
+    assert dump["training_steps"] == 3 and dump["summary"]["rank_nodes"][0]["ray_node_id"] in ray_nodes_sweep["nodes"]
+    assert len(ray_nodes_sweep["groups"]) == 2  # the 3-node point's and the 2-node point's
+    assert {group["state"] for group in ray_nodes_sweep["groups"].values()} == {"REMOVED"}
+    assert not point_processes(ray_nodes_sweep["temp"])
+    assert ray_nodes_sweep["plan"][-1] == "3 points, 0 to run"
