@@ -10,9 +10,9 @@ import sys
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import AimConfig, server_url
-from tuning.trackers.helper_child import AIM_BACKEND
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker import AIM_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("aim") is None:  # the helper process needs it; fail while the registry can say so

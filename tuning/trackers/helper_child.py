@@ -25,10 +25,6 @@ PROBE_TIMEOUT_S = 2.0
 # reason: a server being killed can cut a call short and still accept a connection a moment later.
 SETTLE_S = 1.0
 DEFAULT_TIMEOUT_S = 30.0
-# The backends the trackers' children run, as ``module:Class``: each tracker names its own, and the registry the ones
-# the prologue starts early, both from here.
-AIM_BACKEND = "tuning.trackers.aim_writer:AimBackend"
-MLFLOW_BACKEND = "tuning.trackers.mlflow_writer:MlflowBackend"
 KILLED = "KILLED"  # tuning.trackers.tracker's, not imported: the child stays light
 
 

@@ -13,9 +13,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuning.config.tracker_configs import MLflowConfig
-from tuning.trackers.helper_child import MLFLOW_BACKEND
 from tuning.trackers.helper_transport import EarlyHelpers
 from tuning.trackers.isolated import IsolatedCallback, IsolatedTracker, server_address
+from tuning.trackers.tracker import MLFLOW_BACKEND
 from tuning.utils.error_logging import UserInputError
 
 if importlib.util.find_spec("mlflow") is None:  # the helper process needs it; fail while the registry can say so

@@ -12,6 +12,11 @@ if TYPE_CHECKING:  # importing transformers takes seconds; tuning.trackers stays
     from transformers import TrainerCallback
 
 _LOG_PREFIXES = ("train_", "eval_", "test_")
+# The backends the trackers' helper children run (``python -m tuning.trackers.helper_child module:Class``): each
+# tracker names its own, and the registry the ones the prologue starts early, both from here, which the child's own
+# module is not (it runs as __main__).
+AIM_BACKEND = "tuning.trackers.aim_writer:AimBackend"
+MLFLOW_BACKEND = "tuning.trackers.mlflow_writer:MlflowBackend"
 
 # A run's status, the job's outcome, as MLflow names them (Aim records the same word as the run's ``status`` param).
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"

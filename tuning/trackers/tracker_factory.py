@@ -16,8 +16,12 @@ from tuning.config.tracker_configs import (
     TrackerConfigFactory,
     TrackerConfigs,
 )
-from tuning.trackers.helper_child import AIM_BACKEND, MLFLOW_BACKEND  # what each tracker's helper process runs
-from tuning.trackers.tracker import Tracker, run_status
+from tuning.trackers.tracker import (  # what each tracker's helper process runs
+    AIM_BACKEND,
+    MLFLOW_BACKEND,
+    Tracker,
+    run_status,
+)
 from tuning.utils.error_logging import UserInputError
 
 if TYPE_CHECKING:  # importing transformers takes seconds; the registry stays light without it
