@@ -3,6 +3,7 @@ combination of axis values each, with the hash of everything it runs with), and 
 line. Docs: docs/sweeps.md.
 """
 
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -191,8 +192,9 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
     return tokens
 
 
+@functools.cache
 def load_bench_train(bench_train: Path) -> Any:
-    """bench_train's module, for its parser."""
+    """bench_train's module, for its parser: run once per sweep, for the flags' check and the memory estimates."""
     module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
