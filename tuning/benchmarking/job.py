@@ -450,7 +450,7 @@ class BenchmarkJob:
     def start_the_clock(self) -> None:
         """MLPerf's clock starts here, before ``train()`` reads any data: ``run_start`` journaled (the dump's
         ``init_seconds`` and ``time_to_train`` count from it) and, with --mlperf_log, the run's hyperparameters,
-        ``init_stop`` and ``run_start`` logged."""
+        ``init_stop`` and ``run_start`` logged, all dated that instant (the log's times never go back)."""
         now = self.time_to_train.run_start = time.time()
         if self.record is not None:
             self.record.note(**{RUN_START: now})
@@ -458,18 +458,18 @@ class BenchmarkJob:
             return
         train_args, peft = self.args.training_args, self.args.tune_config
         accumulation = train_args.gradient_accumulation_steps
-        log.event("global_batch_size", train_args.per_device_train_batch_size * accumulation * self.world_size)
-        log.event("gradient_accumulation_steps", accumulation)
-        log.event("seed", train_args.seed)
+        log.event("global_batch_size", train_args.per_device_train_batch_size * accumulation * self.world_size, at=now)
+        log.event("gradient_accumulation_steps", accumulation, at=now)
+        log.event("seed", train_args.seed, at=now)
         optimizer = str(getattr(train_args.optim, "value", train_args.optim))
-        log.event("opt_name", optimizer)
-        log.event("opt_base_learning_rate", train_args.learning_rate)
-        log.event("opt_gradient_clip_norm", train_args.max_grad_norm)
+        log.event("opt_name", optimizer, at=now)
+        log.event("opt_base_learning_rate", train_args.learning_rate, at=now)
+        log.event("opt_gradient_clip_norm", train_args.max_grad_norm, at=now)
         decay = "opt_adamw_weight_decay" if optimizer.startswith("adamw") else "opt_weight_decay"
-        log.event(decay, train_args.weight_decay)
+        log.event(decay, train_args.weight_decay, at=now)
         if hasattr(peft, "lora_alpha"):  # LoRA's config (aLoRA's too)
-            log.event("lora_rank", peft.r)
-            log.event("lora_alpha", peft.lora_alpha)
+            log.event("lora_rank", peft.r, at=now)
+            log.event("lora_alpha", peft.lora_alpha, at=now)
         log.end("init_stop", at=now)
         log.start("run_start", at=now)
 
