@@ -35,7 +35,9 @@ def main(
     axis or a label) and a run has an MFU. Prints the points table and the failures.
 
     A point is the runs whose label values are equal (a sweep's repeats): its row has their count and the median and
-    range of throughput, step time, peak memory, goodput (and bound_by where the dumps have it). The run table has a
+    range of throughput, step time, peak memory, goodput (and bound_by where the dumps have it); with
+    --target_eval_loss runs, the time to train and the MLPerf score (10 or more runs, the fastest and the slowest
+    dropped, as bench_compare --mlperf scores them; else invalid or too few runs, said why). The run table has a
     row per run (its files share NAME: NAME.json, NAME.json.rank<N>.error.json, NAME.journal.jsonl), its repeat a
     column; the failures section names each failed run's root cause (the earliest failure across ranks).
     docs/benchmarking.md lists the columns and statuses.

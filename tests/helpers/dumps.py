@@ -51,3 +51,20 @@ def write_dump(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dump))
     return dump
+
+
+def mlperf_runs(directory: Path, template: dict[str, Any], point: str, times: list[float | str | None]) -> None:
+    """A --target_eval_loss run per entry of ``times`` (seconds to train; None: it never converged), ``template``'s
+    dump otherwise, as ``directory/POINT-INDEX.json`` with metadata ``point`` and ``repeat``; ``"resumed"``:
+    converged, but resumed from a checkpoint, so without a time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, seconds in enumerate(times):
+        dump = json.loads(json.dumps(template))
+        dump["metadata"] = {"point": point, "repeat": index}
+        converged = seconds is not None
+        dump["status"] = "converged" if converged else "not_converged"
+        resumed = seconds == "resumed"
+        note = "resumed from a checkpoint: its segments are not one MLPerf run" if resumed else None
+        summary = {"target_eval_loss": 0.925, "converged": converged, "time_to_train_note": note}
+        dump["summary"].update(summary, time_to_train=None if resumed else seconds)
+        (directory / f"{point}-{index}.json").write_text(json.dumps(dump))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.helpers.bench import csv_by
-from tests.helpers.dumps import write_dump
+from tests.helpers.dumps import mlperf_runs, write_dump
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     REPO_ROOT,
@@ -221,7 +221,7 @@ def test_a_sweep_with_half_its_points_failed_exits_2_naming_them(bench_compare, 
 @pytest.mark.parametrize(
     ("make_args", "flags", "message"),
     [
-        (lambda d: [d / "empty", d / "base"], {}, "no ok or stopped benchmark dumps in"),
+        (lambda d: [d / "empty", d / "base"], {}, "dumps that ended ok, stopped, converged or not_converged in"),
         (lambda d: [d / "base", d / "other"], {"match": "batch"}, "no point is on both sides"),
         (lambda d: [d / "base", d / "old"], {}, "has schema_version 0, this compares 1 only"),
         (lambda d: [d / "base", d / "base"], {"metric": "speed"}, "--metric 'speed': choose one of"),
@@ -583,22 +583,6 @@ def test_the_table_has_a_legend_of_its_columns_and_verdicts_and_marks_missing_va
         "- loss verdict matched",
     ]
     assert legend in out
-
-
-def mlperf_runs(directory: Path, template: dict, point: str, times: list[float | None]) -> None:
-    """A --target_eval_loss run per entry of ``times`` (seconds to train; None: it never converged), ``template``'s
-    dump otherwise; ``"resumed"``: converged, but resumed from a checkpoint, so without a time."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for index, seconds in enumerate(times):
-        dump = json.loads(json.dumps(template))
-        dump["metadata"] = {"point": point, "repeat": index}
-        converged = seconds is not None
-        dump["status"] = "converged" if converged else "not_converged"
-        resumed = seconds == "resumed"
-        note = "resumed from a checkpoint: its segments are not one MLPerf run" if resumed else None
-        summary = {"target_eval_loss": 0.925, "converged": converged, "time_to_train_note": note}
-        dump["summary"].update(summary, time_to_train=None if resumed else seconds)
-        (directory / f"{point}-{index}.json").write_text(json.dumps(dump))
 
 
 def test_mlperf_scores_each_side_dropping_its_fastest_and_slowest_and_a_non_converged_run(

@@ -14,7 +14,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from tests.helpers.bench import csv_by, markdown_rows, rebuild, start_bench
-from tests.helpers.dumps import write_dump
+from tests.helpers.dumps import mlperf_runs, write_dump
 from tests.helpers.training import (
     BENCH_CALLBACKS,
     REPO_ROOT,
@@ -361,6 +361,7 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
         "0 of 1",
     )
     assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step time p50 (s)", "goodput"]
+    assert not any(key.startswith("mlperf") for key in points["2"])  # no --target_eval_loss run: no MLPerf score
     assert "- tokens/s: tokens trained per second" in text and "- bound by" not in text  # the legend of what is shown
 
     runs = markdown_rows(text, "Runs")
@@ -379,6 +380,40 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
     printed = capsys.readouterr().out
     assert "## Points" in printed and "## Failures" in printed and "## Runs" not in printed
     assert max(map(len, printed.splitlines())) <= 120
+
+
+def test_a_point_s_target_runs_are_scored_as_mlperf_scores_them(tmp_path):
+    """Four points of --target_eval_loss runs: 10 converged (scored: the fastest and the slowest dropped, the mean of
+    the rest); 9 converged, one not and one resumed (the non-converged run is the slowest, dropped; the resumed one
+    left out, named); two not converged (invalid); nine runs (too few runs, never scored). points.csv gains the MLPerf
+    keys, the points table a column said as bench_compare --mlperf says it, and the legend its line."""
+    template = write_dump(tmp_path / "template.json", [0.5] * 4, {})
+    times = [30.0 + 0.1 * index for index in range(10)]
+    for point, point_times in (
+        ("all", times),
+        ("one", [*times[:9], None, "resumed"]),
+        ("two", [*times[:8], None, None]),
+        ("few", times[:9]),
+    ):
+        mlperf_runs(tmp_path / "runs", template, point, point_times)
+    write_report([str(tmp_path / "runs")], output_dir=str(tmp_path / "out"))
+    points = csv_by(tmp_path / "out" / "points.csv", "point")
+    text = (tmp_path / "out" / "report.md").read_text()
+    shown = {row["point"]: row["MLPerf score (s)"] for row in markdown_rows(text, "Points")}
+
+    scored = sum(sorted(times)[1:-1]) / 8
+    assert float(points["all"]["mlperf_score"]) == pytest.approx(scored) and shown["all"] == f"{scored:.4g}"
+    assert (points["all"]["mlperf_not_converged_runs"], points["all"]["mlperf_verdict"]) == ("0", "")
+    one = points["one"]
+    assert float(one["mlperf_score"]) == pytest.approx(sum(sorted(times[:9])[1:]) / 8)
+    assert one["mlperf_not_converged_runs"] == "1" and one["mlperf_note"].startswith("one-10.json left out: resumed")
+    assert shown["one"].startswith(f"{float(one['mlperf_score']):.4g} (1 not converged: the slowest); one-10.json")
+    two, few = points["two"], points["few"]
+    assert (two["mlperf_score"], two["mlperf_verdict"], two["mlperf_not_converged_runs"]) == ("", "invalid", "2")
+    assert shown["two"] == "invalid: 2 of 10 runs did not converge: at most 1 may"
+    assert (few["mlperf_score"], few["mlperf_verdict"]) == ("", "too few runs")
+    assert shown["few"] == "too few runs: 9 runs, MLPerf scores 10 or more"
+    assert "- MLPerf score (s): time to train scored as MLPerf scores a result" in text
 
 
 def test_each_goodput_part_has_a_colour_of_its_own_the_same_in_every_plot(bench_report):

@@ -18,6 +18,7 @@ from tuning.benchmarking import quality
 from tuning.benchmarking import report as bench_report
 from tuning.benchmarking import statistics as stats
 from tuning.benchmarking.dump import SCHEMA_VERSION, STEP_PART_SERIES, STEP_TIME, TOKENS_PER_SECOND, measured_step
+from tuning.benchmarking.report import bad_value
 
 PROG = "bench_compare.py"
 IGNORED_KEYS = ("repeat",)  # a sweep's repeat index: the runs of one point, never a point of its own
@@ -152,7 +153,7 @@ def read_side(location: str) -> tuple[list[Sample], list[str], list[str]]:
             print(f"not compared: {run.name}: {run.status} (a rerun of a finished job: it measured nothing)")
     if not done:
         also = f" ({len(failed)} runs that did not finish)" if failed else ""
-        raise SystemExit(f"{PROG}: no ok or stopped benchmark dumps in {location}{also}")
+        raise SystemExit(f"{PROG}: no benchmark dumps that ended {bench_report.DONE_WORDS} in {location}{also}")
     return done, failed, damaged
 
 
@@ -206,17 +207,6 @@ def label(point: Point, shown: list[str]) -> str:
     return ", ".join(f"{key}={identity[key]}" for key in sorted(identity) if said(key)) or "(all runs)"
 
 
-def bad_value(value: Any) -> str | None:
-    """Why ``value`` cannot enter a ratio, or None when it is a positive finite number."""
-    if value is None:
-        return "missing or null (NaN and infinities are written as null)"
-    if not bench_report.is_number(value):
-        return f"not a number ({value!r})"
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "infinite"
-    return None if value > 0 else "zero" if value == 0 else f"negative ({value:g})"
-
-
 def samples_of(
     point: Point, metric: Metric, metric_name: str, within_run: bool, olympic: bool = False
 ) -> tuple[list, list, list[str], str]:
@@ -242,26 +232,14 @@ def samples_of(
 
 
 def mlperf_samples(point: Point) -> tuple[list[stats.MlperfScore], list[str], list[str]]:
-    """Each side's runs scored MLPerf's way (``statistics.mlperf_score`` of their ``time_to_train``, None for a run
-    that did not converge), the problems found (a run without --target_eval_loss, a time that is not a positive
-    number) and the runs left out: converged but resumed, so not one MLPerf run."""
+    """Each side's runs scored MLPerf's way (``report.mlperf_scored``), the problems found on either side (a run
+    without --target_eval_loss, a time that is not a positive number) and the runs left out (resumed)."""
     scores, problems, left_out = [], [], []
     for runs in point.sides:
-        times: list[float | None] = []
-        for sample in runs:
-            summary = sample.dump["summary"]
-            seconds = summary.get("time_to_train")
-            if summary.get("converged") is None:
-                problems.append(f"{sample.name}.json: not a --target_eval_loss run (summary.converged is null)")
-            elif not summary["converged"]:
-                times.append(None)
-            elif seconds is None:
-                left_out.append(f"{sample.name}.json left out: {summary.get('time_to_train_note') or 'no time'}")
-            elif reason := bad_value(seconds):
-                problems.append(f"{sample.name}.json: summary.time_to_train is {reason}")
-            else:
-                times.append(seconds)
-        scores.append(stats.mlperf_score(times))
+        score, side_problems, side_left_out = bench_report.mlperf_scored([(s.name, s.dump["summary"]) for s in runs])
+        scores.append(score)
+        problems += side_problems
+        left_out += side_left_out
     return scores, problems, left_out
 
 

@@ -5,7 +5,8 @@ lines in the format mlcommons' compliance checker (``mlperf_logging.compliance_c
 as the run goes so that a killed run's log ends where it died. docs/benchmarking.md, "Time to train".
 
 ``TimeToTrain`` is the trainer callback; ``MlperfLog`` the log (a ``Tracker`` too: ``train()`` tells it how the
-processed data was prepared, its ``cache_clear``). Scoring many runs is ``statistics.mlperf_score``.
+processed data was prepared, its ``cache_clear``). Scoring many runs is ``statistics.mlperf_score``; over their dumps,
+``report.mlperf_scored`` (bench_compare --mlperf, bench_report).
 """
 
 import json

@@ -26,6 +26,7 @@ from tuning.benchmarking.journal import read_journal
 from tuning.benchmarking.paths import DIRECTORY_PATTERNS as RUN_FILE_PATTERNS
 from tuning.benchmarking.paths import JOURNAL, RANK_REPORT, TERMINATION_LOG_SUFFIX, RunPaths, run_of_dump
 from tuning.benchmarking.schema import validate_dump
+from tuning.benchmarking.statistics import MLPERF_MIN_RUNS, MlperfScore, mlperf_score
 from tuning.utils.error_logging import TERMINATION_LINE, ErrorCategory
 from tuning.utils.file_utils import read_json_lines
 
@@ -39,6 +40,7 @@ TOP_LEVEL_LABELS = ("experiment", "host", "world_size", "run_hash")
 # Runs that did their work: plotted, compared, and not rerun by --rerun_failed. A --target_eval_loss run ends
 # converged or not_converged: both measured (time to train, throughput); only ``converged`` reached the target.
 DONE_STATUSES = ("ok", "stopped", "converged", "not_converged")
+DONE_WORDS = f"{', '.join(DONE_STATUSES[:-1])} or {DONE_STATUSES[-1]}"  # how messages and legends name them
 # A rerun of a job that had trained to its end, which trained nothing: no failure (not rerun), and no measurement (never
 # plotted or compared: a measurement it holds is the earlier run's, from the journal it continued).
 FINISHED_STATUSES = (*DONE_STATUSES, ALREADY_COMPLETE)
@@ -67,17 +69,26 @@ POINT_FIGURES = {
     "goodput": ("goodput", "productive step time over the run's wall time"),
     "time_to_train": (
         "time to train (s)",
-        "seconds from run_start to the evaluation that reached --target_eval_loss, over the runs that reached it "
-        "(bench_compare --mlperf scores a point's runs as MLPerf does)",
+        "seconds from run_start to the evaluation that reached --target_eval_loss, over the runs that reached it",
     ),
 }
+# A point's runs with --target_eval_loss scored as MLPerf scores a result (``mlperf_scored``, bench_compare --mlperf's
+# scoring): points.csv's keys, and the points table's column with its meaning.
+MLPERF_KEYS = ("mlperf_score", "mlperf_not_converged_runs", "mlperf_verdict", "mlperf_note")
+MLPERF_COLUMN = (
+    "MLPerf score (s)",
+    f"time to train scored as MLPerf scores a result (as bench_compare --mlperf does): of {MLPERF_MIN_RUNS} or more "
+    "runs, the fastest and the slowest dropped, the mean of the rest; one run that did not converge counts as the "
+    f"slowest, two or more make the point invalid; fewer than {MLPERF_MIN_RUNS} runs: too few runs, never scored; a "
+    "resumed run is left out",
+)
 POINT_WORDS = {"bound_by": ("bound by", "what the steps wait on, as each dump judged it; counts where the runs differ")}
 POINTS_LEGEND = (
     "One row per point: the runs whose label values are equal (a sweep's repeats are runs of one point). Each figure "
-    "is the median over the point's runs that ended ok, stopped, converged or not_converged, with their range "
-    "(lowest–highest) in brackets where they differ; GB are 10^9 bytes."
+    f"is the median over the point's runs that ended {DONE_WORDS}, with their range (lowest–highest) in brackets "
+    "where they differ; GB are 10^9 bytes."
 )
-RUNS_MEANING = "how many runs ended ok, stopped, converged or not_converged (N of M where the others did not)"
+RUNS_MEANING = f"how many runs ended {DONE_WORDS} (N of M where the others did not)"
 TEXT_WIDTH = 118  # of the lines written under a table: they fit a 120-column terminal
 PLOT_DPI = 120
 # One colour per goodput part, the same in every plot (matplotlib's cycle has 10 for 12 parts): the steps in greens,
@@ -109,6 +120,39 @@ PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across
 
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def bad_value(value: Any) -> str | None:
+    """Why ``value`` cannot enter a ratio or a score, or None when it is a positive finite number."""
+    if value is None:
+        return "missing or null (NaN and infinities are written as null)"
+    if not is_number(value):
+        return f"not a number ({value!r})"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "infinite"
+    return None if value > 0 else "zero" if value == 0 else f"negative ({value:g})"
+
+
+def mlperf_scored(runs: list[tuple[str, dict[str, Any]]]) -> tuple[MlperfScore, list[str], list[str]]:
+    """Runs of one point (``(NAME, dump summary)`` each) scored MLPerf's way: ``statistics.mlperf_score`` of their
+    ``time_to_train``, None for a run that did not converge; the problems found (a run without --target_eval_loss, a
+    time that is not a positive number) and the runs left out: converged but resumed, so not one MLPerf run. The
+    scoring of bench_compare --mlperf (each side of a point) and of bench_report (each point)."""
+    times: list[float | None] = []
+    problems, left_out = [], []
+    for name, summary in runs:
+        seconds = summary.get("time_to_train")
+        if summary.get("converged") is None:
+            problems.append(f"{name}.json: not a --target_eval_loss run (summary.converged is null)")
+        elif not summary["converged"]:
+            times.append(None)
+        elif seconds is None:
+            left_out.append(f"{name}.json left out: {summary.get('time_to_train_note') or 'no time'}")
+        elif reason := bad_value(seconds):
+            problems.append(f"{name}.json: summary.time_to_train is {reason}")
+        else:
+            times.append(seconds)
+    return mlperf_score(times), problems, left_out
 
 
 @dataclass
@@ -435,6 +479,7 @@ class PointRuns:
     labels: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     configs: list[dict[str, Any]] = field(default_factory=list)  # the dumps' config blocks, where recorded
+    summaries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (run, summary) of the done runs
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -451,12 +496,48 @@ def group_points(pairs: list[tuple[dict[str, Any], Run]], labels: list[str]) -> 
         point.rows.append(r)
         if run.dump is not None and isinstance(run.dump.get("config"), dict):
             point.configs.append(run.dump["config"])
+        if run.dump is not None and r["status"] in DONE_STATUSES:
+            point.summaries.append((r["run"], run.dump["summary"]))
     return list(points.values())
 
 
-def point_row(point: PointRuns) -> dict[str, Any]:
+def has_time_to_train(points: list[PointRuns]) -> bool:
+    """Whether a run that did its work had --target_eval_loss: the report then scores the points as MLPerf does."""
+    return any(summary.get("converged") is not None for point in points for _, summary in point.summaries)
+
+
+def mlperf_figures(point: PointRuns) -> dict[str, Any]:
+    """A point's ``MLPERF_KEYS``: its runs scored MLPerf's way (``mlperf_scored``), how many did not converge, and,
+    when not scored, why (``invalid``, ``too few runs``, as bench_compare --mlperf says) with a note that also names
+    the runs left out; all empty for a point without --target_eval_loss runs."""
+    if not has_time_to_train([point]):
+        return dict.fromkeys(MLPERF_KEYS)
+    score, problems, left_out = mlperf_scored(point.summaries)
+    verdict, notes = ("invalid", problems) if problems else (score.verdict, [score.note] if score.note else [])
+    return {
+        "mlperf_score": None if problems else score.score,
+        "mlperf_not_converged_runs": score.not_converged,
+        "mlperf_verdict": verdict,
+        "mlperf_note": "; ".join([*notes, *left_out]),
+    }
+
+
+def _mlperf_cell(figures: dict[str, Any]) -> str:
+    """The points table's MLPerf cell: the score (and the non-converged run it dropped as the slowest), else the
+    verdict; then the note."""
+    score, short, verdict, note = (figures[key] for key in MLPERF_KEYS)
+    if verdict:
+        return _format("mlperf_note", f"{verdict}: {note}")
+    if score is None:  # a point without --target_eval_loss runs
+        return ""
+    text = _format("mlperf_score", score) + (f" ({short} not converged: the slowest)" if short else "")
+    return _format("mlperf_note", f"{text}; {note}" if note else text)
+
+
+def point_row(point: PointRuns, mlperf: bool = False) -> dict[str, Any]:
     """A point's figures over its runs that did their work (``DONE_STATUSES``): the median, lowest and highest of
-    each, and the most common word (``bound_by``), with the count of each where they differ."""
+    each, and the most common word (``bound_by``), with the count of each where they differ; with ``mlperf`` (the
+    report has --target_eval_loss runs) the point's MLPerf score (``mlperf_figures``) too."""
     done = point.done
     figures: dict[str, Any] = {**point.labels, "runs": len(point.rows), "done_runs": len(done)}
     for key in POINT_FIGURES:
@@ -467,6 +548,8 @@ def point_row(point: PointRuns) -> dict[str, Any]:
         counts = Counter(str(r[key]) for r in done if r.get(key) is not None)
         ranked = counts.most_common()
         figures[key] = ranked[0][0] if len(ranked) == 1 else ", ".join(f"{word} ({n})" for word, n in ranked) or None
+    if mlperf:
+        figures.update(mlperf_figures(point))
     return figures
 
 
@@ -482,14 +565,17 @@ def _mixed_configurations(point: PointRuns) -> str | None:
 
 def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
     """The points table: the labels, the runs that did their work, and per figure the median with the range
-    (lowest–highest) in brackets where the runs differ; the peak RSS only where no run measured GPU memory. Then
-    the legend, and the figures no run measured."""
-    point_rows = [point_row(point) for point in points]
+    (lowest–highest) in brackets where the runs differ; the peak RSS only where no run measured GPU memory; the
+    MLPerf score where runs had --target_eval_loss. Then the legend, and the figures no run measured."""
+    mlperf = has_time_to_train(points)
+    point_rows = [point_row(point, mlperf) for point in points]
     figures = dict(POINT_FIGURES)
     if any(r["peak_gpu_memory_bytes_median"] is not None for r in point_rows):
         del figures["peak_rss_bytes"]  # the device's memory is the figure that decides a fit
     labels = list(points[0].labels) if points else []
-    headers = [*labels, "runs", *(header for header, _ in figures.values()), *(h for h, _ in POINT_WORDS.values())]
+    mlperf_header = [MLPERF_COLUMN[0]] if mlperf else []
+    headers = [*labels, "runs", *(header for header, _ in figures.values()), *mlperf_header]
+    headers += [header for header, _ in POINT_WORDS.values()]
     cells = []
     for r in point_rows:
         runs = str(r["runs"]) if r["done_runs"] == r["runs"] else f"{r['done_runs']} of {r['runs']}"
@@ -497,11 +583,17 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
         for key in figures:
             middle, low, high = (_figure(key, r[f"{key}_{end}"]) for end in ("median", "min", "max"))
             line.append(middle if low == high else f"{middle} ({low}–{high})")
+        line += [_mlperf_cell(r)] if mlperf else []
         cells.append(line + [_format(key, r[key]) for key in POINT_WORDS])
     table, dropped = markdown(headers, cells)
-    meanings = dict([("runs", RUNS_MEANING), *figures.values(), *POINT_WORDS.values()])
+    meanings = dict([("runs", RUNS_MEANING), *figures.values(), *([MLPERF_COLUMN] if mlperf else [])])
+    meanings.update(POINT_WORDS.values())
     legend = [textwrap.fill(POINTS_LEGEND, TEXT_WIDTH)]
-    legend += [f"- {header}: {meaning}" for header, meaning in meanings.items() if header not in dropped]
+    legend += [
+        textwrap.fill(f"- {header}: {meaning}", TEXT_WIDTH, subsequent_indent="  ")
+        for header, meaning in meanings.items()
+        if header not in dropped
+    ]
     notes = [textwrap.fill(note, TEXT_WIDTH) for point in points if (note := _mixed_configurations(point))]
     return "\n\n".join(
         part for part in (table.rstrip(), "\n".join(legend), _not_measured(dropped), "\n".join(notes)) if part
@@ -509,8 +601,8 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
 
 
 def failures_section(rows: list[dict[str, Any]]) -> str:
-    """A line per run that did not end ok or stopped: its status and root cause (category, rank, step, message), the
-    ranks that reported a failure; empty when every run did its work."""
+    """A line per run that did not do its work (``DONE_STATUSES``): its status and root cause (category, rank, step,
+    message), the ranks that reported a failure; empty when every run did its work."""
     lines = []
     for r in rows:
         if r["status"] in DONE_STATUSES:
@@ -536,14 +628,15 @@ def plot(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
     nothing to draw."""
     figure = draw(rows, x, group, metric, ylabel)
     if figure is None:
-        print(f"no plot {path.name}: no ok or stopped run has both {x} and {metric}", file=sys.stderr)
+        print(f"no plot {path.name}: no run that ended {DONE_WORDS} has both {x} and {metric}", file=sys.stderr)
         return False
     figure.savefig(path, dpi=PLOT_DPI)
     return True
 
 
 def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, ylabel: str) -> "Figure | None":
-    """The figure ``plot`` saves; None when no ok or stopped run has both ``x`` and ``metric``."""
+    """The figure ``plot`` saves; None when no run that did its work (``DONE_STATUSES``) has both ``x`` and
+    ``metric``."""
     points = [r for r in rows if r["status"] in DONE_STATUSES and r[metric] is not None and r[x] is not None]
     if not points:
         return None
@@ -686,7 +779,7 @@ def write_report(
     points_text = "## Points\n\n" + points_table(points, rows) + "\n"
     runs_text = "## Runs\n\nEvery run; report.csv holds every column, the failures' too.\n\n" + runs_table(rows)
     failures = failures_section(rows)
-    failures_text = f"## Failures\n\nThe runs that did not end ok or stopped, and their root causes.\n\n{failures}"
+    failures_text = f"## Failures\n\nThe runs that did not end {DONE_WORDS}, and their root causes.\n\n{failures}"
     print(
         points_text
         + ("\n" + failures_text if failures else "")
@@ -696,7 +789,7 @@ def write_report(
     sections = [points_text, runs_text, *([failures_text] if failures else [])]
     outputs[0].write_text("\n".join(sections), encoding="utf-8")
     _write_csv(outputs[1], rows)
-    _write_csv(outputs[2], [point_row(point) for point in points])
+    _write_csv(outputs[2], [point_row(point, has_time_to_train(points)) for point in points])
     if x:
         memory = ("peak_rss_bytes", "peak process RSS (GB)")
         if any(r["peak_gpu_memory_bytes"] is not None for r in rows):
