@@ -26,7 +26,7 @@ from tests.helpers.training import (
 )
 from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import journal_path
-from tuning.benchmarking.report import write_report
+from tuning.benchmarking.report import PointRuns, points_table, write_report
 
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 BATCH_SIZE = "per_device_train_batch_size"
@@ -251,8 +251,9 @@ def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
     assert not (tmp_path / "out").exists() and not (REPO_ROOT / "bench_report").exists()
 
 
-def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(bench_report):
-    """... and its axes say their units, and a point's runs are each a dot, their range a bar."""
+def test_a_plots_title_fits_its_figure_and_its_axes_are_honest(bench_report):
+    """A tick at each point's value and none between, the y axis from zero, units on the axes; a point's runs are
+    each a dot, their range a bar, and the caption says so."""
     x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
     rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4, 4)]
     rows[-1]["peak_gpu_memory_bytes"] = 6e9  # two runs of batch size 4: 4 and 6 GB
@@ -263,12 +264,15 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     (axes,) = figure.axes
     title, frame = axes.title.get_window_extent(), figure.bbox
     assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
-    done = "ok, stopped, converged and not_converged"
-    assert axes.title.get_text().replace("\n", " ").startswith(f"{ylabel} by {x} ({done} runs)")
+    assert axes.title.get_text().replace("\n", " ") == f"{ylabel} by {x}"
+    (caption,) = figure.texts
+    done = "ok, stopped, converged or not_converged"
+    assert caption.get_text() == f"line: each point's median; dots: its runs (ended {done}); bar: their range"
+    assert caption.get_window_extent().y1 < axes.get_tightbbox().y0  # below the axis' ticks and label
     assert axes.get_xlabel() == f"{x} (samples per device)"
-    low, high = axes.get_xlim()
-    ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
-    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+    assert axes.get_xticks().tolist() == [1, 2, 4]  # no tick at batch size 3
+    low, high = axes.get_ylim()
+    assert low == 0 and high > 6  # the highest run (6 GB) inside the frame
     ranges = [
         segment.tolist()
         for bars in axes.collections
@@ -360,7 +364,7 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
         "",
         "0 of 1",
     )
-    assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step time p50 (s)", "goodput"]
+    assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step p50 (s)", "goodput"]
     assert "- tokens/s: tokens trained per second" in text and "- bound by" not in text  # the legend of what is shown
 
     runs = markdown_rows(text, "Runs")
@@ -379,6 +383,30 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
     printed = capsys.readouterr().out
     assert "## Points" in printed and "## Failures" in printed and "## Runs" not in printed
     assert max(map(len, printed.splitlines())) <= 120
+
+
+def test_a_point_with_every_cpu_figure_fits_120_columns():
+    """The demo's case: one label, a run per point, and every figure a CPU run measures (RSS, tensors, the
+    estimate's ratio, goodput, bound by): the points table fits a 120-column terminal."""
+    rows = [
+        {
+            "status": "ok",
+            "batch_size": size,
+            "tokens_per_second": 6966.04 * size + repeat,
+            "step_time_p50_s": 0.00651 + repeat / 1000,
+            "peak_rss_bytes": 6.08e8 + repeat * 1e7,
+            "peak_tensor_bytes": 1.79e7 * size,
+            "memory_estimate_ratio": 18.1 + repeat,
+            "goodput": 0.234 + repeat / 100,
+            "bound_by": "compute",
+        }
+        for size in (2, 16)
+        for repeat in range(1)
+    ]
+    points = [PointRuns({"batch_size": size}, [r for r in rows if r["batch_size"] == size]) for size in (2, 16)]
+    table = points_table(points, rows)
+    assert "| estimate / tensors |" in table and "tokens/s" in table and "bound by" in table and "RSS (GB)" in table
+    assert max(map(len, table.splitlines())) <= 120, table
 
 
 def test_each_goodput_part_has_a_colour_of_its_own_the_same_in_every_plot(bench_report):

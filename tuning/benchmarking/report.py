@@ -58,12 +58,16 @@ OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio", "c
 # common); the meanings are its legend.
 POINT_FIGURES = {
     "tokens_per_second": ("tokens/s", "tokens trained per second, warmup excluded"),
-    "step_time_p50_s": ("step time p50 (s)", "the median step's seconds, warmup excluded"),
+    "step_time_p50_s": ("step p50 (s)", "the median step's seconds, warmup excluded"),
     "mfu": ("MFU", "model FLOPs utilisation: achieved over the device's peak FLOP/s"),
-    "peak_gpu_memory_bytes": ("peak GPU memory (GB)", "the most any device reserved"),
-    "peak_rss_bytes": ("peak RSS (GB)", "rank 0's peak resident memory (shown where no GPU memory was measured)"),
-    "peak_tensor_bytes": ("peak tensors (GB)", "the most memory the run's live tensors held"),
-    "memory_estimate_ratio": ("memory estimate / measured", "the peak predicted before the run over peak tensors"),
+    "peak_gpu_memory_bytes": ("GPU memory (GB)", "the most any device reserved"),
+    "peak_rss_bytes": ("RSS (GB)", "rank 0's peak resident memory (shown where no GPU memory was measured)"),
+    "peak_tensor_bytes": ("tensors (GB)", "the most memory the run's live tensors held at once"),
+    "memory_estimate_ratio": (
+        "estimate / tensors",
+        "the peak predicted before the run over the tensors' peak; the prediction takes every sequence at "
+        "--max_seq_length, so data of shorter sequences reads above 1",
+    ),
     "goodput": ("goodput", "productive step time over the run's wall time"),
     "time_to_train": (
         "time to train (s)",
@@ -105,6 +109,8 @@ AXIS_UNITS = {  # training arguments' units, for the plots' axis labels
     "world_size": "processes",
 }
 PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across the figure
+MAX_PLOT_TICKS = 12  # up to this many x values, a tick at each
+PLOT_CAPTION = "line: each point's median; dots: its runs (ended {done}); bar: their range"
 
 
 def is_number(value: Any) -> bool:
@@ -501,7 +507,11 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
     table, dropped = markdown(headers, cells)
     meanings = dict([("runs", RUNS_MEANING), *figures.values(), *POINT_WORDS.values()])
     legend = [textwrap.fill(POINTS_LEGEND, TEXT_WIDTH)]
-    legend += [f"- {header}: {meaning}" for header, meaning in meanings.items() if header not in dropped]
+    legend += [
+        textwrap.fill(f"- {header}: {meaning}", TEXT_WIDTH, subsequent_indent="  ")  # a Markdown list item's lines
+        for header, meaning in meanings.items()
+        if header not in dropped
+    ]
     notes = [textwrap.fill(note, TEXT_WIDTH) for point in points if (note := _mixed_configurations(point))]
     return "\n\n".join(
         part for part in (table.rstrip(), "\n".join(legend), _not_measured(dropped), "\n".join(notes)) if part
@@ -565,16 +575,21 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         for at in xs:  # every run, and the range of the point's runs
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color(), s=12, alpha=0.6)
             axes.vlines(at, min(by_x[at]), max(by_x[at]), color=line.get_color(), linewidth=3, alpha=0.35)
-    done = f"{', '.join(DONE_STATUSES[:-1])} and {DONE_STATUSES[-1]}"
-    title = f"{ylabel} by {x} ({done} runs): median, each run a dot, the range a bar"
-    # a long title would be clipped
-    axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))
-    if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5
+    axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(f"{ylabel} by {x}", PLOT_TITLE_WIDTH))
+    # Every figure drawn is a size: from zero, a 1 % difference does not look like a doubling (and room above the top).
+    top = max(value for by_x in groups.values() for values in by_x.values() for value in values)
+    axes.set_ylim(0, top * 1.08 or None)
+    values = sorted({at for by_x in groups.values() for at in by_x})
+    if numeric and len(values) <= MAX_PLOT_TICKS:  # a tick at each point's value, none between (no batch size 3)
+        axes.set_xticks(values)
+    elif numeric and all(isinstance(r[x], int) for r in points):
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
-    figure.tight_layout()
+    done = f"{', '.join(DONE_STATUSES[:-1])} or {DONE_STATUSES[-1]}"
+    figure.text(0.5, 0.01, PLOT_CAPTION.format(done=done), ha="center", va="bottom", fontsize=8, color="#444444")
+    figure.tight_layout(rect=(0, 0.04, 1, 1))  # the caption's line stays clear of the x axis' label
     return figure
 
 
