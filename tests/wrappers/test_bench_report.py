@@ -26,7 +26,17 @@ from tests.helpers.training import (
 )
 from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import journal_path
-from tuning.benchmarking.report import PointRuns, points_table, write_report
+from tuning.benchmarking.report import (
+    NODE_COLUMNS,
+    PointRuns,
+    find_files,
+    group_points,
+    load,
+    points_table,
+    row,
+    runs_table,
+    write_report,
+)
 
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 BATCH_SIZE = "per_device_train_batch_size"
@@ -378,6 +388,7 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
         )
     not_measured = text.split("## Runs", 1)[1].split("not measured in these runs: ", 1)[1].split("\n\n")[0]
     assert {"mfu", "peak_rss_gb", "bound_by"} <= set(not_measured.replace("\n", " ").split(", "))
+    assert not set(NODE_COLUMNS) & set(not_measured.replace("\n", " ").split(", "))  # no run across nodes
     assert "- `bs8`: error, gpu_oom: CUDA out of memory (injected)" in text.split("## Failures", 1)[1]
 
     printed = capsys.readouterr().out
@@ -407,6 +418,35 @@ def test_a_point_with_every_cpu_figure_fits_120_columns():
     table = points_table(points, rows)
     assert "| estimate / tensors |" in table and "tokens/s" in table and "bound by" in table and "RSS (GB)" in table
     assert max(map(len, table.splitlines())) <= 120, table
+
+
+def test_runs_across_nodes_show_each_node_s_throughput_and_wait_and_the_slowest_node(tmp_path):
+    """Two runs of a 2-node point (node 1 the slowest in one) and a 1-node run: the run table's node columns by node
+    rank, and a line under the points table with each node's medians over the point's runs and the slowest node."""
+    places = [{"host": f"host-{node}", "node_rank": node, "ray_node_id": None} for node in (0, 1)]
+    for name, slow_rank, tokens in (("a", 0, [110.0, 85.0]), ("b", 1, [120.0, 95.0])):
+        forward = [0.2 if rank == slow_rank else 0.1 for rank in (0, 1)]
+        notes = {"rank_forward_time_p50": forward, "rank_collective_wait_p50": [0.02, 0.04 + 0.02 * slow_rank]}
+        notes |= {"rank_tokens_per_second": tokens, "rank_nodes": places}
+        write_dump(tmp_path / f"{name}.json", [0.5] * 4, {"nnodes": 2}, **notes)
+    write_dump(tmp_path / "one.json", [0.5] * 4, {"nnodes": 1}, rank_forward_time_p50=[0.1])
+    pairs = sorted(
+        ((row(run, ["nnodes"]), run) for run in load(find_files([str(tmp_path)]))), key=lambda p: p[0]["run"]
+    )
+    rows = {Path(r["run"]).name: r for r, _ in pairs}
+    assert (rows["a"]["slowest_node"], rows["b"]["slowest_node"], rows["one"]["slowest_node"]) == (0, 1, None)
+    assert rows["a"]["node_tokens_per_second"] == "0: 110.0, 1: 85.0" and rows["b"]["node_collective_wait_s"] == (
+        "0: 0.02, 1: 0.06"
+    )
+    assert rows["one"]["node_tokens_per_second"] is None
+    assert "| slowest_node | node_tokens_per_second" in runs_table([r for r, _ in pairs])
+    text = points_table(group_points(pairs, ["nnodes"]), [r for r, _ in pairs])
+    line = " ".join(text.split("nnodes=2, per node: ", 1)[1].split("\n\n")[0].split())
+    assert line == (
+        "node 0 115.0 tokens/s, waited 0.02 s a step in collectives; node 1 90.0 tokens/s, waited 0.05 s a step in "
+        "collectives; slowest node 0 (1 of 2 runs), node 1 (1 of 2 runs)"
+    )
+    assert "nnodes=1, per node" not in text
 
 
 def test_each_goodput_part_has_a_colour_of_its_own_the_same_in_every_plot(bench_report):

@@ -52,6 +52,8 @@ FAILURE_COLUMNS = (
     "failed_ranks",
     "error_message",
 )  # "Failures" says them
+# Columns of a run across nodes: not named as "not measured" in a report without one.
+NODE_COLUMNS = ("slowest_node", "node_tokens_per_second", "node_collective_wait_s")
 # Summary keys a dump may or may not have (newer figures): a column each, empty where a dump lacks it.
 OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio", "converged", "time_to_train")
 # The points table's figures (run-table column → header, meaning), a median and range each, and its words (the most
@@ -339,6 +341,9 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "joules_per_token": summary.get("joules_per_token"),
         "rank_skew": summary.get("rank_skew"),
         "straggler": _straggler(summary),
+        "slowest_node": summary.get("slowest_node"),
+        "node_tokens_per_second": _per_node(summary, "tokens_per_second", "{:.1f}"),
+        "node_collective_wait_s": _per_node(summary, "collective_wait_p50", "{:.4g}"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
@@ -386,6 +391,17 @@ def _straggler(summary: dict[str, Any]) -> str | None:
     return None if rank is None else f"{where}: {summary.get('straggler_cause')}"
 
 
+def _per_node(summary: dict[str, Any], key: str, form: str) -> str | None:
+    """``0: 812.3, 1: 640.1``: a figure of each node of a run across nodes (``summary.nodes``), by node_rank; None
+    on one node or when no node has it."""
+    nodes = summary.get("nodes") or []
+    if all(node.get(key) is None for node in nodes):
+        return None
+    return ", ".join(
+        f"{node['node_rank']}: {'' if node.get(key) is None else form.format(node[key])}" for node in nodes
+    )
+
+
 def _format(key: str, value: Any) -> str:
     if value is None:
         return ""
@@ -431,6 +447,8 @@ def runs_table(rows: list[dict[str, Any]]) -> str:
     columns = [column for column in rows[0] if column not in FAILURE_COLUMNS]
     headers = [column.replace("_bytes", "_gb") for column in columns]
     table, dropped = markdown(headers, [[_format(key, r.get(key)) for key in columns] for r in rows])
+    if not any(r.get("slowest_node") is not None or r.get("node_tokens_per_second") for r in rows):
+        dropped = [header for header in dropped if header not in NODE_COLUMNS]  # no run across nodes
     return table + ("\n" + _not_measured(dropped) + "\n" if dropped else "")
 
 
@@ -441,6 +459,7 @@ class PointRuns:
     labels: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     configs: list[dict[str, Any]] = field(default_factory=list)  # the dumps' config blocks, where recorded
+    across_nodes: list[dict[str, Any]] = field(default_factory=list)  # the summaries of its done runs across nodes
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -457,6 +476,8 @@ def group_points(pairs: list[tuple[dict[str, Any], Run]], labels: list[str]) -> 
         point.rows.append(r)
         if run.dump is not None and isinstance(run.dump.get("config"), dict):
             point.configs.append(run.dump["config"])
+        if run.dump is not None and r["status"] in DONE_STATUSES and run.dump["summary"].get("nodes"):
+            point.across_nodes.append(run.dump["summary"])
     return list(points.values())
 
 
@@ -486,6 +507,29 @@ def _mixed_configurations(point: PointRuns) -> str | None:
     return f"{where}: its runs differ in {', '.join(differ)} (configuration); --labels can tell them apart"
 
 
+def _node_line(point: PointRuns) -> str | None:
+    """A line for a point whose runs ran across nodes: per node, the median over its done runs of its throughput and
+    of its collective wait per step; and the slowest node, in how many of those runs."""
+    if not point.across_nodes:
+        return None
+    every = [node for summary in point.across_nodes for node in summary["nodes"]]
+    parts = []
+    for node_rank in sorted({node["node_rank"] for node in every}):
+        figures = []
+        for key, form in (("tokens_per_second", "{:.1f} tokens/s"), ("collective_wait_p50", "{:.3g} s")):
+            values = [node[key] for node in every if node["node_rank"] == node_rank and is_number(node[key])]
+            figures.append(form.format(statistics.median(values)) if values else "not measured")
+        parts.append(f"node {node_rank} {figures[0]}, waited {figures[1]} a step in collectives")
+    slowest = Counter(
+        summary["slowest_node"] for summary in point.across_nodes if summary.get("slowest_node") is not None
+    )
+    if slowest:
+        runs = len(point.across_nodes)
+        parts.append("slowest " + ", ".join(f"node {node} ({n} of {runs} runs)" for node, n in slowest.most_common()))
+    where = ", ".join(f"{key}={value}" for key, value in point.labels.items()) or "the one point"
+    return f"{where}, per node: {'; '.join(parts)}"
+
+
 def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
     """The points table: the labels, the runs that did their work, and per figure the median with the range
     (lowest–highest) in brackets where the runs differ; the peak RSS only where no run measured GPU memory. Then
@@ -513,6 +557,7 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
         if header not in dropped
     ]
     notes = [textwrap.fill(note, TEXT_WIDTH) for point in points if (note := _mixed_configurations(point))]
+    notes += [textwrap.fill(line, TEXT_WIDTH) for point in points if (line := _node_line(point))]
     return "\n\n".join(
         part for part in (table.rstrip(), "\n".join(legend), _not_measured(dropped), "\n".join(notes)) if part
     )
