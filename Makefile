@@ -41,10 +41,11 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q -n auto --dist loadgroup
 
-# The inner loop, under two minutes: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers
-# and servers). Its summary names any unmarked test that took seconds (tests/conftest.py): mark it slow or speed it up.
+# The inner loop, under 30 seconds: everything but the tests marked slow (subprocess jobs, torchrun, Aim writers and
+# servers), a worker per core as `make test`. Its summary names any unmarked test that took seconds
+# (tests/conftest.py): mark it slow or speed it up.
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadgroup
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -36,6 +36,7 @@ from tuning.utils.error_logging import UserInputError
 from tuning.utils.graceful_stop import GracefulStopCallback
 
 SAVE_STEPS, MAX_STEPS = 8, 18  # a SIGTERM after step 9 may land up to 6 steps late on a loaded machine
+RANKS = 2  # torchrun ranks of the preempted job
 BENCH_REPORT = str(REPO_ROOT / "wrappers" / "bench_report.py")
 
 
@@ -83,11 +84,11 @@ def test_a_bare_resume_from_checkpoint_means_true():
         assert args[2].resume_from_checkpoint == expected, flags
 
 
-def _command(tiny_model: str, output_dir: Path, ranks: int, **extra) -> list[str]:
-    """The job: checkpoints every SAVE_STEPS steps, 16 sequences per optimizer step whatever the rank count."""
+def _command(tiny_model: str, output_dir: Path, **extra) -> list[str]:
+    """The job, on RANKS torchrun ranks: checkpoints every SAVE_STEPS steps, 16 sequences per optimizer step."""
     options = {
         "max_steps": MAX_STEPS,
-        "per_device_train_batch_size": 4 // ranks,
+        "per_device_train_batch_size": 4 // RANKS,
         "gradient_accumulation_steps": 4,  # steps long enough for a SIGTERM to land between two checkpoints
         "save_strategy": "steps",
         "save_steps": SAVE_STEPS,
@@ -95,8 +96,6 @@ def _command(tiny_model: str, output_dir: Path, ranks: int, **extra) -> list[str
         "save_model_dir": str(output_dir / "final"),
     }
     flags = cli_args(tiny_model, str(output_dir), **{**options, **extra})
-    if ranks == 1:
-        return [SFT_TRAINER, *flags]
     return [*TORCHRUN, *two_ranks(SFT_TRAINER, [*flags, "--ddp_timeout", "60"])]
 
 
@@ -105,28 +104,29 @@ def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exactly(tiny_model, tmp_path, ranks):
+def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exactly(tiny_model, tmp_path):
+    """On two ranks (one process's SIGTERM, checkpoint and resume: test_bench_train_writes_the_checkpoint_at_sigterm
+    below, and test_error_logging_e2e's step boundary and exit 143)."""
     output_dir = tmp_path / "out"
-    preempted = Job(_command(tiny_model, output_dir, ranks), tmp_path / "preempted")
+    preempted = Job(_command(tiny_model, output_dir), tmp_path / "preempted")
     wait_for_steps(output_dir / "training_logs.jsonl", SAVE_STEPS + 1, preempted, signal.SIGTERM)
     stderr = preempted.finish(timeout=180)
     stopped = logged_steps(output_dir / "training_logs.jsonl")[-1]
     assert f"Stopping after step {stopped}: writing checkpoint-{stopped} first" in stderr, stderr[-3000:]
-    assert stderr.count("exit_code=143") == ranks, stderr[-3000:]
+    assert stderr.count("exit_code=143") == RANKS, stderr[-3000:]
     assert SAVE_STEPS < stopped < 2 * SAVE_STEPS  # between two scheduled checkpoints
     assert checkpoint_problem(str(output_dir / f"checkpoint-{stopped}")) is None
     assert [path.name for path in output_dir.glob("checkpoint-*")] == [f"checkpoint-{stopped}"]  # rotated once complete
     status = json.loads((output_dir / f"checkpoint-{stopped}" / STATUS_FILE).read_text())
-    assert status == {"complete": True, "global_step": stopped, "world_size": ranks}
+    assert status == {"complete": True, "global_step": stopped, "world_size": RANKS}
 
-    resumed = run_python(*_command(tiny_model, output_dir, ranks), timeout=300)
+    resumed = run_python(*_command(tiny_model, output_dir), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # From the step the preempted run logged last: no step is trained twice.
     assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
 
-    reference = run_python(*_command(tiny_model, tmp_path / "reference", ranks, save_strategy="no"), timeout=300)
+    reference = run_python(*_command(tiny_model, tmp_path / "reference", save_strategy="no"), timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = _final_weights(tmp_path / "reference")
     for name, tensor in _final_weights(output_dir).items():

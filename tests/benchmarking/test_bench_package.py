@@ -290,6 +290,7 @@ def test_token_counter_counts_training_forwards_per_step(tiny_model):
     counter.end_step(1, 0.5)
     counter.end_step(2, 0.25)  # a step without a training forward
     assert counter.ready() == [(1, 0.5, 16), (2, 0.25, 0)]
+    assert counter.rank_tokens == {1: 16, 2: 0}  # this rank's own (all of them, on one process)
     counter.detach()
     model.train()
     model(input_ids=input_ids, attention_mask=mask)

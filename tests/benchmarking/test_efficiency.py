@@ -14,7 +14,16 @@ from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul
 from tests.helpers.nvml import load_fake_nvml
 from tuning.benchmarking import report
 from tuning.benchmarking.callback import DISPATCHED_BATCHES, _dispatched
-from tuning.benchmarking.dump import GPU_POWER, STEP_IMAGE_TOKENS, STEP_SAMPLES, STEP_TIME, STEP_TOKENS, straggler
+from tuning.benchmarking.dump import (
+    GPU_POWER,
+    STEP_IMAGE_TOKENS,
+    STEP_SAMPLES,
+    STEP_TIME,
+    STEP_TOKENS,
+    node_figures,
+    slowest_node,
+    straggler,
+)
 from tuning.benchmarking.flops import (
     config_parameter_counts,
     flops_per_token,
@@ -23,7 +32,7 @@ from tuning.benchmarking.flops import (
     vision_flops_per_image_token,
 )
 from tuning.benchmarking.journal import Journal
-from tuning.benchmarking.ranks import RankTimes
+from tuning.benchmarking.ranks import RankFigures, RankTimes
 from tuning.benchmarking.record import RunRecord
 from tuning.benchmarking.schema import validate_dump
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
@@ -242,6 +251,40 @@ def test_across_nodes_the_straggler_s_node_is_the_slowest_node_and_the_report_na
     assert report._straggler(summary) == "rank 3 on node 1: compute"
 
 
+def test_across_nodes_each_node_s_figures_are_its_ranks_and_the_slowest_node_is_named_without_a_straggler(tmp_path):
+    """4 ranks on 2 nodes: a node's throughput is its ranks' summed, its own time its slowest rank's (forward + fetch),
+    its collective wait its ranks' median; the slowest node is named though no rank passes the straggler rule's 10 %.
+    A run that gathered nothing (a node lost) has its nodes without figures; one node has none."""
+    places = [{"host": f"host-{node}", "node_rank": node, "ray_node_id": f"ray-{node}"} for node in (0, 0, 1, 1)]
+    summary = efficiency_run(
+        tmp_path,
+        rank_nodes=places,
+        rank_forward_time_p50=[0.1, 0.1, 0.1, 0.105],
+        rank_data_fetch_p50=[0.01, 0.02, 0.01, 0.01],
+        rank_collective_wait_p50=[0.03, 0.02, 0.01, 0.05],
+        rank_tokens_per_second=[50.0, 60.0, 40.0, 45.0],
+    )
+    assert summary["straggler_rank"] is None  # rank 1's 0.12 s is within 10 % of the others' median 0.11 s
+    node_0, node_1 = summary["nodes"]
+    assert (node_0["node_rank"], node_0["host"], node_0["ray_node_id"], node_0["ranks"]) == (
+        0,
+        "host-0",
+        "ray-0",
+        [0, 1],
+    )
+    assert node_1["ranks"] == [2, 3] and (node_0["tokens_per_second"], node_1["tokens_per_second"]) == (110.0, 85.0)
+    assert (node_0["own_time_p50"], node_1["own_time_p50"]) == (pytest.approx(0.12), pytest.approx(0.115))
+    assert (node_0["collective_wait_p50"], node_1["collective_wait_p50"]) == (pytest.approx(0.025), pytest.approx(0.03))
+    assert summary["slowest_node"] == 0
+    assert report._per_node(summary, "tokens_per_second", "{:.1f}") == "0: 110.0, 1: 85.0"
+    lost = node_figures(places, {})
+    assert [node["ranks"] for node in lost] == [[0, 1], [2, 3]] and slowest_node(lost) is None
+    assert all(
+        node[key] is None for node in lost for key in ("tokens_per_second", "own_time_p50", "collective_wait_p50")
+    )
+    assert node_figures(places[:2], {"rank_forward_time_p50": [0.1, 0.2]}) is None  # one node
+
+
 def test_sampler_reads_the_energy_counter_of_each_gpu(monkeypatch):
     fake_nvml = load_fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
@@ -271,20 +314,27 @@ def test_rank_times_sum_a_step_s_forward_passes_and_time_the_wait_for_its_batche
         time.sleep(0.01 * step)  # the data wait
         times.batches_fetched(0.001 * step)
         times.batches_fetched(0.001)  # a step's batches may come in several fetches
+        times.collective_waited(0.002 * step)
         times.step_begins(step)
         for _ in range(2):  # micro-batches
             model(input_ids=batch)
+        times.collective_waited(0.001)  # the stop agreement, at the step's end
         times.step_ends(step)
+        times.tokens_counted(step, 10 * step)  # counted once the step's total reached the host
     model.eval()
     model(input_ids=batch)  # evaluation: not timed
-    forward, data_wait, data_fetch, fetch_share = times.medians(after_step=1)
+    figures = times.medians(after_step=1)
+    forward, data_wait, data_fetch, fetch_share = figures[:4]
     assert 0.04 <= forward < 0.08  # two timed 20 ms sleeps, plus the tiny model's time
     assert 0.025 <= data_wait < 0.045  # the median of 20 ms and 30 ms
     assert data_fetch == pytest.approx(0.0035)  # the median of 3 ms and 4 ms
     # Each step's fetch over its own time (the wait and the forward passes): the median of steps 2 and 3's.
     shares = [times.data_fetch_seconds[step] / times.step_seconds[step] for step in (2, 3)]
     assert fetch_share == pytest.approx(statistics.median(shares)) and 0.02 < fetch_share < 0.1
-    assert times.gather(after_step=1) == ([forward], [data_wait], [data_fetch], [fetch_share])
+    assert figures.collective_wait == pytest.approx(0.006)  # the median of steps 2 and 3's 5 and 7 ms
+    busy = times.step_seconds[2] + times.step_seconds[3]
+    assert figures.tokens_per_second == pytest.approx(50 / busy)  # steps 2 and 3's tokens over their time
+    assert times.gather(after_step=1) == RankFigures(*([figure] for figure in figures))
     times.detach()
 
 

@@ -26,7 +26,17 @@ from tests.helpers.training import (
 )
 from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
 from tuning.benchmarking.journal import journal_path
-from tuning.benchmarking.report import write_report
+from tuning.benchmarking.report import (
+    NODE_COLUMNS,
+    PointRuns,
+    find_files,
+    group_points,
+    load,
+    points_table,
+    row,
+    runs_table,
+    write_report,
+)
 
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 BATCH_SIZE = "per_device_train_batch_size"
@@ -251,8 +261,9 @@ def test_an_unknown_flag_is_one_line_and_exit_1_before_any_output(tmp_path):
     assert not (tmp_path / "out").exists() and not (REPO_ROOT / "bench_report").exists()
 
 
-def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(bench_report):
-    """... and its axes say their units, and a point's runs are each a dot, their range a bar."""
+def test_a_plots_title_fits_its_figure_and_its_axes_are_honest(bench_report):
+    """A tick at each point's value and none between, the y axis from zero, units on the axes; a point's runs are
+    each a dot, their range a bar, and the caption says so."""
     x = "training.per_device_train_batch_size"  # a dotted metadata key: a long title
     rows = [{"status": "ok", x: size, "peak_gpu_memory_bytes": size * 1e9} for size in (1, 2, 4, 4)]
     rows[-1]["peak_gpu_memory_bytes"] = 6e9  # two runs of batch size 4: 4 and 6 GB
@@ -263,12 +274,15 @@ def test_a_plots_title_fits_its_figure_and_an_integer_axis_has_integer_ticks(ben
     (axes,) = figure.axes
     title, frame = axes.title.get_window_extent(), figure.bbox
     assert frame.x0 <= title.x0 and title.x1 <= frame.x1 and title.y1 <= frame.y1
-    done = "ok, stopped, converged and not_converged"
-    assert axes.title.get_text().replace("\n", " ").startswith(f"{ylabel} by {x} ({done} runs)")
+    assert axes.title.get_text().replace("\n", " ") == f"{ylabel} by {x}"
+    (caption,) = figure.texts
+    done = "ok, stopped, converged or not_converged"
+    assert caption.get_text() == f"line: each point's median; dots: its runs (ended {done}); bar: their range"
+    assert caption.get_window_extent().y1 < axes.get_tightbbox().y0  # below the axis' ticks and label
     assert axes.get_xlabel() == f"{x} (samples per device)"
-    low, high = axes.get_xlim()
-    ticks = [tick for tick in axes.get_xticks() if low <= tick <= high]
-    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+    assert axes.get_xticks().tolist() == [1, 2, 4]  # no tick at batch size 3
+    low, high = axes.get_ylim()
+    assert low == 0 and high > 6  # the highest run (6 GB) inside the frame
     ranges = [
         segment.tolist()
         for bars in axes.collections
@@ -360,7 +374,7 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
         "",
         "0 of 1",
     )
-    assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step time p50 (s)", "goodput"]
+    assert list(shown["2"]) == [BATCH_SIZE, "runs", "tokens/s", "step p50 (s)", "goodput"]
     assert not any(key.startswith("mlperf") for key in points["2"])  # no --target_eval_loss run: no MLPerf score
     assert "- tokens/s: tokens trained per second" in text and "- bound by" not in text  # the legend of what is shown
 
@@ -375,6 +389,7 @@ def test_a_sweep_with_repeats_a_row_per_point_its_medians_and_ranges_then_every_
         )
     not_measured = text.split("## Runs", 1)[1].split("not measured in these runs: ", 1)[1].split("\n\n")[0]
     assert {"mfu", "peak_rss_gb", "bound_by"} <= set(not_measured.replace("\n", " ").split(", "))
+    assert not set(NODE_COLUMNS) & set(not_measured.replace("\n", " ").split(", "))  # no run across nodes
     assert "- `bs8`: error, gpu_oom: CUDA out of memory (injected)" in text.split("## Failures", 1)[1]
 
     printed = capsys.readouterr().out
@@ -414,6 +429,59 @@ def test_a_point_s_target_runs_are_scored_as_mlperf_scores_them(tmp_path):
     assert (few["mlperf_score"], few["mlperf_verdict"]) == ("", "too few runs")
     assert shown["few"] == "too few runs: 9 runs, MLPerf scores 10 or more"
     assert "- MLPerf score (s): time to train scored as MLPerf scores a result" in text
+
+
+def test_a_point_with_every_cpu_figure_fits_120_columns():
+    """The demo's case: one label, a run per point, and every figure a CPU run measures (RSS, tensors, the
+    estimate's ratio, goodput, bound by): the points table fits a 120-column terminal."""
+    rows = [
+        {
+            "status": "ok",
+            "batch_size": size,
+            "tokens_per_second": 6966.04 * size + repeat,
+            "step_time_p50_s": 0.00651 + repeat / 1000,
+            "peak_rss_bytes": 6.08e8 + repeat * 1e7,
+            "peak_tensor_bytes": 1.79e7 * size,
+            "memory_estimate_ratio": 18.1 + repeat,
+            "goodput": 0.234 + repeat / 100,
+            "bound_by": "compute",
+        }
+        for size in (2, 16)
+        for repeat in range(1)
+    ]
+    points = [PointRuns({"batch_size": size}, [r for r in rows if r["batch_size"] == size]) for size in (2, 16)]
+    table = points_table(points, rows)
+    assert "| estimate / tensors |" in table and "tokens/s" in table and "bound by" in table and "RSS (GB)" in table
+    assert max(map(len, table.splitlines())) <= 120, table
+
+
+def test_runs_across_nodes_show_each_node_s_throughput_and_wait_and_the_slowest_node(tmp_path):
+    """Two runs of a 2-node point (node 1 the slowest in one) and a 1-node run: the run table's node columns by node
+    rank, and a line under the points table with each node's medians over the point's runs and the slowest node."""
+    places = [{"host": f"host-{node}", "node_rank": node, "ray_node_id": None} for node in (0, 1)]
+    for name, slow_rank, tokens in (("a", 0, [110.0, 85.0]), ("b", 1, [120.0, 95.0])):
+        forward = [0.2 if rank == slow_rank else 0.1 for rank in (0, 1)]
+        notes = {"rank_forward_time_p50": forward, "rank_collective_wait_p50": [0.02, 0.04 + 0.02 * slow_rank]}
+        notes |= {"rank_tokens_per_second": tokens, "rank_nodes": places}
+        write_dump(tmp_path / f"{name}.json", [0.5] * 4, {"nnodes": 2}, **notes)
+    write_dump(tmp_path / "one.json", [0.5] * 4, {"nnodes": 1}, rank_forward_time_p50=[0.1])
+    pairs = sorted(
+        ((row(run, ["nnodes"]), run) for run in load(find_files([str(tmp_path)]))), key=lambda p: p[0]["run"]
+    )
+    rows = {Path(r["run"]).name: r for r, _ in pairs}
+    assert (rows["a"]["slowest_node"], rows["b"]["slowest_node"], rows["one"]["slowest_node"]) == (0, 1, None)
+    assert rows["a"]["node_tokens_per_second"] == "0: 110.0, 1: 85.0" and rows["b"]["node_collective_wait_s"] == (
+        "0: 0.02, 1: 0.06"
+    )
+    assert rows["one"]["node_tokens_per_second"] is None
+    assert "| slowest_node | node_tokens_per_second" in runs_table([r for r, _ in pairs])
+    text = points_table(group_points(pairs, ["nnodes"]), [r for r, _ in pairs])
+    line = " ".join(text.split("nnodes=2, per node: ", 1)[1].split("\n\n")[0].split())
+    assert line == (
+        "node 0 115.0 tokens/s, waited 0.02 s a step in collectives; node 1 90.0 tokens/s, waited 0.05 s a step in "
+        "collectives; slowest node 0 (1 of 2 runs), node 1 (1 of 2 runs)"
+    )
+    assert "nnodes=1, per node" not in text
 
 
 def test_each_goodput_part_has_a_colour_of_its_own_the_same_in_every_plot(bench_report):

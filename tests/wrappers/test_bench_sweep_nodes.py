@@ -107,6 +107,9 @@ def test_a_point_on_two_ray_nodes_runs_a_rank_on_each_and_a_lost_node_is_its_roo
     assert len(places) == dump["world_size"] == 2
     assert {place["ray_node_id"] for place in places} == ray_nodes_sweep["nodes"]  # one rank on each Ray node
     killed_rank = next(rank for rank, place in enumerate(places) if place["node_rank"] == 1)
+    nodes = dump["summary"]["nodes"]  # by node; killed before training's end, so without the figures gathered there
+    assert [node["ranks"] for node in nodes] == [[1 - killed_rank], [killed_rank]]
+    assert {node["ray_node_id"] for node in nodes} == ray_nodes_sweep["nodes"] and nodes[1]["tokens_per_second"] is None
     assert f"rank {killed_rank}: node 1 (" in (out / "points" / f"{line['point']}.termination-log").read_text()
     log = (out / "points" / f"{line['point']}.log").read_text(errors="replace")
     assert "--- bench_sweep: bundle 0 of 2" in log and "--- bench_sweep: bundle 1 of 2" in log

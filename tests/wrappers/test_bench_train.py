@@ -183,7 +183,7 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     assert all(dump["summary"][key] is None for key in without_gpu)
     # Null when there is nothing to say: not resumed, fetch measurable, no straggler on one process, no image tokens.
     nothing_to_say = {"resumed_from_step", "data_fetch_unmeasurable", "straggler_rank", "straggler_cause"}
-    nothing_to_say |= {"straggler_node"}  # one node
+    nothing_to_say |= {"straggler_node", "nodes", "slowest_node", "rank_collective_wait_p50"}  # one node, one process
     nothing_to_say |= {"text_tokens_per_second", "image_tokens_per_second"}
     nothing_to_say |= {"language_flops_per_token", "vision_flops_per_image_token", "vision_flops_fraction"}
     nothing_to_say |= {"peak_tensor_bytes", "memory_estimate_ratio"}  # bench_args: --memory_estimate False
@@ -192,6 +192,8 @@ def test_without_aim_auto_stop_leaves_a_complete_dump(bench_train, tiny_model, t
     nulls = [key for key, value in dump["summary"].items() if value is None and key not in without_gpu | nothing_to_say]
     assert not nulls, nulls
     assert dump["summary"]["peak_rss_bytes"] > 10_000_000 and dump["summary"]["measured_steps"] >= 3
+    # The one rank's own throughput, over its own step times, is the run's.
+    assert dump["summary"]["rank_tokens_per_second"] == [pytest.approx(dump["summary"]["tokens_per_second"], rel=0.02)]
     names = {m["name"] for m in dump["metrics"]}
     assert {"loss", "learning_rate", "model_load_time", "step_tokens", "cpu_percent", "process_rss_bytes"} <= names
     # Our token count (no sync per micro-batch) agrees with the one TRL logs; the trainer's own count stays off.
@@ -657,6 +659,10 @@ def test_a_rank_with_a_slow_input_pipeline_is_named_by_its_own_data_fetch(tiny_m
         "data",
         None,
     )
+    # Rank 1 waits for rank 0's batches in the count of their items, a collective; rank 0 hardly waits.
+    waiting, waited_for = summary["rank_collective_wait_p50"][1], summary["rank_collective_wait_p50"][0]
+    assert waiting >= 0.1 > waited_for
+    assert sum(summary["rank_tokens_per_second"]) == pytest.approx(summary["tokens_per_second"], rel=0.1)
     config = dump["config"]
     assert (config["world_size"], config["per_device_train_batch_size"], config["max_steps"]) == (2, 4, 6)
     assert config["model_name_or_path"] == tiny_model and "output_dir" not in config

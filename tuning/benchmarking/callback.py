@@ -35,7 +35,7 @@ from tuning.benchmarking.dump import (
 from tuning.benchmarking.flops import parameter_counts, peak_tflops_of
 from tuning.benchmarking.goodput import CHECKPOINT_SAVE_TIME, EVALUATION_TIME, TRAIN_ENTERED, rank_goodput
 from tuning.benchmarking.placement import rank_place
-from tuning.benchmarking.ranks import RankTimes, gather_objects
+from tuning.benchmarking.ranks import RankFigures, RankTimes, gather_objects
 from tuning.benchmarking.record import Points, RunRecord
 from tuning.benchmarking.stopping import STOP_REASONS, StopRule
 from tuning.benchmarking.system_metrics import SystemMetricsSampler
@@ -110,6 +110,7 @@ class BenchmarkCallback(TrainerCallback):
         self.step_anatomy = step_anatomy
         self._anatomy: StepAnatomy | None = None
         self._collective_seconds = 0.0  # the stop agreement's, as of the last step end
+        self._distributed = False  # several ranks: their collectives are measured
         # Steps (step, end time, duration) and trainer logs (step, time, logs) not yet recorded, oldest first.
         self._unrecorded: deque[tuple[int, float, float | dict[str, Any]]] = deque()
         # Per mirrored series since its last point: [sum of values, sum of weights, last step]. The step time is the
@@ -127,13 +128,14 @@ class BenchmarkCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._main = state.is_world_process_zero
         self._global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        self._distributed = args.world_size > 1
         self.global_step = self._first_step = state.global_step
         model = kwargs.get("model")
         if model is not None:
             self._tokens = StepTokenCounter(model, args.device, _image_token_id(model))
             self._rank_times = RankTimes(model, args.device)
             if self.step_anatomy and self._main and self.record is not None:
-                self._anatomy = StepAnatomy(model, args.device, distributed=args.world_size > 1)
+                self._anatomy = StepAnatomy(model, args.device, distributed=self._distributed)
         self._fetch_unmeasurable = _dispatched(kwargs.get("train_dataloader"), args.world_size)
         if self.sampler is not None:
             self.sampler.start()
@@ -185,6 +187,8 @@ class BenchmarkCallback(TrainerCallback):
         """``TuningTrainer``'s report: counting the fetched batches' items (across ranks) took ``seconds``."""
         if self._anatomy is not None:
             self._anatomy.batches_counted(seconds)
+        if self._rank_times is not None and self._distributed:
+            self._rank_times.collective_waited(seconds)
 
     def on_micro_batch_end(self) -> None:
         """``TuningTrainer``'s report: a micro-batch's forward and backward are done."""
@@ -202,11 +206,11 @@ class BenchmarkCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.time()
+        waited, self._collective_seconds = (
+            self.stop_agreement.collective_seconds - self._collective_seconds,
+            self.stop_agreement.collective_seconds,
+        )
         if self._anatomy is not None:
-            waited, self._collective_seconds = (
-                self.stop_agreement.collective_seconds - self._collective_seconds,
-                self.stop_agreement.collective_seconds,
-            )
             self._anatomy.collective_waited(waited)
             self._anatomy.step_ends(state.global_step)
         step, duration = state.global_step, now - self._last_step_end
@@ -214,6 +218,7 @@ class BenchmarkCallback(TrainerCallback):
         if self._tokens is not None:
             self._tokens.end_step(step, duration)
         if self._rank_times is not None:
+            self._rank_times.collective_waited(waited)
             self._rank_times.step_ends(step)
         if self._main:
             self._unrecorded.append((step, now, duration))
@@ -240,9 +245,8 @@ class BenchmarkCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._record_unrecorded(time.time(), wait=True)
         energy = self._energy()
-        forward, data_wait, fetch, fetch_share = (
-            self._rank_times.gather(self._last_warmup_step) if self._rank_times else ([], [], [], [])
-        )
+        figures = self._rank_times.gather(self._last_warmup_step) if self._rank_times else RankFigures(*[[]] * 6)
+        fetch = figures.data_fetch
         rank_goodput = gather_objects(self._rank_goodput()) if self.process_times is not None else None
         unmeasurable = self._fetch_unmeasurable
         if unmeasurable is None and fetch and None in fetch:
@@ -251,10 +255,12 @@ class BenchmarkCallback(TrainerCallback):
             self.record.note(
                 train_end=time.time(),
                 energy_mj_at_train_end=energy,
-                rank_forward_time_p50=forward or None,
-                rank_data_wait_p50=data_wait or None,
+                rank_forward_time_p50=figures.forward or None,
+                rank_data_wait_p50=figures.data_wait or None,
                 rank_data_fetch_p50=None if unmeasurable else fetch or None,
-                rank_data_fetch_share_p50=None if unmeasurable else fetch_share or None,
+                rank_data_fetch_share_p50=None if unmeasurable else figures.data_fetch_share or None,
+                rank_collective_wait_p50=(figures.collective_wait or None) if self._distributed else None,
+                rank_tokens_per_second=figures.tokens_per_second or None,
                 data_fetch_unmeasurable=unmeasurable,
                 rank_goodput=rank_goodput,
             )
@@ -312,6 +318,9 @@ class BenchmarkCallback(TrainerCallback):
         with self._record_lock:
             self._recorded_at = now
             counted = self._tokens.ready(wait) if self._tokens is not None else []
+            if self._rank_times is not None:
+                for step, _, _ in counted:
+                    self._rank_times.tokens_counted(step, self._tokens.rank_tokens.pop(step))
             batches: list[tuple[float, Points]] = []  # (time, points measured then), journaled with one write
             while self._unrecorded:
                 step, at, entry = self._unrecorded.popleft()

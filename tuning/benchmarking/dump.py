@@ -305,8 +305,10 @@ def _sum(first: float | None, second: float | None) -> float | None:
 
 
 def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
-    """The per-rank keys of the summary: the medians the callback gathered, the forward-time skew and the straggler."""
+    """The per-rank keys of the summary: the medians the callback gathered, the forward-time skew, the straggler and,
+    across nodes, each node's figures and the slowest node."""
     forward, fetch = notes.get("rank_forward_time_p50"), notes.get("rank_data_fetch_p50")
+    nodes = node_figures(notes.get("rank_nodes"), notes)
     known = [seconds for seconds in forward or [] if seconds is not None]
     rank, cause = straggler(forward, fetch)
     return {
@@ -321,7 +323,61 @@ def _rank_figures(notes: dict[str, Any]) -> dict[str, Any]:
         "straggler_cause": cause,
         "straggler_node": straggler_node(rank, notes.get("rank_nodes")),
         "rank_nodes": notes.get("rank_nodes"),
+        "rank_collective_wait_p50": notes.get("rank_collective_wait_p50"),
+        "rank_tokens_per_second": notes.get("rank_tokens_per_second"),
+        "nodes": nodes,
+        "slowest_node": slowest_node(nodes),
     }
+
+
+def _per_rank(notes: dict[str, Any], key: str, size: int) -> list[float | None]:
+    """The note ``key``: one value per rank; a None per rank where the run noted no such list of ``size``."""
+    values = notes.get(key)
+    return values if isinstance(values, list) and len(values) == size else [None] * size
+
+
+def _known_sum(values: list[float | None]) -> float | None:
+    return sum(values) if values and None not in values else None
+
+
+def node_figures(rank_nodes: list[dict[str, Any]] | None, notes: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Per node of a run across nodes (by ``node_rank``, in order): where it ran, its ranks, its throughput (the sum
+    of its ranks' ``rank_tokens_per_second``), its own time per step (its slowest rank's forward + data fetch, as
+    ``straggler`` counts it) and its collective wait per step (the median of its ranks'); a figure is None unless
+    every rank of the node has it. None on one node or without the ranks' places."""
+    if not rank_nodes or len({place["node_rank"] for place in rank_nodes}) < 2:
+        return None
+    size = len(rank_nodes)
+    forward, fetch = _per_rank(notes, "rank_forward_time_p50", size), _per_rank(notes, "rank_data_fetch_p50", size)
+    if None not in forward and None in fetch:  # fetch not measurable: the forward time alone, as straggler does
+        fetch = [0.0] * size
+    own = [_known_sum([compute, data]) for compute, data in zip(forward, fetch, strict=True)]
+    tokens = _per_rank(notes, "rank_tokens_per_second", size)
+    waits = _per_rank(notes, "rank_collective_wait_p50", size)
+    nodes = []
+    for node_rank in sorted({place["node_rank"] for place in rank_nodes}):
+        ranks = [rank for rank, place in enumerate(rank_nodes) if place["node_rank"] == node_rank]
+        own_times, node_waits = [own[rank] for rank in ranks], [waits[rank] for rank in ranks]
+        nodes.append(
+            {
+                "node_rank": node_rank,
+                "host": rank_nodes[ranks[0]]["host"],
+                "ray_node_id": rank_nodes[ranks[0]].get("ray_node_id"),
+                "ranks": ranks,
+                "tokens_per_second": _known_sum([tokens[rank] for rank in ranks]),
+                "own_time_p50": max(own_times) if None not in own_times else None,
+                "collective_wait_p50": statistics.median(node_waits) if None not in node_waits else None,
+            }
+        )
+    return nodes
+
+
+def slowest_node(nodes: list[dict[str, Any]] | None) -> int | None:
+    """The ``node_rank`` of the node with the longest own time per step (the one the others wait for); None on one
+    node or unless every node's own time is known."""
+    if not nodes or any(node["own_time_p50"] is None for node in nodes):
+        return None
+    return max(nodes, key=lambda node: node["own_time_p50"])["node_rank"]
 
 
 def straggler_node(rank: int | None, rank_nodes: list[dict[str, Any]] | None) -> int | None:

@@ -54,18 +54,24 @@ FAILURE_COLUMNS = (
     "failed_ranks",
     "error_message",
 )  # "Failures" says them
+# Columns of a run across nodes: not named as "not measured" in a report without one.
+NODE_COLUMNS = ("slowest_node", "node_tokens_per_second", "node_collective_wait_s")
 # Summary keys a dump may or may not have (newer figures): a column each, empty where a dump lacks it.
 OPTIONAL_SUMMARY = ("bound_by", "peak_tensor_bytes", "memory_estimate_ratio", "converged", "time_to_train")
 # The points table's figures (run-table column → header, meaning), a median and range each, and its words (the most
 # common); the meanings are its legend.
 POINT_FIGURES = {
     "tokens_per_second": ("tokens/s", "tokens trained per second, warmup excluded"),
-    "step_time_p50_s": ("step time p50 (s)", "the median step's seconds, warmup excluded"),
+    "step_time_p50_s": ("step p50 (s)", "the median step's seconds, warmup excluded"),
     "mfu": ("MFU", "model FLOPs utilisation: achieved over the device's peak FLOP/s"),
-    "peak_gpu_memory_bytes": ("peak GPU memory (GB)", "the most any device reserved"),
-    "peak_rss_bytes": ("peak RSS (GB)", "rank 0's peak resident memory (shown where no GPU memory was measured)"),
-    "peak_tensor_bytes": ("peak tensors (GB)", "the most memory the run's live tensors held"),
-    "memory_estimate_ratio": ("memory estimate / measured", "the peak predicted before the run over peak tensors"),
+    "peak_gpu_memory_bytes": ("GPU memory (GB)", "the most any device reserved"),
+    "peak_rss_bytes": ("RSS (GB)", "rank 0's peak resident memory (shown where no GPU memory was measured)"),
+    "peak_tensor_bytes": ("tensors (GB)", "the most memory the run's live tensors held at once"),
+    "memory_estimate_ratio": (
+        "estimate / tensors",
+        "the peak predicted before the run over the tensors' peak; the prediction takes every sequence at "
+        "--max_seq_length, so data of shorter sequences reads above 1",
+    ),
     "goodput": ("goodput", "productive step time over the run's wall time"),
     "time_to_train": (
         "time to train (s)",
@@ -116,6 +122,8 @@ AXIS_UNITS = {  # training arguments' units, for the plots' axis labels
     "world_size": "processes",
 }
 PLOT_TITLE_WIDTH = 60  # characters per line of a plot's title: what fits across the figure
+MAX_PLOT_TICKS = 12  # up to this many x values, a tick at each
+PLOT_CAPTION = "line: each point's median; dots: its runs (ended {done}); bar: their range"
 
 
 def is_number(value: Any) -> bool:
@@ -377,6 +385,9 @@ def row(run: Run, labels: list[str]) -> dict[str, Any]:
         "joules_per_token": summary.get("joules_per_token"),
         "rank_skew": summary.get("rank_skew"),
         "straggler": _straggler(summary),
+        "slowest_node": summary.get("slowest_node"),
+        "node_tokens_per_second": _per_node(summary, "tokens_per_second", "{:.1f}"),
+        "node_collective_wait_s": _per_node(summary, "collective_wait_p50", "{:.4g}"),
         "peak_rss_bytes": summary.get("peak_rss_bytes"),
         "peak_anon_rss_bytes": summary.get("peak_anon_rss_bytes"),
         "peak_gpu_memory_bytes": max((d["max_memory_reserved_bytes"] for d in summary.get("cuda") or []), default=None),
@@ -424,6 +435,17 @@ def _straggler(summary: dict[str, Any]) -> str | None:
     return None if rank is None else f"{where}: {summary.get('straggler_cause')}"
 
 
+def _per_node(summary: dict[str, Any], key: str, form: str) -> str | None:
+    """``0: 812.3, 1: 640.1``: a figure of each node of a run across nodes (``summary.nodes``), by node_rank; None
+    on one node or when no node has it."""
+    nodes = summary.get("nodes") or []
+    if all(node.get(key) is None for node in nodes):
+        return None
+    return ", ".join(
+        f"{node['node_rank']}: {'' if node.get(key) is None else form.format(node[key])}" for node in nodes
+    )
+
+
 def _format(key: str, value: Any) -> str:
     if value is None:
         return ""
@@ -469,6 +491,8 @@ def runs_table(rows: list[dict[str, Any]]) -> str:
     columns = [column for column in rows[0] if column not in FAILURE_COLUMNS]
     headers = [column.replace("_bytes", "_gb") for column in columns]
     table, dropped = markdown(headers, [[_format(key, r.get(key)) for key in columns] for r in rows])
+    if not any(r.get("slowest_node") is not None or r.get("node_tokens_per_second") for r in rows):
+        dropped = [header for header in dropped if header not in NODE_COLUMNS]  # no run across nodes
     return table + ("\n" + _not_measured(dropped) + "\n" if dropped else "")
 
 
@@ -480,6 +504,7 @@ class PointRuns:
     rows: list[dict[str, Any]] = field(default_factory=list)
     configs: list[dict[str, Any]] = field(default_factory=list)  # the dumps' config blocks, where recorded
     summaries: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (run, summary) of the done runs
+    across_nodes: list[dict[str, Any]] = field(default_factory=list)  # the summaries of its done runs across nodes
 
     @property
     def done(self) -> list[dict[str, Any]]:
@@ -498,6 +523,8 @@ def group_points(pairs: list[tuple[dict[str, Any], Run]], labels: list[str]) -> 
             point.configs.append(run.dump["config"])
         if run.dump is not None and r["status"] in DONE_STATUSES:
             point.summaries.append((r["run"], run.dump["summary"]))
+        if run.dump is not None and r["status"] in DONE_STATUSES and run.dump["summary"].get("nodes"):
+            point.across_nodes.append(run.dump["summary"])
     return list(points.values())
 
 
@@ -563,6 +590,29 @@ def _mixed_configurations(point: PointRuns) -> str | None:
     return f"{where}: its runs differ in {', '.join(differ)} (configuration); --labels can tell them apart"
 
 
+def _node_line(point: PointRuns) -> str | None:
+    """A line for a point whose runs ran across nodes: per node, the median over its done runs of its throughput and
+    of its collective wait per step; and the slowest node, in how many of those runs."""
+    if not point.across_nodes:
+        return None
+    every = [node for summary in point.across_nodes for node in summary["nodes"]]
+    parts = []
+    for node_rank in sorted({node["node_rank"] for node in every}):
+        figures = []
+        for key, form in (("tokens_per_second", "{:.1f} tokens/s"), ("collective_wait_p50", "{:.3g} s")):
+            values = [node[key] for node in every if node["node_rank"] == node_rank and is_number(node[key])]
+            figures.append(form.format(statistics.median(values)) if values else "not measured")
+        parts.append(f"node {node_rank} {figures[0]}, waited {figures[1]} a step in collectives")
+    slowest = Counter(
+        summary["slowest_node"] for summary in point.across_nodes if summary.get("slowest_node") is not None
+    )
+    if slowest:
+        runs = len(point.across_nodes)
+        parts.append("slowest " + ", ".join(f"node {node} ({n} of {runs} runs)" for node, n in slowest.most_common()))
+    where = ", ".join(f"{key}={value}" for key, value in point.labels.items()) or "the one point"
+    return f"{where}, per node: {'; '.join(parts)}"
+
+
 def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
     """The points table: the labels, the runs that did their work, and per figure the median with the range
     (lowest–highest) in brackets where the runs differ; the peak RSS only where no run measured GPU memory; the
@@ -590,11 +640,12 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
     meanings.update(POINT_WORDS.values())
     legend = [textwrap.fill(POINTS_LEGEND, TEXT_WIDTH)]
     legend += [
-        textwrap.fill(f"- {header}: {meaning}", TEXT_WIDTH, subsequent_indent="  ")
+        textwrap.fill(f"- {header}: {meaning}", TEXT_WIDTH, subsequent_indent="  ")  # a Markdown list item's lines
         for header, meaning in meanings.items()
         if header not in dropped
     ]
     notes = [textwrap.fill(note, TEXT_WIDTH) for point in points if (note := _mixed_configurations(point))]
+    notes += [textwrap.fill(line, TEXT_WIDTH) for point in points if (line := _node_line(point))]
     return "\n\n".join(
         part for part in (table.rstrip(), "\n".join(legend), _not_measured(dropped), "\n".join(notes)) if part
     )
@@ -658,16 +709,21 @@ def draw(rows: list[dict[str, Any]], x: str, group: str | None, metric: str, yla
         for at in xs:  # every run, and the range of the point's runs
             axes.scatter([at] * len(by_x[at]), by_x[at], color=line.get_color(), s=12, alpha=0.6)
             axes.vlines(at, min(by_x[at]), max(by_x[at]), color=line.get_color(), linewidth=3, alpha=0.35)
-    done = f"{', '.join(DONE_STATUSES[:-1])} and {DONE_STATUSES[-1]}"
-    title = f"{ylabel} by {x} ({done} runs): median, each run a dot, the range a bar"
-    # a long title would be clipped
-    axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(title, PLOT_TITLE_WIDTH))
-    if numeric and all(isinstance(r[x], int) for r in points):  # batch sizes: no tick at 1.5
+    axes.set(xlabel=axis_label(x), ylabel=ylabel, title=textwrap.fill(f"{ylabel} by {x}", PLOT_TITLE_WIDTH))
+    # Every figure drawn is a size: from zero, a 1 % difference does not look like a doubling (and room above the top).
+    top = max(value for by_x in groups.values() for values in by_x.values() for value in values)
+    axes.set_ylim(0, top * 1.08 or None)
+    values = sorted({at for by_x in groups.values() for at in by_x})
+    if numeric and len(values) <= MAX_PLOT_TICKS:  # a tick at each point's value, none between (no batch size 3)
+        axes.set_xticks(values)
+    elif numeric and all(isinstance(r[x], int) for r in points):
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     if group:
         axes.legend()
-    figure.tight_layout()
+    done = f"{', '.join(DONE_STATUSES[:-1])} or {DONE_STATUSES[-1]}"
+    figure.text(0.5, 0.01, PLOT_CAPTION.format(done=done), ha="center", va="bottom", fontsize=8, color="#444444")
+    figure.tight_layout(rect=(0, 0.04, 1, 1))  # the caption's line stays clear of the x axis' label
     return figure
 
 

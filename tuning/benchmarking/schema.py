@@ -128,6 +128,28 @@ class RankNode(_Model):
     """the Ray node it ran on, in a Ray sweep; null elsewhere"""
 
 
+class NodeFigures(_Model):
+    """One node of a run across nodes: where it ran, its ranks and their figures together (a figure is null unless
+    every rank of the node has it: a run that ended before training's end gathered none)."""
+
+    node_rank: int
+    """its rank in the job (rank_nodes' node_rank)"""
+    host: str
+    """its host name"""
+    ray_node_id: str | None = None
+    """its Ray node, in a Ray sweep; null elsewhere"""
+    ranks: list[int]
+    """the global ranks that ran on it"""
+    tokens_per_second: Number = None
+    """its ranks' rank_tokens_per_second summed: the non-padding tokens the node trained per second"""
+    own_time_p50: Number = None
+    """its slowest rank's own time per step: rank_forward_time_p50 + rank_data_fetch_p50 (the forward time alone
+    where fetch is not measurable), as the straggler rule counts it"""
+    collective_wait_p50: Number = None
+    """the median of its ranks' rank_collective_wait_p50: seconds per step blocked in collectives outside the
+    backward pass"""
+
+
 class StepParts(_Model):
     """Median share of the step time (0 to 1) of each part of a step (rank 0's, tuning.benchmarking.anatomy)."""
 
@@ -264,6 +286,18 @@ class Summary(_Model):
     rank_nodes: list[RankNode] | None = None
     """per rank, in rank order: where it ran (host, its node's rank, its Ray node), gathered as training begins; null
     for a run that did not reach it (dumps before it lack the key)"""
+    rank_collective_wait_p50: list[Number] | None = None
+    """per rank: median seconds per step blocked in the collectives the step runs outside the backward pass (the
+    cross-rank count of the batch's items, the stop agreement): where a rank waits for slower ones; null on one
+    process (dumps before it lack the key)"""
+    rank_tokens_per_second: list[Number] | None = None
+    """per rank: its own non-padding tokens over its step time, warmup excluded (dumps before it lack the key)"""
+    nodes: list[NodeFigures] | None = None
+    """in a run across nodes, per node in node_rank order: its ranks, throughput, own time and collective wait; null
+    on one node (dumps before it lack the key)"""
+    slowest_node: int | None = None
+    """in a run across nodes, the node_rank of the node with the longest own_time_p50, whether or not one rank is a
+    straggler; null on one node or without every node's own time (dumps before it lack the key)"""
     target_eval_loss: Number = None
     """--target_eval_loss; null (and the keys below) for a run without it (dumps before it lack these keys)"""
     converged: bool | None = None

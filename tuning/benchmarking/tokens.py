@@ -2,7 +2,8 @@
 pre-hook sums each training micro-batch's attention mask where it lies; at the step's end the sums are all-reduced
 once and copied to the host without blocking, to be read once there (``ready``) or when training ends. A
 vision-language model's image tokens are counted apart as well (they are among the non-padding tokens), and so are
-the label tokens the step trained on (``add_label_tokens``: the trainer counts them in each step's batches).
+the label tokens the step trained on (``add_label_tokens``: the trainer counts them in each step's batches). The
+rank's own tokens ride along in the same copy, outside the all-reduce, for its throughput (``rank_tokens``).
 """
 
 from collections import deque
@@ -18,7 +19,8 @@ class StepTokenCounter:
     """Counts the tokens every training forward pass of ``model`` receives, per optimizer step. With
     ``image_token_id`` (a vision-language model's), the image tokens among them are counted apart too: ``ready``
     then notes each step's image tokens in ``image_tokens`` (step → count over all ranks). The label tokens given
-    to ``add_label_tokens`` are noted the same way in ``label_tokens``."""
+    to ``add_label_tokens`` are noted the same way in ``label_tokens``, and this rank's own tokens in
+    ``rank_tokens``."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device, image_token_id: int | None = None):
         self._device = device  # where a step's count goes for the all-reduce when it has none on a device
@@ -26,6 +28,7 @@ class StepTokenCounter:
         self._image_token_id = image_token_id
         self.image_tokens: dict[int, int] = {}
         self.label_tokens: dict[int, int] = {}
+        self.rank_tokens: dict[int, int] = {}
         # (tokens, image tokens, label tokens) counted on the host: CPU masks, rows without a mask
         self._host_counts = [0, 0, 0]
         self._device_counts: list[torch.Tensor] = []  # (tokens, image tokens, label tokens) still on an accelerator
@@ -66,21 +69,22 @@ class StepTokenCounter:
         """Close the step's count; every rank calls this once per optimizer step (it all-reduces)."""
         host_counts, self._host_counts = self._host_counts, [0, 0, 0]
         if self._world_size == 1 and not self._device_counts:
-            self._pending.append((step, duration, host_counts, None, None))
+            self._pending.append((step, duration, [*host_counts, host_counts[0]], None, None))
             return
         if self._device_counts:
-            total = torch.stack(self._device_counts).sum(dim=0) + torch.tensor(host_counts, device=self._device)
+            counts = torch.stack(self._device_counts).sum(dim=0) + torch.tensor(host_counts, device=self._device)
             self._device_counts = []
         else:
-            total = torch.tensor(host_counts, dtype=torch.int64, device=self._device)
+            counts = torch.tensor(host_counts, dtype=torch.int64, device=self._device)
+        total = torch.cat([counts, counts[:1]])  # the totals to all-reduce, then this rank's own tokens
         if self._world_size > 1:
-            dist.all_reduce(total)
+            dist.all_reduce(total[:3])
         if total.is_cuda:
-            host = torch.empty(3, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(4, dtype=torch.int64, pin_memory=True)
             host.copy_(total, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-            self._pending.append((step, duration, [0, 0, 0], host, copied))
+            self._pending.append((step, duration, [0, 0, 0, 0], host, copied))
         else:
             self._pending.append((step, duration, total.tolist(), None, None))
 
@@ -94,10 +98,11 @@ class StepTokenCounter:
                     break
                 copied.synchronize()
             self._pending.popleft()
-            tokens, images, labels = counts if host is None else host.tolist()
+            tokens, images, labels, own = counts if host is None else host.tolist()
             if self._image_token_id is not None:
                 self.image_tokens[step] = images
             self.label_tokens[step] = labels
+            self.rank_tokens[step] = own
             done.append((step, duration, tokens))
         return done
 
