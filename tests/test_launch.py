@@ -171,6 +171,24 @@ def test_two_nodes_on_loopback_each_pod_reports_the_root_cause_its_node_saw(tmp_
     assert node_0_line.startswith("communication: rank 0: node 0 (") and "Connection closed by peer" in node_0_line
 
 
+def test_a_node_that_never_joins_ends_the_job_within_the_rendezvous_timeout(tmp_path):
+    """Node 0 of 2 on loopback, node 1 never started, the rendezvous timeout 3 s as a pod sets it (PET_RDZV_CONF):
+    no worker starts; the launcher ends within the timeout and a margin, as a communication error naming its node
+    and how many nodes joined, in the pod's termination log and on stderr."""
+    port = free_port()
+    pet = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "0", "PET_RDZV_CONF": "timeout=3"}
+    started = time.monotonic()
+    launcher = start_launch(
+        [str(COLLECTIVE_FAULT)], tmp_path, PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port), **pet
+    )
+    stderr = launcher.finish()
+    assert time.monotonic() - started < 3 + 8 and launcher.returncode == 206, stderr[-2000:]
+    (line,) = check_pod_log(tmp_path)
+    assert line.startswith("communication: node 0 (")
+    assert line.endswith(f"): only 1 of 2 nodes joined the rendezvous at 127.0.0.1:{port} within 3 s"), line
+    assert line in stderr and not (tmp_path / "stdout").read_text()  # no worker ran
+
+
 def test_bad_input_on_every_rank_exits_1(tiny_model, tmp_path):
     args = cli_args(tiny_model, str(tmp_path / "out"), data=str(tmp_path / "missing.jsonl"))
     launcher = start_launch(two_ranks(SFT_TRAINER, args), tmp_path)

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -206,10 +207,44 @@ def on_node(failure: RankFailure, local_rank: int, args: argparse.Namespace) -> 
         return failure
     per_node = str(args.nproc_per_node)
     node = f"node {(failure.rank - local_rank) // int(per_node)} " if per_node.isdecimal() else "node "
-    ray_node = os.environ.get(RAY_NODE_ID_ENV)
-    where = f"{node}({socket.gethostname()}{f', Ray node {ray_node[:12]}' if ray_node else ''})"
     rank = f"rank {match['rank']}: " if match["rank"] is not None else ""
-    return failure._replace(line=f"{match['category']}: {rank}{where}: {match['reason']}")
+    return failure._replace(line=f"{match['category']}: {rank}{this_node(node)}: {match['reason']}")
+
+
+def this_node(node: str) -> str:
+    """``node`` ("node N " or "node ") with this host and, in a Ray sweep, its Ray node."""
+    ray_node = os.environ.get(RAY_NODE_ID_ENV)
+    return f"{node}({socket.gethostname()}{f', Ray node {ray_node[:12]}' if ray_node else ''})"
+
+
+def rendezvous_timeout(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The termination line for a rendezvous that timed out before every node joined, or None for any other error.
+
+    torch's agent raises it from ``run`` before starting a worker: ``RendezvousTimeoutError`` (c10d, etcd: after
+    ``--rdzv_conf join_timeout=S``), or, for the static rendezvous the operators' ``PET_MASTER_*`` variables give
+    (``--rdzv_conf timeout=S``), the TCP store's own timeout: node 0, its host, counts the nodes that joined
+    ("Timed out after 601 seconds waiting for clients. 1/2 clients joined."); another node never reached it."""
+    from torch.distributed import DistNetworkError, DistStoreError
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+    from torch.distributed.run import get_rdzv_endpoint
+
+    timed_out = isinstance(exc, (DistStoreError, DistNetworkError)) and "timed out" in str(exc).lower()
+    if not (timed_out or isinstance(exc, RendezvousTimeoutError)):
+        return None
+    static = args.rdzv_backend == "static"
+    conf = dict(item.partition("=")[::2] for item in str(args.rdzv_conf).split(",") if "=" in item)
+    seconds = conf.get("timeout" if static else "join_timeout", "600").strip()
+    where = f"the rendezvous at {get_rdzv_endpoint(args)} within {seconds} s"
+    if joined := re.search(r"(\d+)/(\d+) clients joined", str(exc)):
+        reason = f"only {joined[1]} of {joined[2]} nodes joined {where}"
+    elif static and str(args.node_rank) != "0" and isinstance(exc, DistNetworkError):
+        reason = f"node 0 never opened {where}"
+    else:
+        said = f": {one_line(exc)}" if str(exc) else ""
+        needed = str(args.nnodes).partition(":")[0]  # MIN of MIN:MAX: the rendezvous closes once that many joined
+        reason = f"fewer than the {needed} nodes needed joined {where} ({type(exc).__name__}{said})"
+    node = this_node(f"node {args.node_rank} " if static else "node ")
+    return f"{ErrorCategory.COMMUNICATION}: {node}: {reason}"
 
 
 def termination_message(failures: list[RankFailure]) -> str:
@@ -303,6 +338,11 @@ def launch(args: argparse.Namespace, scratch: str) -> int:
     except SignalException as exc:
         # The agent has forwarded it and waited for the workers: the job ends as interrupted, in one line.
         raise SignalInterrupt(exc.sigval) from exc
+    except Exception as exc:
+        if not (line := rendezvous_timeout(exc, args)):
+            raise
+        # No worker started: the node's own line, as a failure of no rank.
+        failed = [RankFailure(-1, exit_code_for(ErrorCategory.COMMUNICATION), line)]
     finally:
         install_early_signal_handlers()  # instead of the agent's, which raise into whatever runs next
         if pod_log is None:
