@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tuning.benchmarking.memory import PeakTensorMeter, estimate_memory
 from tuning.sft_trainer import get_parser, parse_arguments, train
-from tuning.utils.tiny_model import build_tiny_model, build_tiny_moe
+from tuning.utils.tiny_model import build_tiny_model, build_tiny_moe, build_tiny_vision_model
 
 RESPONSE_TEMPLATE = "\n### Response:"
 # Llama-3-8B's public shape.
@@ -47,6 +47,14 @@ CASES = [
 ] + [
     ("moe --fast_moe 1 bf16 4x128", "moe", 4, 128, ["--fast_moe", "1", "--torch_dtype", "bfloat16"]),
     ("padding-free lora 4x128", "llama", 4, 128, ["--peft_method", "lora", "--padding_free", "huggingface"]),
+    ("llava lora 4x128", "llava", 4, 128, ["--peft_method", "lora", "--dataset_image_field", "images"]),
+    (
+        "llava full gc=True 2x64",
+        "llava",
+        2,
+        64,
+        ["--gradient_checkpointing", "True", "--dataset_image_field", "images"],
+    ),
 ]
 
 
@@ -66,10 +74,31 @@ def long_rows(path: Path, rows: int = 40) -> str:
     return str(path)
 
 
+def long_image_rows(folder: Path, rows: int = 16) -> str:
+    """A LLaVA conversation per row, one 32x32 image and an answer longer than any case's sequence (the labels are the
+    answer's tokens: nearly every token, as the estimate assumes), the images beside the data file."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for row in range(rows):
+        Image.new("RGB", (32, 32), (30 * row % 256, 90, 200)).save(folder / f"image-{row}.png")
+        words = " ".join(f"The green cat rests quietly in the sun number {n}." for n in range(row, row + 40))
+        question = [{"type": "image", "text": None}, {"type": "text", "text": f"What is in picture {row}?"}]
+        answer = [{"type": "text", "text": words, "image": None}]
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        lines.append(json.dumps({"messages": messages, "images": [f"image-{row}.png"]}))
+    (folder / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(folder / "train.jsonl")
+
+
 def job_args(model: str, data: str, output_dir: str, batch: int, length: int, extra: list[str], dtype="float32"):
+    """The case's parsed arguments; text rows (``long_rows``) unless ``extra`` names an image field."""
+    text = [] if "--dataset_image_field" in extra else ["--dataset_text_field", "output"]
+    text += [] if text == [] else ["--response_template", RESPONSE_TEMPLATE]
     argv = [
-        *("--model_name_or_path", model, "--training_data_path", data, "--dataset_text_field", "output"),
-        *("--response_template", RESPONSE_TEMPLATE, "--output_dir", output_dir, "--max_steps", "2"),
+        *("--model_name_or_path", model, "--training_data_path", data, *text),
+        *("--output_dir", output_dir, "--max_steps", "2"),
         *("--per_device_train_batch_size", str(batch), "--max_seq_length", str(length), "--save_strategy", "no"),
         *("--torch_dtype", dtype, "--use_flash_attn", "False", "--trackers", "none", *extra),
     ]
@@ -105,9 +134,12 @@ def main() -> None:
         models = {
             "llama": build_tiny_model(str(work / "llama")),
             "moe": build_tiny_moe(str(work / "moe")),
+            "llava": build_tiny_vision_model(str(work / "llava"), "llava"),
         }
-        for name, kind, batch, length, extra in CASES:
-            args = job_args(models[kind], data, str(work / "out"), batch, length, extra)
+        images = long_image_rows(work / "images")
+        for index, (name, kind, batch, length, extra) in enumerate(CASES):
+            output_dir = str(work / "out" / f"case-{index}")  # each its own: a finished job's directory trains nothing
+            args = job_args(models[kind], images if kind == "llava" else data, output_dir, batch, length, extra)
             estimate = estimate_memory(args)
             measured = measure(args)
             predicted = estimate["peak_bytes_per_device"]

@@ -523,6 +523,13 @@ def finished_run(train_args: TrainingArguments) -> FinishedRun | None:
     return None
 
 
+def vision_lora(peft_config: Any) -> Any:
+    """A LoRA config for a vision-language model: ``VISION_LORA_TARGETS`` where no --target_modules was given."""
+    if isinstance(peft_config, LoraConfig) and peft_config.target_modules is None:
+        return dataclasses.replace(peft_config, target_modules=VISION_LORA_TARGETS)
+    return peft_config
+
+
 def _attention_implementation(model_args: ModelArguments, quiet: bool = False) -> str:
     """``--flash_attn_implementation`` with ``--use_flash_attn`` where flash attention 2 can run, else sdpa (with a
     warning unless ``quiet``, when flash attention was asked for)."""
@@ -807,8 +814,8 @@ def _train(
 
     if train_args.fsdp and train_args.use_cpu:
         logger.warning("accelerate applies FSDP on accelerators only: this CPU run trains with plain DDP")
-    if vision and isinstance(peft_config, LoraConfig) and peft_config.target_modules is None:
-        peft_config = dataclasses.replace(peft_config, target_modules=VISION_LORA_TARGETS)
+    if vision:
+        peft_config = vision_lora(peft_config)
     if isinstance(peft_config, LoraConfig | PromptTuningConfig):
         peft_config = to_peft_config(peft_config, model_args.tokenizer_name_or_path or model_args.model_name_or_path)
     if added_tokens_info["num_new_tokens"] > 0:

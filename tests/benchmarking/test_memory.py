@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.memory_estimate import job_args, long_rows, measure, write_llama3_8b_config
+from benchmarks.memory_estimate import CASES, job_args, long_image_rows, long_rows, measure, write_llama3_8b_config
 from tests.helpers.bench import bench_args, read_dump
 from tests.helpers.training import BENCH_TRAIN, load_script
 from tuning.benchmarking.memory import estimate_memory, suggest_devices
+from tuning.utils.tiny_model import build_tiny_vision_model
 
 TOLERANCE = 0.10
 
@@ -21,22 +22,41 @@ def long_data(tmp_path_factory) -> str:
     return long_rows(tmp_path_factory.mktemp("memory-data") / "long.jsonl")
 
 
-@pytest.mark.slow  # seconds: traces the step under FakeTensorMode and measures a real one
-@pytest.mark.parametrize(
-    ("model", "batch", "length", "flags"),
-    [
-        ("tiny_model", 4, 128, ["--gradient_checkpointing", "False"]),
-        ("tiny_moe", 2, 64, ["--fast_moe", "1", "--torch_dtype", "bfloat16"]),
-    ],
-    ids=["full-ft-no-checkpointing-4x128", "moe-fast-moe-2x64"],
-)
-def test_the_estimate_is_within_ten_percent_of_the_real_peak(model, batch, length, flags, long_data, tmp_path, request):
-    args = job_args(request.getfixturevalue(model), long_data, str(tmp_path), batch, length, flags)
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> str:
+    return build_tiny_vision_model(str(tmp_path_factory.mktemp("memory-llava")), "llava")
+
+
+@pytest.fixture(scope="module")
+def image_data(tmp_path_factory) -> str:
+    """LLaVA rows: an image and an answer longer than any case's sequence each."""
+    return long_image_rows(tmp_path_factory.mktemp("memory-images"))
+
+
+@pytest.mark.slow  # seconds: traces the step under FakeTensorMode and measures a real one, for each case
+@pytest.mark.parametrize(("name", "kind", "batch", "length", "flags"), CASES, ids=[case[0] for case in CASES])
+def test_each_case_of_the_table_is_within_ten_percent(name, kind, batch, length, flags, tmp_path, request):
+    """The benchmark's table (docs/performance.md), every case: the estimate against two real steps."""
+    model = request.getfixturevalue({"llama": "tiny_model", "moe": "tiny_moe", "llava": "tiny_llava"}[kind])
+    data = request.getfixturevalue("image_data" if kind == "llava" else "long_data")
+    args = job_args(model, data, str(tmp_path), batch, length, flags)
     estimate = estimate_memory(args)
     measured = measure(args)
     assert estimate["not_estimated"] is None
     assert abs(estimate["peak_bytes_per_device"] / measured - 1) <= TOLERANCE, (estimate, measured)
     assert estimate["parts"]["parameters"] > 0 and estimate["peak_phase"] in ("forward", "backward", "optimizer")
+
+
+@pytest.mark.slow  # seconds: builds a tiny vision model
+def test_a_llava_next_job_says_why_it_is_not_estimated(tmp_path, image_data):
+    """LLaVA-Next's image tokens depend on each image's size: the config alone does not give them."""
+    flags = ["--peft_method", "lora", "--dataset_image_field", "images"]
+    llava_next = build_tiny_vision_model(str(tmp_path / "llava-next"), "llava-next")
+    args = job_args(llava_next, image_data, str(tmp_path / "next"), 4, 128, flags)
+    assert estimate_memory(args)["not_estimated"] == (
+        "LlavaNextConfig: its image tokens per image depend on each image's size (tiles at any resolution), which "
+        "the config alone does not give"
+    )
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 MEASURED_STEPS = 2  # real steps the CPU meter tracks, from the first
+TORCH_CHECK_SWITCH = "TRANSFORMERS_DISABLE_TORCH_CHECK"
 FEW_LAYERS = 2  # a deep stack of alike layers is traced cut to this many and one more, then extended
 # The tracker's categories (its enum members' names), as the dump's ``estimate.parts`` names them.
 PARTS = {
@@ -197,17 +199,20 @@ def _build_model(job: _Job, config: Any):
     """The job's model, PEFT-wrapped and checkpointed as ``train()`` and TRL do, on the meta device."""
     import peft
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from trl.trainer.utils import add_fused_lm_head
 
     from tuning.config.peft_config import LoraConfig, PromptTuningConfig, to_peft_config
+    from tuning.data.vision import is_vision_config
+    from tuning.sft_trainer import vision_lora
 
     keywords = {k: v for k, v in job.load_keywords.items() if k == "experts_implementation"}
+    model_class = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM  # as train()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=job.dtype, attn_implementation=job.attention, **keywords)
+        model = model_class.from_config(config, dtype=job.dtype, attn_implementation=job.attention, **keywords)
     if not job.reduce_loss_sum:  # TRL's loss and its per-token entropy and accuracy
         add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
-    peft_config = job.peft_config
+    peft_config = vision_lora(job.peft_config) if is_vision_config(config) else job.peft_config  # as train()
     if getattr(peft_config, "alora_invocation_string", None) is not None:
         peft_config = dataclasses.replace(peft_config)
         peft_config.alora_invocation_tokens = [0]  # which tokens activate it does not change what it holds
@@ -228,10 +233,28 @@ def _build_model(job: _Job, config: Any):
     return model
 
 
-def _batch(job: _Job) -> dict[str, Any]:
+def image_tokens(config: Any) -> int | None:
+    """The tokens one image takes in a row of a vision-language model whose images all become the same number of
+    features (LLaVA's: the tower's patches, and its class token where the features keep it); None for the others."""
+    vision = getattr(config, "vision_config", None)
+    if getattr(config, "model_type", None) != "llava" or vision is None:
+        return None
+    patches = (vision.image_size // vision.patch_size) ** 2
+    return patches + (config.vision_feature_select_strategy == "full")
+
+
+def _batch(job: _Job, config: Any) -> dict[str, Any]:
     """A worst-case batch of the job's shape, made under the fake mode: every row ``max_seq_length`` tokens, every
-    token labelled; padding-free and packing as one row of the batch's tokens with its position ids."""
+    token labelled; padding-free and packing as one row of the batch's tokens with its position ids. A LLaVA row
+    holds one image (its pixels at the tower's size), its tokens after the first."""
     import torch
+
+    if (per_image := image_tokens(config)) is not None:
+        ids = torch.zeros((job.batch_size, job.seq_length), dtype=torch.long)
+        ids[:, 1 : 1 + per_image] = config.image_token_index
+        size = config.vision_config.image_size
+        pixels = torch.zeros((job.batch_size, 3, size, size), dtype=job.dtype)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone(), "pixel_values": pixels}
 
     if job.padding_free:
         tokens = job.batch_size * job.seq_length
@@ -326,10 +349,10 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
         raise NotEstimated(f"{job.model_path}: no readable config.json ({_one_line(exc)})") from exc
     if method := _quantized_config(config):
         raise NotEstimated(f"{job.model_path} is quantized ({method}): its kernels cannot run on fake tensors")
-    if is_vision_config(config):
+    if is_vision_config(config) and image_tokens(config) is None:
         raise NotEstimated(
-            f"{type(config).__name__}: a vision-language model checks its image tokens against its image features by "
-            "reading their values, which fake tensors do not have"
+            f"{type(config).__name__}: its image tokens per image depend on each image's size (tiles at any "
+            "resolution), which the config alone does not give"
         )
     sharded = bool(args.training_args.fsdp)
     layers = _repeated_layers(config)
@@ -359,10 +382,29 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
 def _traced(job: _Job, config: Any, devices: int, sharded: bool) -> dict[str, Any]:
     """The job's step traced on ``config``'s model (sharded over ``devices`` fake ranks with --fsdp)."""
     model = _build_model(job, config)
-    with _fake_process_group(devices if sharded else None) as mesh:
+    with _fake_process_group(devices if sharded else None) as mesh, _value_checks_off(image_tokens(config)):
         if mesh is not None:
             _shard(model, mesh)
         return _trace(model, job, config, mesh is not None)
+
+
+@contextlib.contextmanager
+def _value_checks_off(vision: int | None) -> Iterator[None]:
+    """For a vision-language model, transformers' checks that read tensor values (its image tokens against its
+    image features: equal by the batch's making) turned off while tracing, by the switch transformers documents
+    (``TRANSFORMERS_DISABLE_TORCH_CHECK``): fake tensors have no values to read."""
+    if vision is None:
+        yield
+        return
+    before = os.environ.get(TORCH_CHECK_SWITCH)
+    os.environ[TORCH_CHECK_SWITCH] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TORCH_CHECK_SWITCH, None)
+        else:
+            os.environ[TORCH_CHECK_SWITCH] = before
 
 
 def _repeated_layers(config: Any) -> int | None:
@@ -396,7 +438,7 @@ def _trace(model, job: _Job, config: Any, sharded: bool) -> dict[str, Any]:
         optimizer_class, optimizer_keywords = Trainer.get_optimizer_cls_and_kwargs(job.sft_config, model)
         trainable = [param for param in model.parameters() if param.requires_grad]
         optimizer = optimizer_class(trainable, **optimizer_keywords)
-        batch = _batch(job)
+        batch = _batch(job, config)
         # The first step creates the optimizer state; the second, traced, runs with it in place: its peak is the
         # higher (the same work, the state resident throughout).
         _step(model, optimizer, batch, job, lambda phase: None)
