@@ -1,5 +1,5 @@
-"""tuning.utils.prologue's exit: after every exit handler the objects still alive are frozen, so that Python's final
-garbage collections do not walk them. Real processes, each with and without the prologue."""
+"""tuning.utils.prologue's exit (and the wrappers' fire_flags'): after every exit handler the objects still alive are
+frozen, so that Python's final garbage collections do not walk them. Real processes, with and without it."""
 
 import pytest
 
@@ -23,10 +23,21 @@ class Cycle:
 alive = Cycle()
 alive.itself = alive  # alive at exit, in a cycle: only a garbage collection at exit finalizes it
 atexit.register(lambda: sys.stdout.write("exit handler\\n"))
+
+if sys.argv[1] == "fire_flags":  # a wrapper's entry: bench_sweep's, bench_compare's
+    import dataclasses
+
+    from tuning.utils.cli_flags import fire_flags
+
+    del sys.argv[1:]
+    fire_flags(lambda: 0, dataclasses.make_dataclass("Flags", []), "wrapper.py")
 """
 
 
-@pytest.mark.parametrize(("first", "printed"), [("prologue", "exit handler\n"), ("none", "exit handler\nfinalized\n")])
+@pytest.mark.parametrize(
+    ("first", "printed"),
+    [("prologue", "exit handler\n"), ("fire_flags", "exit handler\n"), ("none", "exit handler\nfinalized\n")],
+)
 def test_the_exit_handlers_run_and_the_final_collection_skips_what_is_still_alive(tmp_path, first, printed):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)

@@ -6,7 +6,9 @@ naming the closest valid one, exit 1. ``fire_flags(main, Flags, name)`` does bot
 dataclass.
 """
 
+import atexit
 import difflib
+import gc
 import inspect
 import re
 import sys
@@ -61,9 +63,11 @@ def reject_unknown_flags(function: Callable[..., Any], argv: list[str] | None = 
 def fire_flags(main: Callable[..., int], flags: type, name: str) -> int:
     """Run ``main`` under fire with the fields of the dataclass ``flags`` as its command line: the fields without a
     default positional, the others flags, the dataclass's docstring as ``--help``; an unknown flag rejected first.
-    ``main`` receives the values as fire parsed them, as ``flags``' fields by position and name."""
+    ``main`` receives the values as fire parsed them, as ``flags``' fields by position and name. The process ends
+    as a training script's does (``tuning.utils.prologue``): its last exit handler freezes what is still alive."""
     import fire  # the wrappers' command lines only: the trainer's modules that read this one never load it
 
+    atexit.register(gc.freeze)
     reject_unknown_flags(flags)
 
     def command_line(*args: Any, **kwargs: Any) -> int:
