@@ -68,6 +68,7 @@ def test_bench_train_rerun_of_a_finished_job_dumps_already_complete(tiny_model, 
     assert "already_complete" not in report.DONE_STATUSES and "already_complete" in report.FINISHED_STATUSES
     load_script(REPO_ROOT / "wrappers" / "bench_report.py").main(str(tmp_path), output_dir=str(tmp_path / "report"))
     assert csv_by(tmp_path / "report" / "report.csv", "run")["bench"]["status"] == "already_complete"
+    assert "## Failures" not in (tmp_path / "report" / "report.md").read_text()  # it failed nothing either
     done = "ok, stopped, converged or not_converged"  # already_complete: no measurement, and no failure
     with pytest.raises(SystemExit, match=f"no benchmark dumps that ended {done}"):
         compare.read_side(str(tmp_path))

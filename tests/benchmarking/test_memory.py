@@ -102,6 +102,33 @@ def test_a_model_that_cannot_be_traced_gives_its_reason(tiny_moe, tmp_path):
     )
 
 
+@pytest.mark.slow  # seconds: three traces
+def test_a_deep_stack_traced_cut_short_gives_the_whole_model_s_figures(tmp_path, long_data):
+    """Five alike layers: traced at 2 and 3 layers and extended, every part equals the trace of all five (forced by
+    a per-layer list in the config, with which the layers may differ and the whole model is traced)."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 5,
+        "vocab_size": 1024,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
+    estimates = []
+    for name, listed in (("alike", {}), ("listed", {"layer_types": ["full_attention"] * 5})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config | listed))
+        flags = ["--peft_method", "lora", "--gradient_checkpointing", "True"]
+        estimates.append(estimate_memory(job_args(str(tmp_path / name), long_data, str(tmp_path), 2, 128, flags)))
+    cut, whole = estimates
+    assert (cut["traced_layers"], "traced_layers" in whole, whole["not_estimated"]) == ([2, 3], False, None)
+    assert cut["parts"] == whole["parts"] and cut["peak_bytes_per_device"] == whole["peak_bytes_per_device"]
+
+
 @pytest.mark.slow
 def test_a_llama_3_8b_shaped_config_is_estimated_from_its_config_alone(tmp_path):
     """config.json only (no weights, no tokenizer), LoRA, bf16, 1 x 2048: the frozen bf16 weights are the 8.03 B
@@ -113,7 +140,7 @@ def test_a_llama_3_8b_shaped_config_is_estimated_from_its_config_alone(tmp_path)
     assert estimate["not_estimated"] is None, estimate
     assert 8.0e9 * 2 < estimate["parts"]["parameters"] < 8.1e9 * 2
     assert estimate["peak_bytes_per_device"] > estimate["parts"]["parameters"]
-    assert estimate["sequence_length"] == 2048
+    assert estimate["sequence_length"] == 2048 and estimate["traced_layers"] == [2, 3]
 
 
 @pytest.mark.slow  # seconds: bench_train traces the job, then once more

@@ -13,6 +13,7 @@ real mode over the first optimizer steps of the warmup (the measured steps carry
 """
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -25,6 +26,7 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 MEASURED_STEPS = 2  # real steps the CPU meter tracks, from the first
+FEW_LAYERS = 2  # a deep stack of alike layers is traced cut to this many and one more, then extended
 # The tracker's categories (its enum members' names), as the dump's ``estimate.parts`` names them.
 PARTS = {
     "PARAM": "parameters",
@@ -329,12 +331,56 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
             f"{type(config).__name__}: a vision-language model checks its image tokens against its image features by "
             "reading their values, which fake tensors do not have"
         )
+    sharded = bool(args.training_args.fsdp)
+    layers = _repeated_layers(config)
+    if layers is None or sharded:
+        return {**_traced(job, config, devices, sharded), "_sequence_length": job.seq_length}
+    # A stack of identical decoder layers: what each layer adds (weights, gradients, optimizer state, saved
+    # activations) is the difference between the model cut to FEW + 1 and to FEW layers; the rest (embeddings, head,
+    # the loss's temporaries) is the same in both. The whole stack's figures are the cut model's and that difference
+    # times the layers cut away: exact where the peak falls at the same point of the step in every depth.
+    few, more = (_traced(job, _with_layers(config, count), devices, sharded) for count in (FEW_LAYERS, FEW_LAYERS + 1))
+    extra = layers - FEW_LAYERS - 1
+
+    def grown(low: int, high: int) -> int:
+        return high + (high - low) * extra
+
+    parts = {name: grown(few["parts"][name], more["parts"][name]) for name in more["parts"]}
+    peak = grown(few["peak_bytes_per_device"], more["peak_bytes_per_device"])
+    return {
+        **more,
+        "peak_bytes_per_device": peak,
+        "parts": parts,
+        "traced_layers": [FEW_LAYERS, FEW_LAYERS + 1],
+        "_sequence_length": job.seq_length,
+    }
+
+
+def _traced(job: _Job, config: Any, devices: int, sharded: bool) -> dict[str, Any]:
+    """The job's step traced on ``config``'s model (sharded over ``devices`` fake ranks with --fsdp)."""
     model = _build_model(job, config)
-    with _fake_process_group(devices if args.training_args.fsdp else None) as mesh:
+    with _fake_process_group(devices if sharded else None) as mesh:
         if mesh is not None:
             _shard(model, mesh)
-        best = _trace(model, job, config, mesh is not None)
-    return {**best, "_sequence_length": job.seq_length}
+        return _trace(model, job, config, mesh is not None)
+
+
+def _repeated_layers(config: Any) -> int | None:
+    """How many decoder layers the text model stacks, where they are alike and more than the cut model has: None
+    when a list in the config describes the layers one by one (their kinds may differ), or for a shallow model."""
+    text = config.get_text_config()
+    layers = getattr(text, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= FEW_LAYERS + 1 or text is not config:
+        return None
+    if any(isinstance(value, list | tuple) and len(value) == layers for value in text.to_dict().values()):
+        return None
+    return layers
+
+
+def _with_layers(config: Any, layers: int) -> Any:
+    cut = copy.deepcopy(config)
+    cut.num_hidden_layers = layers
+    return cut
 
 
 def _trace(model, job: _Job, config: Any, sharded: bool) -> dict[str, Any]:

@@ -652,11 +652,12 @@ def points_table(points: list[PointRuns], rows: list[dict[str, Any]]) -> str:
 
 
 def failures_section(rows: list[dict[str, Any]]) -> str:
-    """A line per run that did not do its work (``DONE_STATUSES``): its status and root cause (category, rank, step,
-    message), the ranks that reported a failure; empty when every run did its work."""
+    """A line per run that failed to do its work (not in ``FINISHED_STATUSES``: a rerun of a finished job measured
+    nothing, but failed nothing): its status and root cause (category, rank, step, message), the ranks that reported
+    a failure; empty when no run failed."""
     lines = []
     for r in rows:
-        if r["status"] in DONE_STATUSES:
+        if r["status"] in FINISHED_STATUSES:
             continue
         where = "".join(
             f" {word} {r[key]}"

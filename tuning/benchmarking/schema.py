@@ -463,6 +463,9 @@ class MemoryEstimate(_Model):
     """why no figure: what could not be traced"""
     estimate_only: bool = False
     """the run was --estimate_memory: nothing trained"""
+    traced_layers: list[int] | None = None
+    """a deep stack of alike decoder layers was traced cut to these depths and extended to the whole stack by the
+    difference between them; absent where the whole model was traced"""
 
 
 class ProfileOp(_Model):
