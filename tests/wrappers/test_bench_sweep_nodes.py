@@ -1,11 +1,12 @@
 """bench_sweep's points across nodes on a real 2-node Ray cluster (Ray's own ``ray.cluster_utils.Cluster``, two
-raylets on loopback, one CPU each), one cluster and one sweep for the module: a 3-node point the cluster cannot place,
-a 2-node × 1-process point whose node 1 loses its torchrun (a real SIGKILL) mid-run, and a 1-node point of the same
-grid that runs after them."""
+raylets on loopback, one CPU each), one cluster for the module. One sweep: a 3-node point the cluster cannot place, a
+2-node × 1-process point whose node 1 loses its torchrun (a real SIGKILL) mid-run, and a 1-node point of the same grid
+that runs after them. Another: a 2-node point whose driver is SIGTERMed mid-run, then rerun."""
 
 import json
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -13,15 +14,17 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers.bench import sweep_point_flags
-from tests.helpers.training import BENCH_CALLBACKS, REPO_ROOT, run_python
+from tests.helpers.bench import series, sweep_point_flags
+from tests.helpers.training import BENCH_CALLBACKS, REPO_ROOT, Job, run_python, wait_until
 from tuning.benchmarking import sweep
-from tuning.benchmarking.sweep.point import POINT_MARKER_ENV
+from tuning.benchmarking.dump import STEP_TIME
+from tuning.benchmarking.sweep.point import POINT_MARKER_ENV, STOP_GRACE_SECONDS
 
 pytestmark = pytest.mark.slow  # a Ray cluster, torchrun on two Ray nodes: not in make test-fast
 
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
 PLACEMENT_TIMEOUT = 3
+STOPPED_STEPS = 5  # the SIGTERMed point's max_steps: slow steps (SlowSteps), a checkpoint each
 
 
 def point_processes(temp: str) -> list[int]:
@@ -34,14 +37,11 @@ def point_processes(temp: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
-    """The grid ``nnodes: [3, 2, 1]`` on a 2-node cluster: the points, the cluster's placement groups after the
-    sweep, and the plan of its rerun. The cluster's processes get this checkout on their path and a short
-    temp dir of their own (Ray's sockets live there; the points' scratch directories too)."""
-    import ray
+def ray_cluster() -> dict:
+    """The module's one 2-node cluster: its address and the short temp dir of its processes (Ray's sockets live
+    there; the points' scratch directories too). Its processes get this checkout on their path."""
     from ray.cluster_utils import Cluster
 
-    tmp = tmp_path_factory.mktemp("sweep-nodes")
     temp = tempfile.mkdtemp(prefix="bn", dir="/tmp")
     env = {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "TMPDIR": temp}
     with pytest.MonkeyPatch.context() as patch:
@@ -53,36 +53,59 @@ def ray_nodes_sweep(tiny_model, tmp_path_factory) -> dict:
             cluster.wait_for_nodes()
         except BaseException:
             cluster.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
             raise
     try:
-        kill = f"{BENCH_CALLBACKS}:SigkillsNode1LauncherInStep3"  # a no-op on one node
-        base = sweep_point_flags(tiny_model, max_steps=3, tracker="none", callbacks=kill)
-        spec = tmp / "sweep.yaml"
-        spec.write_text(yaml.safe_dump({"base": base, "axes": {"nnodes": [3, 2, 1]}}))
-        out = tmp / "sweep"
-        command = [str(BENCH_SWEEP), str(spec), "--output_dir", str(out), "--executor", "ray"]
-        command += ["--ray_address", cluster.address, "--placement_timeout", str(PLACEMENT_TIMEOUT)]
-        result = run_python(*command, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        points = sweep.grid(sweep.load_spec(str(spec)))  # the rerun's plan, as --dry_run prints it
-        plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
-        ray.init(address=cluster.address, log_to_driver=False)
-        groups = ray.util.placement_group_table()
-        nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        ray.shutdown()
-        lines = [json.loads(line) for line in (out / "sweep_state.jsonl").read_text().splitlines()]
-        yield {
-            "out": out,
-            "lines": {line["axes"]["nnodes"]: line for line in lines},
-            "order": [line["axes"]["nnodes"] for line in lines],
-            "groups": groups,
-            "nodes": nodes,
-            "plan": plan,
-            "temp": temp,
-        }
+        yield {"address": cluster.address, "temp": temp}
     finally:
         cluster.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def sweep_command(spec: Path, out: Path, address: str) -> list[str]:
+    """The driver's command line after ``python``: the sweep on the module's cluster."""
+    command = [str(BENCH_SWEEP), str(spec), "--output_dir", str(out), "--executor", "ray"]
+    return [*command, "--ray_address", address, "--placement_timeout", str(PLACEMENT_TIMEOUT)]
+
+
+def cluster_state(address: str, names: set[str]) -> tuple[dict, set[str]]:
+    """The cluster's placement groups named ``names`` (a point's group bears its id), removed ones included, and the
+    ids of its live nodes."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        groups = {key: group for key, group in ray.util.placement_group_table().items() if group["name"] in names}
+        return groups, {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_nodes_sweep(ray_cluster, tiny_model, tmp_path_factory) -> dict:
+    """The grid ``nnodes: [3, 2, 1]`` on the 2-node cluster: the points, their placement groups after the sweep, and
+    the plan of its rerun."""
+    tmp = tmp_path_factory.mktemp("sweep-nodes")
+    kill = f"{BENCH_CALLBACKS}:SigkillsNode1LauncherInStep3"  # a no-op on one node
+    base = sweep_point_flags(tiny_model, max_steps=3, tracker="none", callbacks=kill)
+    spec = tmp / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({"base": base, "axes": {"nnodes": [3, 2, 1]}}))
+    out = tmp / "sweep"
+    result = run_python(*sweep_command(spec, out, ray_cluster["address"]), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    points = sweep.grid(sweep.load_spec(str(spec)))  # the rerun's plan, as --dry_run prints it
+    plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
+    groups, nodes = cluster_state(ray_cluster["address"], {point.id for point in points})
+    lines = [json.loads(line) for line in (out / "sweep_state.jsonl").read_text().splitlines()]
+    return {
+        "out": out,
+        "lines": {line["axes"]["nnodes"]: line for line in lines},
+        "order": [line["axes"]["nnodes"] for line in lines],
+        "groups": groups,
+        "nodes": nodes,
+        "plan": plan,
+        "temp": ray_cluster["temp"],
+    }
 
 
 def dump_of(out: Path, line: dict) -> dict:
@@ -130,3 +153,45 @@ def test_a_point_the_cluster_cannot_place_is_unschedulable_and_the_sweep_goes_on
     assert {group["state"] for group in ray_nodes_sweep["groups"].values()} == {"REMOVED"}
     assert not point_processes(ray_nodes_sweep["temp"])
     assert ray_nodes_sweep["plan"][-1] == "3 points, 0 to run"
+
+
+def test_a_sigterm_to_the_driver_stops_a_point_on_two_nodes_whole_and_its_rerun_trains_it_anew(
+    ray_cluster, tiny_model, tmp_path
+):
+    """The driver SIGTERMed while a 2-node point trains past a checkpoint: it exits 143, as with one-node points;
+    both nodes' ranks stopped (no process of the point left), its placement group removed, its scratch directories
+    removed on both nodes with the checkpoints in them (points do not resume: docs/sweeps.md), and no state line,
+    so the same command reruns it: it trains every step from the first and ends ok."""
+    temp = Path(ray_cluster["temp"])
+    slow = f"{BENCH_CALLBACKS}:SlowSteps"
+    base = sweep_point_flags(tiny_model, max_steps=STOPPED_STEPS, save_strategy="steps", tracker="none", callbacks=slow)
+    spec, out = tmp_path / "sweep.yaml", tmp_path / "sweep"
+    # save_steps as an axis: a point id (and placement group name) of its own, not the other sweep's 2-node point's
+    spec.write_text(yaml.safe_dump({"base": base, "axes": {"nnodes": [2], "save_steps": [1]}}))
+    (point,) = sweep.grid(sweep.load_spec(str(spec)))
+    command = sweep_command(spec, out, ray_cluster["address"])
+
+    def trained_past_a_checkpoint() -> bool:
+        checkpoints = temp.glob(f"bench-sweep-*/{point.id}/checkpoint-*/trainer_state.json")
+        return any(True for _ in checkpoints) and any(True for _ in temp.glob(f"bench-sweep-*/{point.id}.journal*"))
+
+    driver = Job(command, log_dir=tmp_path / "driver")
+    wait_until(trained_past_a_checkpoint, driver, "the 2-node point past its first checkpoint", 300)
+    assert len(list(temp.glob(f"bench-sweep-*/{point.id}.log"))) == 2  # a scratch directory on each node
+    driver.send_signal(signal.SIGTERM)
+    stderr = driver.finish(timeout=STOP_GRACE_SECONDS)  # within the grace: the ranks stopped at a step, none killed
+    assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by signal 15" in stderr
+    wait_until(lambda: not point_processes(str(temp)), None, "no process of the point left after SIGTERM", 30)
+    assert not list(temp.glob("bench-sweep-*"))
+    assert not (out / "sweep_state.jsonl").exists() or not (out / "sweep_state.jsonl").read_text().strip()
+    groups, _ = cluster_state(ray_cluster["address"], {point.id})
+    assert [group["state"] for group in groups.values()] == ["REMOVED"]
+
+    rerun = run_python(*command, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (line,) = [json.loads(text) for text in (out / "sweep_state.jsonl").read_text().splitlines()]
+    assert (line["point"], line["status"], line["exit_code"]) == (point.id, "ok", 0), line
+    dump = dump_of(out, line)
+    assert dump["training_steps"] == STOPPED_STEPS and dump["world_size"] == 2
+    assert series(dump, STEP_TIME)["steps"][0] == 1  # from the first step, not from the stopped run's checkpoint
