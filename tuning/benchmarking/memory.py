@@ -382,18 +382,18 @@ def _estimate(args: Any, devices: int) -> dict[str, Any]:
 def _traced(job: _Job, config: Any, devices: int, sharded: bool) -> dict[str, Any]:
     """The job's step traced on ``config``'s model (sharded over ``devices`` fake ranks with --fsdp)."""
     model = _build_model(job, config)
-    with _fake_process_group(devices if sharded else None) as mesh, _value_checks_off(image_tokens(config)):
+    with _fake_process_group(devices if sharded else None) as mesh, _value_checks_off(config):
         if mesh is not None:
             _shard(model, mesh)
         return _trace(model, job, config, mesh is not None)
 
 
 @contextlib.contextmanager
-def _value_checks_off(vision: int | None) -> Iterator[None]:
+def _value_checks_off(config: Any) -> Iterator[None]:
     """For a vision-language model, transformers' checks that read tensor values (its image tokens against its
     image features: equal by the batch's making) turned off while tracing, by the switch transformers documents
     (``TRANSFORMERS_DISABLE_TORCH_CHECK``): fake tensors have no values to read."""
-    if vision is None:
+    if image_tokens(config) is None:  # a text model, or one not traced
         yield
         return
     before = os.environ.get(TORCH_CHECK_SWITCH)
