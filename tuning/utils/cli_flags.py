@@ -63,8 +63,9 @@ def reject_unknown_flags(function: Callable[..., Any], argv: list[str] | None = 
 def fire_flags(main: Callable[..., int], flags: type, name: str) -> int:
     """Run ``main`` under fire with the fields of the dataclass ``flags`` as its command line: the fields without a
     default positional, the others flags, the dataclass's docstring as ``--help``; an unknown flag rejected first.
-    ``main`` receives the values as fire parsed them, as ``flags``' fields by position and name. The process ends
-    as a training script's does (``tuning.utils.prologue``): its last exit handler freezes what is still alive."""
+    ``main`` receives the values as fire parsed them, as ``flags``' fields by position and name. At the process's
+    exit, after the handlers registered from here on, what is still alive is frozen (``gc.freeze``), so that Python's
+    final collections skip it, as a training script's prologue does (``tuning.utils.prologue``)."""
     import fire  # the wrappers' command lines only: the trainer's modules that read this one never load it
 
     atexit.register(gc.freeze)
