@@ -139,10 +139,13 @@ def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_
 
 
 def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):
+    """The survivor does not hang until --ddp_timeout: it reports what it saw and the pod ends well within it."""
     launcher = start_launch(two_ranks(BENCH_TRAIN, slow_bench_args(tiny_model, tmp_path)), tmp_path)
     wait_for_steps(tmp_path / "bench.journal.jsonl", 2, launcher)
+    started = time.monotonic()
     os.kill(worker_pid(launcher, 1), signal.SIGKILL)
     stderr = launcher.finish()
+    assert time.monotonic() - started < 60  # far below --ddp_timeout's default plus torchrun's grace period
     assert launcher.returncode == 128 + signal.SIGKILL, stderr[-3000:]
     first, second = check_pod_log(tmp_path)
     assert first.startswith("interrupted: rank 1: killed by SIGKILL, without an error report of its own")

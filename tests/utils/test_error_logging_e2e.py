@@ -1,20 +1,18 @@
 """End-to-end error reporting of ``python tuning/sft_trainer.py`` on the tiny model: real bad inputs, real faults
-inside training steps, real signals, and a real rank death under torchrun."""
+inside training steps and real signals. Ranks under torchrun: a SIGKILLed rank and its survivor in
+tests/test_launch.py, a SIGTERM to one rank in tests/wrappers/test_bench_train.py."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.training import (
     SFT_TRAINER,
-    TORCHRUN,
     Job,
     cli_args,
     logged_steps,
@@ -22,9 +20,7 @@ from tests.helpers.training import (
     run_python,
     run_sft_trainer,
     termination_lines,
-    two_ranks,
     wait_for_steps,
-    worker_pid,
 )
 from tuning.utils.error_logging import TERMINATION_LOG_MAX_BYTES
 
@@ -184,50 +180,3 @@ def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
     assert (category, rank, code) == ("interrupted", "0", "143")
     assert logged_steps(training_logs)[-1] == int(step)  # every step up to the stop was logged and flushed
     assert int(step) < 100_000
-
-
-def start_torchrun(tiny_model: str, tmp_path: Path) -> Job:
-    args = [
-        *cli_args(tiny_model, str(tmp_path), max_steps=100_000, per_device_train_batch_size=2),
-        "--ddp_timeout",
-        "30",
-    ]
-    return Job(
-        [*TORCHRUN, *two_ranks(SFT_TRAINER, args)],
-        tmp_path / "logs",
-        TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
-    )
-
-
-@pytest.mark.slow
-def test_torchrun_survivor_reports_a_killed_rank_without_hanging(tiny_model, tmp_path):
-    launcher = start_torchrun(tiny_model, tmp_path)
-    wait_for_steps(tmp_path / "training_logs.jsonl", 1, launcher)
-    started = time.monotonic()
-    os.kill(worker_pid(launcher, 1), signal.SIGKILL)
-    stderr = launcher.finish(timeout=120)
-    assert time.monotonic() - started < 60  # far below --ddp_timeout's worst case plus torchrun's grace period
-    [line] = termination_lines(tmp_path / "termination-log")  # the killed rank wrote nothing
-    survivor = [m for m in markers(stderr) if m[1] == "0"]
-    assert len(survivor) == 1, stderr[-3000:]
-    category = survivor[0][0]
-    # What rank 0 sees depends on timing: the dead peer's closed socket in a collective (communication) or, first,
-    # the SIGTERM torchrun sends to the remaining workers (interrupted).
-    assert category in ("communication", "interrupted")
-    assert line.startswith(f"{category}: rank 0: ")
-
-
-@pytest.mark.slow
-def test_torchrun_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tiny_model, tmp_path):
-    launcher = start_torchrun(tiny_model, tmp_path)
-    wait_for_steps(tmp_path / "training_logs.jsonl", 1, launcher)
-    os.kill(worker_pid(launcher, 1), signal.SIGTERM)
-    stderr = launcher.finish(timeout=120)
-    found = sorted(markers(stderr), key=lambda marker: marker[1])
-    expected = [("interrupted", "0", "143"), ("interrupted", "1", "143")]
-    assert [(m[0], m[1], m[3]) for m in found] == expected, stderr[-6000:]
-    assert found[0][2] == found[1][2]  # both ranks stopped after the same optimizer step
-    assert sorted(termination_lines(tmp_path / "termination-log")) == [
-        "interrupted: rank 0: TrainingInterrupted: training stopped by SIGTERM",
-        "interrupted: rank 1: TrainingInterrupted: training stopped by SIGTERM",
-    ]

@@ -41,6 +41,7 @@ from tests.helpers.training import (
     cli_args,
     load_script,
     logged_steps,
+    termination_lines,
     wait_for_steps,
     wait_until,
 )
@@ -251,7 +252,8 @@ def test_stop_after_seconds_on_two_ranks_stops_both_at_the_same_step(tiny_model,
 
 @pytest.mark.slow
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path):
-    """Rank 1 alone is signalled in step 3; with a stop rule active too, one all-reduce per step still decides."""
+    """Rank 1 alone is signalled in step 3 (a real SIGTERM to its own process); with a stop rule active too, one
+    all-reduce per step still decides; each rank writes its own termination line."""
     args = bench_args(
         tiny_model,
         tmp_path,
@@ -261,8 +263,12 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tiny_model, tmp_path
         stop_after_seconds=3600,
         callbacks=f"{BENCH_CALLBACKS}:SigtermOnLastRankInStep3,{BENCH_CALLBACKS}:CountsStopCollectives",
     )
-    returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path))
+    log = tmp_path / "termination-log"
+    returncode, _, stderr = run_bench(args, torchrun=True, COLLECTIVES_DIR=str(tmp_path), TERMINATION_LOG_FILE=str(log))
     assert returncode != 0
+    assert sorted(termination_lines(log)) == [
+        f"interrupted: rank {rank}: TrainingInterrupted: training stopped by SIGTERM" for rank in (0, 1)
+    ]
     for rank in (0, 1):
         assert f"TUNING_ERROR category=interrupted rank={rank} step=3 exit_code=143" in stderr, stderr[-3000:]
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [1, 1, 1]
