@@ -37,6 +37,7 @@ from tuning.utils.graceful_stop import GracefulStopCallback
 
 SAVE_STEPS, MAX_STEPS = 8, 18  # a SIGTERM after step 9 may land up to 6 steps late on a loaded machine
 RANKS = 2  # torchrun ranks of the preempted job
+TRAIN_IN_TURN = str(REPO_ROOT / "tests" / "helpers" / "train_in_turn.py")
 BENCH_REPORT = str(REPO_ROOT / "wrappers" / "bench_report.py")
 
 
@@ -84,8 +85,8 @@ def test_a_bare_resume_from_checkpoint_means_true():
         assert args[2].resume_from_checkpoint == expected, flags
 
 
-def _command(tiny_model: str, output_dir: Path, **extra) -> list[str]:
-    """The job, on RANKS torchrun ranks: checkpoints every SAVE_STEPS steps, 16 sequences per optimizer step."""
+def _flags(tiny_model: str, output_dir: Path, **extra) -> list[str]:
+    """The job's flags: checkpoints every SAVE_STEPS steps, 16 sequences per optimizer step on RANKS ranks."""
     options = {
         "max_steps": MAX_STEPS,
         "per_device_train_batch_size": 4 // RANKS,
@@ -95,8 +96,7 @@ def _command(tiny_model: str, output_dir: Path, **extra) -> list[str]:
         "save_total_limit": 1,
         "save_model_dir": str(output_dir / "final"),
     }
-    flags = cli_args(tiny_model, str(output_dir), **{**options, **extra})
-    return [*TORCHRUN, *two_ranks(SFT_TRAINER, [*flags, "--ddp_timeout", "60"])]
+    return [*cli_args(tiny_model, str(output_dir), **{**options, **extra}), "--ddp_timeout", "60"]
 
 
 def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
@@ -104,11 +104,13 @@ def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exactly(tiny_model, tmp_path):
-    """On two ranks (one process's SIGTERM, checkpoint and resume: test_bench_train_writes_the_checkpoint_at_sigterm
-    below, and test_error_logging_e2e's step boundary and exit 143)."""
+def test_sigterm_between_checkpoints_then_the_same_flags_finish_the_run_exactly(tiny_model, tmp_path):
+    """On two ranks (one process's SIGTERM, checkpoint and resume through the command line:
+    test_bench_train_writes_the_checkpoint_at_sigterm below, and test_error_logging_e2e's step boundary and exit
+    143). The resumed run and an uninterrupted reference then train in one torchrun start
+    (tests/helpers/train_in_turn.py), each as its own job of sft_trainer's flags."""
     output_dir = tmp_path / "out"
-    preempted = Job(_command(tiny_model, output_dir), tmp_path / "preempted")
+    preempted = Job([*TORCHRUN, *two_ranks(SFT_TRAINER, _flags(tiny_model, output_dir))], tmp_path / "preempted")
     wait_for_steps(output_dir / "training_logs.jsonl", SAVE_STEPS + 1, preempted, signal.SIGTERM)
     stderr = preempted.finish(timeout=180)
     stopped = logged_steps(output_dir / "training_logs.jsonl")[-1]
@@ -120,14 +122,12 @@ def test_sigterm_between_checkpoints_then_the_same_command_finishes_the_run_exac
     status = json.loads((output_dir / f"checkpoint-{stopped}" / STATUS_FILE).read_text())
     assert status == {"complete": True, "global_step": stopped, "world_size": RANKS}
 
-    resumed = run_python(*_command(tiny_model, output_dir), timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = _flags(tiny_model, tmp_path / "reference", save_strategy="no")
+    in_turn = run_python(*TORCHRUN, *two_ranks(TRAIN_IN_TURN, [*_flags(tiny_model, output_dir), "--then", *reference]))
+    assert in_turn.returncode == 0, in_turn.stderr[-3000:]
     # From the step the preempted run logged last: no step is trained twice.
-    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in resumed.stderr
+    assert f"resuming from checkpoint-{stopped} (global step {stopped})" in in_turn.stderr
     assert logged_steps(output_dir / "training_logs.jsonl") == list(range(1, MAX_STEPS + 1))
-
-    reference = run_python(*_command(tiny_model, tmp_path / "reference", save_strategy="no"), timeout=300)
-    assert reference.returncode == 0, reference.stderr[-3000:]
     expected = _final_weights(tmp_path / "reference")
     for name, tensor in _final_weights(output_dir).items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -1,7 +1,8 @@
 """Under torchrun: ``python -m torch.distributed.run ... tests/helpers/train_in_turn.py FLAGS [--then FLAGS]...``.
 Several ``sft_trainer.train()`` jobs, one after another in the same ranks, each parsed from its own sft_trainer
 flags: one process start for them all (what a torchrun test pays most for). Each job builds its own model,
-optimizer and scheduler, as a new process would; a job with ``--resume_from_checkpoint`` reads only its files."""
+optimizer and scheduler, as a new process would; a job with ``--resume_from_checkpoint`` (or an output_dir holding a
+checkpoint) reads only its files; a job with ``--save_model_dir`` saves there at its end, as the CLI's main() does."""
 
 import sys
 
@@ -27,13 +28,15 @@ def jobs(argv: list[str]) -> list[list[str]]:
 def main() -> None:
     for flags in jobs(sys.argv[1:]):
         args = sft_trainer.parse_arguments(sft_trainer.get_parser(), args=flags)
-        sft_trainer.train(
+        trainer, _, _ = sft_trainer.train(
             args.model_args,
             args.data_args,
             args.training_args,
             args.tune_config,
             fast_moe_config=args.fast_moe_config,
         )
+        if args.training_args.save_model_dir:
+            sft_trainer.save(args.training_args.save_model_dir, trainer)
         dist.barrier()
     dist.destroy_process_group()
 
