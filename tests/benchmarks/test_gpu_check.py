@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import gpu_check, overhead
 from tests.helpers.nvml import FAKE_NVML_DIR, load_fake_nvml
-from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, load_script, run_python, subprocess_env
+from tests.helpers.training import BENCH_TRAIN, REPO_ROOT, load_script, subprocess_env
 from tuning.data.masking import IGNORE_INDEX, tokenize_and_mask
 from tuning.utils.tiny_model import EOS, build_tokenizer, llama_config
 
@@ -59,12 +59,11 @@ DEVICES = [
 ]
 
 
-@pytest.mark.slow
-def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
+def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path, capsys):
+    """main's result is the script's exit status (``sys.exit(main())``)."""
     output = tmp_path / "gpu_check.md"
-    result = run_python("-m", "benchmarks.gpu_check", "--output", str(output))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == [
+    assert gpu_check.main(["--output", str(output)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
         "gpu_check: no CUDA device here (torch.cuda.is_available() is False), so nothing to check"
     ]
     assert not output.exists()
