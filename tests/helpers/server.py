@@ -15,17 +15,26 @@ from tests.helpers.training import free_port
 
 class ServerProcess:
     """``command(port)`` run on a free port until it accepts TCP connections there; its stderr goes to ``log_path``
-    if given. ``stop()`` ends it as an operator would, ``kill()`` as a crash does."""
+    if given, ``env`` is added to its environment. ``stop()`` ends it as an operator would, ``kill()`` as a crash
+    does."""
 
     name = "server"
 
     def __init__(
-        self, command: Callable[[int], list[str]], startup_timeout: float, log_path: Path | None = None
+        self,
+        command: Callable[[int], list[str]],
+        startup_timeout: float,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         with open(log_path, "w") if log_path else contextlib.nullcontext(subprocess.DEVNULL) as stderr:
             self.process = subprocess.Popen(
-                command(self.port), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+                command(self.port),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         deadline = time.monotonic() + startup_timeout
         while not self.accepts():
