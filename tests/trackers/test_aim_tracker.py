@@ -496,24 +496,6 @@ def test_server_gone_while_aim_waits_on_it_is_reported_unreachable(tmp_path, cap
             connection.close()
 
 
-def test_killed_training_process_leaves_a_closed_run(tmp_path):
-    """SIGKILL the training process mid-run: its Aim writer sees its input end, closes the run and exits."""
-    script, marker, repo = tmp_path / "driver.py", str(tmp_path / "marker"), tmp_path / "repo"
-    script.write_text(DRIVER)
-    config = json.dumps({"aim_repo": str(repo), "aim_close_timeout": 20})
-    argv = [sys.executable, str(script), config, str(tmp_path / "out"), "10", "3", marker, "end"]
-    child = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(Path(marker + ".paused").exists, child, "the driver's pause", timeout=120)
-    finally:
-        child.kill()
-        child.wait()
-    wait_for_exit(int(Path(marker + ".paused").read_text()), 30, "the Aim writer outlived its training process by 30 s")
-    (run,) = read_runs(repo)
-    assert not run["active"]
-    assert series(run, "loss") == {step: pytest.approx(1.0 / step) for step in (1, 2, 3)}
-
-
 def test_registry_builds_the_aim_tracker(tmp_path):
     from tuning.trackers.tracker_factory import build_trackers
 

@@ -17,6 +17,7 @@ import pytest
 from transformers import TrainerCallback
 
 from tests.helpers.aim import read_runs
+from tests.helpers.aim import series as aim_series
 from tests.helpers.bench import bench_args, read_dump, series
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
@@ -181,36 +182,47 @@ def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_killed_training_process_leaves_a_closed_run(tmp_path):
-    """SIGKILL the training process mid-run: its helper sees the connection end and closes the run as KILLED."""
+def test_killed_training_process_leaves_closed_runs(tmp_path):
+    """SIGKILL the training process mid-run: its helpers (MLflow's and Aim's, one process) see the connection end and
+    close their runs, as KILLED, then exit."""
     code = textwrap.dedent(
         """
         import sys, time
-        from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
+        from tuning.config.tracker_configs import AimConfig, MLflowConfig
+        from tuning.trackers.aimstack_tracker import AimStackTracker
         from tuning.trackers.mlflow_tracker import MLflowTracker
-        tracker = MLflowTracker(MLflowConfig(mlflow_tracking_uri=sys.argv[1]))
-        tracker.set_params({"dataset_id": "killed"})
-        tracker.track(0.5, "model_load_time")
-        callback = tracker.callback
-        while (tracker.run_id is None or callback._points or callback.transport.pending) and not tracker.degraded:
-            time.sleep(0.05)  # until the run exists and holds everything tracked
-        print(tracker.callback.transport.process.pid, tracker.degraded_reason, flush=True)
+        trackers = [MLflowTracker(MLflowConfig(mlflow_tracking_uri=sys.argv[1])),
+                    AimStackTracker(AimConfig(aim_repo=sys.argv[2], aim_close_timeout=20))]
+        for tracker in trackers:
+            tracker.set_params({"dataset_id": "killed"})
+            tracker.track(0.5, "model_load_time")
+        def unsent(tracker):
+            callback = tracker.callback
+            return callback.run_info is None or callback._points or callback.transport.pending
+        while any(unsent(tracker) and not tracker.degraded for tracker in trackers):
+            time.sleep(0.05)  # until the runs exist and hold everything tracked
+        for tracker in trackers:
+            print(tracker.callback.transport.process.pid, tracker.degraded_reason, flush=True)
         time.sleep(600)
         """
     )
-    store = tmp_path / "mlruns"
-    argv = [sys.executable, "-c", code, str(store)]
+    store, repo = tmp_path / "mlruns", tmp_path / "aim"
+    argv = [sys.executable, "-c", code, str(store), str(repo)]
     child = subprocess.Popen(argv, env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        helper_pid, reason = child.stdout.readline().split()
+        helpers = [child.stdout.readline().split() for _ in range(2)]
     finally:
         child.kill()
         child.wait()
-    assert reason == "None"
-    wait_for_exit(int(helper_pid), 30, "the MLflow helper outlived its training process by 30 s")
+    assert [reason for _pid, reason in helpers] == ["None", "None"]
+    for pid, _reason in helpers:
+        wait_for_exit(int(pid), 30, "a helper outlived its training process by 30 s")
     (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'killed'")
     assert run.info.status == "KILLED"
     assert history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "model_load_time") == {0: 0.5}
+    (aim_run,) = read_runs(repo, 'run.experiment_metadata.dataset_id == "killed"')
+    assert aim_run["params"]["status"] == "KILLED" and not aim_run["active"]
+    assert aim_series(aim_run, "model_load_time", {"subset": "additional_metrics"}) == {0: 0.5}
 
 
 # ---- a real server ----
