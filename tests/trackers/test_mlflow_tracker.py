@@ -24,17 +24,13 @@ from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
 from tests.helpers.training import (
     BENCH_TRAIN,
     REPO_ROOT,
-    SFT_TRAINER,
-    Job,
     cli_args,
     free_port,
     load_script,
     logged_steps,
     run_main,
     subprocess_env,
-    succeeded,
     wait_for_exit,
-    wait_for_steps,
 )
 from tuning.benchmarking.dump import STEP_TIME
 from tuning.config.tracker_configs import AimConfig, MLflowConfig, TrackerConfigFactory
@@ -357,18 +353,20 @@ def test_params_alike_once_flattened_are_all_kept_with_one_warning(tmp_path, cap
     assert capfd.readouterr().err.count("came out under the key of another param") == 1
 
 
-def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_model, tmp_path):
-    """Two jobs create one new store at once: each gets its run and the store stays searchable."""
+def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tmp_path, caplog):
+    """Two jobs create one new store at once: each gets its run and the store stays searchable. The store is made
+    by the jobs' helper processes (a training process only hands its helper the URI), so two trackers in this
+    process, a real helper each, open their runs together once both have imported MLflow."""
     store = tmp_path / "new-store"
-    workdirs = [tmp_path / f"job{index}" for index in range(2)]
-    jobs = []
-    for index, workdir in enumerate(workdirs):
-        args = cli_args(tiny_model, str(workdir), max_steps=2)
-        args += ["--tracker", "mlflow", "--mlflow_tracking_uri", str(store)]
-        args += ["--exp_metadata", json.dumps({"job": index})]  # the run opens at once
-        jobs.append(Job([SFT_TRAINER, *args], log_dir=workdir))
-    for job in jobs:
-        assert DEGRADED_WARNING not in succeeded(job)
+    trackers = [MLflowTracker(MLflowConfig(mlflow_tracking_uri=str(store))) for _ in range(2)]
+    for tracker in trackers:
+        assert tracker.callback.ready.wait(120)
+    for index, tracker in enumerate(trackers):
+        tracker.set_params({"job": index})  # the run opens now: both within a moment
+    for tracker in trackers:
+        tracker.close()
+    assert [tracker.degraded_reason for tracker in trackers] == [None, None]
+    assert not degraded_warnings(caplog, DEGRADED_WARNING)
     runs = search(f"sqlite:///{store}/mlflow.db")
     assert sorted(run.data.params["job"] for run in runs) == ["0", "1"]
     assert {run.info.status for run in runs} == {"FINISHED"}
@@ -377,40 +375,57 @@ def test_jobs_started_together_on_a_new_sqlite_store_each_get_their_run(tiny_mod
 # ---- a run's status is the job's outcome ----
 
 
-def start_command(argv: list[str], workdir: Path) -> Job:
-    """A job with its output in ``workdir``; FAULT*: tests.helpers.fault_injection's crash mid-training, as a GPU out
-    of memory at step 2."""
-    env = {"TERMINATION_LOG_FILE": str(workdir / "termination-log"), "REPORT_PATH": str(workdir / "report.json")}
-    return Job(argv, log_dir=workdir, FAULT="gpu_oom", FAULT_STEP="2", **env)
+def assert_runs_ended(workdir: Path, status: str) -> None:
+    """The job's MLflow run (store ``workdir/mlflow``) and Aim run (repo ``workdir/aim``) ended with ``status``."""
+    (run,) = search(f"sqlite:///{workdir / 'mlflow'}/mlflow.db")
+    assert run.info.status == status
+    (aim_run,) = read_runs(workdir / "aim", f"run.status == '{status}'")  # as users query it
+    assert aim_run["params"]["status"] == status and not aim_run["active"]
 
 
-def test_runs_of_failed_and_interrupted_jobs_end_with_the_jobs_outcome(tiny_model, tmp_path):
-    """A user error (a data file without the text field), a crash mid-training and a SIGTERM: MLflow's run status
-    and Aim's ``status`` param say FAILED, FAILED and KILLED."""
+def both_trackers(workdir: Path) -> list[str]:
+    """Flags for MLflow and Aim runs in ``workdir``, opened at once (the metadata is set before the model loads)."""
+    args = ["--trackers", "mlflow", "aim", "--mlflow_tracking_uri", str(workdir / "mlflow")]
+    return [*args, "--aim_repo", str(workdir / "aim"), "--exp_metadata", METADATA_FLAG]
+
+
+def test_runs_of_a_user_error_and_an_interrupted_job_end_with_the_jobs_outcome(
+    tiny_model, tmp_path, monkeypatch, capfd
+):
+    """A user error (a data file without the text field) through the CLI's main, and a SIGTERM in training through
+    train(), in this process (the helpers are real processes): MLflow's run status and Aim's ``status`` param say
+    FAILED and KILLED. A crash is test_train_that_raises_closes_the_runs_it_built_as_failed's; the exit statuses a
+    shell sees (1, 143) are test_launch.py's and test_error_logging_e2e.py's."""
+    from tests.helpers.graceful_stop import SignalAtStep
+    from tuning.sft_trainer import get_parser, parse_arguments, train
+    from tuning.utils.graceful_stop import GracefulStopCallback
+
     bad_data = tmp_path / "bad.jsonl"
     bad_data.write_text('{"input": "a"}\n' * 8)
-    commands = {
-        "user_error": [SFT_TRAINER],
-        "crash": ["-m", "tests.helpers.fault_injection"],
-        "sigterm": [SFT_TRAINER],
-    }
-    extra = {"user_error": {"data": str(bad_data)}, "crash": {"max_steps": 10}, "sigterm": {"max_steps": 100_000}}
-    jobs = {}
-    for name, command in commands.items():
-        workdir = tmp_path / name
-        args = cli_args(tiny_model, str(workdir), **extra[name])
-        args += ["--trackers", "file_logger", "mlflow", "aim", "--mlflow_tracking_uri", str(workdir / "mlflow")]
-        args += ["--aim_repo", str(workdir / "aim"), "--exp_metadata", METADATA_FLAG]  # the runs open at once
-        jobs[name] = start_command(command + args, workdir)
-    wait_for_steps(tmp_path / "sigterm" / "training_logs.jsonl", 1, jobs["sigterm"], signal.SIGTERM, timeout=240)
-    expected = {"user_error": (1, "FAILED"), "crash": (204, "FAILED"), "sigterm": (143, "KILLED")}
-    for name, (exit_code, status) in expected.items():
-        stderr = jobs[name].finish()
-        assert jobs[name].returncode == exit_code, stderr[-3000:]
-        (run,) = search(f"sqlite:///{tmp_path / name / 'mlflow'}/mlflow.db")
-        assert run.info.status == status, name
-        (aim_run,) = read_runs(tmp_path / name / "aim", f"run.status == '{status}'")  # as users query it
-        assert aim_run["params"]["status"] == status and not aim_run["active"], name
+    workdir = tmp_path / "user_error"
+    args = [*cli_args(tiny_model, str(workdir), data=str(bad_data)), *both_trackers(workdir)]
+    exit_code, stderr = run_main(args, monkeypatch, capfd)
+    assert exit_code == 1, stderr[-3000:]
+    assert_runs_ended(workdir, "FAILED")
+
+    workdir = tmp_path / "sigterm"
+    argv = [*cli_args(tiny_model, str(workdir), max_steps=5), *both_trackers(workdir)]
+    monkeypatch.setattr(sys, "argv", ["sft_trainer", *argv])
+    args = parse_arguments(get_parser())
+    stop = GracefulStopCallback()
+    try:
+        trainer, _, _ = train(
+            args.model_args,
+            args.data_args,
+            args.training_args,
+            tracker_configs=args.tracker_configs,
+            callbacks=[SignalAtStep(1, signal.SIGTERM), stop],
+            exp_metadata=args.experiment_metadata,
+        )
+    finally:
+        stop.restore_signal_handlers()
+    assert (trainer.state.global_step, stop.received_signal) == (1, signal.SIGTERM)
+    assert_runs_ended(workdir, "KILLED")
 
 
 class CrashAtStep2(TrainerCallback):
@@ -430,12 +445,12 @@ def tracker_helpers() -> set[int]:
 
 
 def test_train_that_raises_closes_the_runs_it_built_as_failed(tiny_model, tmp_path, monkeypatch):
-    """The Python API: ``train()`` builds the trackers, training crashes; the helpers are gone when it has raised."""
+    """The Python API: ``train()`` builds the trackers (MLflow and Aim), training crashes; both runs end FAILED and
+    the helpers are gone when it has raised."""
     from tuning.sft_trainer import get_parser, parse_arguments, train
 
-    store = tmp_path / "store"
     argv = cli_args(tiny_model, str(tmp_path / "out"), max_steps=5)
-    monkeypatch.setattr(sys, "argv", ["sft_trainer", *argv, "--tracker", "mlflow", "--mlflow_tracking_uri", str(store)])
+    monkeypatch.setattr(sys, "argv", ["sft_trainer", *argv, *both_trackers(tmp_path)])
     args = parse_arguments(get_parser())
     earlier_helpers = tracker_helpers()
     with pytest.raises(RuntimeError, match="injected crash"):
@@ -448,9 +463,10 @@ def test_train_that_raises_closes_the_runs_it_built_as_failed(tiny_model, tmp_pa
             exp_metadata={"dataset_id": "crashed"},
         )
     assert tracker_helpers() <= earlier_helpers
-    (run,) = search(f"sqlite:///{store}/mlflow.db", "params.dataset_id = 'crashed'")
-    assert run.info.status == "FAILED"
-    assert sorted(history(f"sqlite:///{store}/mlflow.db", run.info.run_id, "loss")) == [1, 2]  # logged before the crash
+    assert_runs_ended(tmp_path, "FAILED")
+    store = f"sqlite:///{tmp_path / 'mlflow'}/mlflow.db"
+    (run,) = search(store, "params.dataset_id = 'crashed'")
+    assert sorted(history(store, run.info.run_id, "loss")) == [1, 2]  # logged before the crash
 
 
 def test_trackers_built_before_one_that_cannot_be_are_closed(tmp_path):
