@@ -27,7 +27,6 @@ from tests.helpers.training import (
     cli_args,
     free_port,
     load_script,
-    logged_steps,
     run_main,
     subprocess_env,
     wait_for_exit,
@@ -117,12 +116,13 @@ def test_a_backend_registered_from_outside_gets_its_flags_parsed(tmp_path, monke
 # ---- local stores ----
 
 
-@pytest.mark.parametrize("store", ["directory", "sqlite", "file"])
+@pytest.mark.parametrize("store", ["sqlite", "file"])
 def test_local_store_records_logs_metrics_and_searchable_metadata(store, tmp_path, caplog, monkeypatch):
-    """A directory (a sqlite store in it), a sqlite URI, and v3.1.0's ``file://`` store (MLflow 3 refuses file stores
-    unless opted in: the helper opts in, with one warning of MLflow's deprecation and the way to sqlite)."""
+    """A sqlite URI, and v3.1.0's ``file://`` store (MLflow 3 refuses file stores unless opted in: the helper opts in,
+    with one warning of MLflow's deprecation and the way to sqlite). A directory is a sqlite store in it, the same
+    writer: test_sft_trainer_run_lands_searchable_in_a_directory_store's job and
+    test_registry_builds_the_mlflow_tracker_from_parsed_flags."""
     uris = {
-        "directory": str(tmp_path / "mlruns"),
         "sqlite": f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}",
         "file": f"file://{tmp_path / 'mlruns'}",
     }
@@ -270,34 +270,17 @@ def test_server_that_accepts_but_never_answers_is_abandoned_after_the_timeout(tm
 # ---- real jobs ----
 
 
-def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(
-    tiny_model, tmp_path, monkeypatch, capfd, caplog
-):
-    """Two jobs through sft_trainer's main (in this process; the writers are helper processes as always): one into a
-    local directory store, one whose server never existed."""
+def test_sft_trainer_run_lands_searchable_in_a_directory_store(tiny_model, tmp_path, monkeypatch, capfd, caplog):
+    """A job through sft_trainer's main (in this process; the writer is a helper process as always) into a local
+    directory: its run is in the sqlite store there. A job whose tracker is degraded (a server that never existed)
+    still trains every step with one warning: test_aim_e2e.py's test_server_that_never_existed_costs_one_warning (the
+    same IsolatedCallback); MLflow's own unreachable server, test_server_that_never_existed here."""
     store = tmp_path / "mlruns"
-    flags = {
-        "local": ["--mlflow_tracking_uri", str(store)],
-        "never": ["--mlflow_tracking_uri", f"http://127.0.0.1:{free_port()}"],
-    }
-    warnings = {}
-    for name, extra in flags.items():
-        args = cli_args(tiny_model, str(tmp_path / name), max_steps=4)
-        args += [
-            "--trackers",
-            "file_logger",
-            "mlflow",
-            "--mlflow_experiment",
-            "e2e",
-            "--exp_metadata",
-            json.dumps(METADATA),
-        ]
-        caplog.clear()
-        exit_code, stderr = run_main([*args, *extra], monkeypatch, capfd)
-        assert exit_code == 0, stderr[-3000:]
-        warnings[name] = degraded_warnings(caplog, DEGRADED_WARNING)
-
-    assert warnings["local"] == []
+    args = cli_args(tiny_model, str(tmp_path / "local"), max_steps=4)
+    args += ["--trackers", "file_logger", "mlflow", "--mlflow_experiment", "e2e", "--exp_metadata", METADATA_FLAG]
+    exit_code, stderr = run_main([*args, "--mlflow_tracking_uri", str(store)], monkeypatch, capfd)
+    assert exit_code == 0, stderr[-3000:]
+    assert degraded_warnings(caplog, DEGRADED_WARNING) == []
     exported = json.loads((tmp_path / "local" / RUN_URI_FILENAME).read_text())
     store_uri = f"sqlite:///{store}/mlflow.db"
     assert exported["tracking_uri"] == store_uri
@@ -306,11 +289,6 @@ def test_sft_trainer_runs_land_searchable_and_a_dead_server_costs_one_warning(
     assert sorted(history(store_uri, run.info.run_id, "loss")) == [1, 2, 3, 4]
     assert len(history(store_uri, run.info.run_id, "model_load_time")) == 1
     assert run.data.params["model.model_type"] == "llama"  # the model config, as the "model" group
-
-    (warning,) = warnings["never"]
-    assert "unreachable" in warning
-    assert logged_steps(tmp_path / "never" / "training_logs.jsonl") == [1, 2, 3, 4]
-    assert not (tmp_path / "never" / RUN_URI_FILENAME).exists()
 
 
 def test_bench_train_mirrors_its_series_and_records_the_run_id(bench_train, tiny_model, mlflow_server, tmp_path, capfd):
