@@ -201,12 +201,6 @@ def test_jobs_started_together_into_a_new_repo_all_get_their_run(tmp_path, caplo
     assert sorted(run["params"]["job"]["index"] for run in runs) == [0, 1]
 
 
-def test_run_hash_goes_to_output_dir_by_default(tmp_path):
-    tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")))
-    drive(tracker.get_hf_callback(), tmp_path / "out", steps=1)
-    assert json.loads((tmp_path / "out" / RUN_HASH_FILENAME).read_text()) == {"run_hash": tracker.run_hash}
-
-
 def test_other_ranks_track_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     tracker = AimStackTracker(AimConfig(aim_repo=str(tmp_path / "repo")))
