@@ -342,16 +342,23 @@ def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_r
     assert row["error_message"] == line["reason"]
 
 
-def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
+def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
+    """One grid, each row its own story. SweepFaults: batch size 1 fails with a communication error, then passes on
+    its retry; 2 runs out of memory; 64 and 128 are skipped after it, never estimated or started. A callback that
+    does not exist: a user error at 1 and 2, never retried, skipping nothing; so 64 is estimated against
+    --device_memory_gb 0.1 (predicted far above it), ends predicted_oom with its estimate, no process started (no
+    log, no dump), and 128 is skipped as after an OOM. The points estimated below the budget (1, 2) started."""
     markers = tmp_path / "markers"
     markers.mkdir()
     axes = {
         "callbacks": [f"{BENCH_CALLBACKS}:SweepFaults", "no_such_module:Callback"],
-        "per_device_train_batch_size": [1, 2, 4],
+        "per_device_train_batch_size": [1, 2, 64, 128],
     }
-    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), axes)
+    base = sweep_point_flags(tiny_model, max_seq_length=128, peft_method="lora")
+    spec = write_spec(tmp_path / "sweep.yaml", base, axes)
     out = tmp_path / "sweep"
-    result = sweep(spec, out, "--concurrency", "2", "--retries", "1", FAULT_MARKER_DIR=str(markers))
+    flags = ("--concurrency", "2", "--retries", "1", "--device_memory_gb", "0.1")
+    result = sweep(spec, out, *flags, FAULT_MARKER_DIR=str(markers))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = state_by_axes(out, *axes)
     faults, missing = axes["callbacks"]
@@ -359,35 +366,67 @@ def test_oom_skips_larger_batch_sizes_and_only_transient_failures_are_retried(ti
     assert outcome == {
         (faults, 1): ("ok", None, 2),  # a communication error, then a clean second attempt
         (faults, 2): ("error", "gpu_oom", 1),
-        (faults, 4): ("skipped", None, 0),
+        (faults, 64): ("skipped", None, 0),
+        (faults, 128): ("skipped", None, 0),
         (missing, 1): ("error", "user_error", 1),  # never retried
         (missing, 2): ("error", "user_error", 1),  # a user error skips nothing
-        (missing, 4): ("error", "user_error", 1),
+        (missing, 64): ("predicted_oom", "predicted_oom", 0),
+        (missing, 128): ("skipped", None, 0),
     }
-    assert lines[faults, 4]["reason"] == "oom at per_device_train_batch_size=2 (gpu_oom)"
+    for batch in (64, 128):
+        assert lines[faults, batch]["reason"] == "oom at per_device_train_batch_size=2 (gpu_oom)"
+        assert not list((out / "points").glob(lines[faults, batch]["point"] + "*"))  # never started: a state line only
     assert attempts_in_log(out, lines[faults, 1]) == 2 and attempts_in_log(out, lines[missing, 1]) == 1
-    assert not list((out / "points").glob(lines[faults, 4]["point"] + "*"))  # never started: a state line only
+    predicted = lines[missing, 64]
+    assert predicted["estimate"]["peak_bytes_per_device"] > 0.1 * 2**30
+    assert predicted["reason"].startswith("predicted ") and predicted["reason"].endswith("GiB per device > 0.10")
+    assert not (out / "points" / f"{predicted['point']}.log").exists()
+    assert not (out / "points" / f"{predicted['point']}.json").exists()
+    assert lines[missing, 128]["reason"] == "oom at per_device_train_batch_size=64 (predicted_oom)"
 
     rows = {(r["callbacks"], int(r["per_device_train_batch_size"])): r for r in report_rows(out)}
     assert set(rows) == set(lines)
-    skipped = rows[faults, 4]
-    assert (skipped["status"], skipped["error_message"]) == ("skipped", lines[faults, 4]["reason"])
+    skipped = rows[faults, 64]
+    assert (skipped["status"], skipped["error_message"]) == ("skipped", lines[faults, 64]["reason"])
     assert (rows[faults, 2]["status"], rows[faults, 2]["error_category"]) == ("error", "gpu_oom")
 
 
-def test_a_point_of_two_processes_is_judged_by_its_ranks_reports(tiny_model, tmp_path):
-    """Run under tuning.launch: the point exits with its root cause's code, and the category and rank come from
-    rank 1's report."""
-    axes = {"nproc_per_node": [2], "per_device_train_batch_size": [1, 2]}
-    base = sweep_point_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank")
+def test_points_of_two_processes_are_judged_by_their_ranks_reports_and_an_oom_of_either_kind_skips_larger_batches(
+    tiny_model, tmp_path
+):
+    """Run under tuning.launch, with every level of available memory counting as low (100 %). Rank 1 out of GPU
+    memory: the point exits with its root cause's code, and the category (gpu_oom, not host_oom: its report says
+    what happened) and rank come from rank 1's report. Rank 1 SIGKILLed: without a report of its own, the launcher
+    names the kill host_oom. Either skips the larger batch size."""
+    oom, kill = f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank", f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3"
+    axes = {"callbacks": [oom, kill], "per_device_train_batch_size": [1, 2]}
+    base = sweep_point_flags(tiny_model, max_steps=3, nproc_per_node=2)
     out = tmp_path / "sweep"
-    result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out)
+    result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out, TUNING_HOST_OOM_AVAILABLE_PERCENT="100")
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = state_by_axes(out, "per_device_train_batch_size")
-    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "gpu_oom", 204)
-    assert lines[(2,)]["status"] == "skipped"
-    rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
-    assert (rows["1"]["error_category"], rows["1"]["error_rank"]) == ("gpu_oom", "1")
+    lines = state_by_axes(out, *axes)
+    assert (lines[oom, 1]["status"], lines[oom, 1]["category"], lines[oom, 1]["exit_code"]) == ("error", "gpu_oom", 204)
+    assert (lines[oom, 2]["status"], lines[oom, 2]["reason"]) == (
+        "skipped",
+        "oom at per_device_train_batch_size=1 (gpu_oom)",
+    )
+    assert (lines[kill, 1]["status"], lines[kill, 1]["category"], lines[kill, 1]["exit_code"]) == (
+        "error",
+        "host_oom",
+        205,
+    )
+    assert "killed by SIGKILL while memory ran out (the host's available memory fell to" in lines[kill, 1]["reason"]
+    assert (lines[kill, 2]["status"], lines[kill, 2]["reason"]) == (
+        "skipped",
+        "oom at per_device_train_batch_size=1 (host_oom)",
+    )
+    rows = {(r["callbacks"], r["per_device_train_batch_size"]): r for r in report_rows(out)}
+    assert (rows[oom, "1"]["error_category"], rows[oom, "1"]["error_rank"]) == ("gpu_oom", "1")
+    assert (rows[kill, "1"]["error_category"], rows[kill, "1"]["error_rank"], rows[kill, "1"]["failed_ranks"]) == (
+        "host_oom",
+        "1",
+        "0 1",
+    )
 
 
 def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(tiny_model, tmp_path):
@@ -408,26 +447,6 @@ def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_re
     assert line["reason"].startswith("killed by SIGKILL, without an error report of its own")
     (row,) = report_rows(out)
     assert (row["error_category"], row["error_rank"]) == ("interrupted", "1")
-
-
-def test_a_rank_sigkilled_while_memory_was_low_is_host_oom_and_skips_larger_batches(tiny_model, tmp_path):
-    """Every level of available memory counts as low here (100 %): the launcher names the kill host_oom."""
-    base = sweep_point_flags(
-        tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3", nproc_per_node=2
-    )
-    out = tmp_path / "sweep"
-    spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 2]})
-    result = sweep(spec, out, TUNING_HOST_OOM_AVAILABLE_PERCENT="100")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = state_by_axes(out, "per_device_train_batch_size")
-    assert (lines[(1,)]["status"], lines[(1,)]["category"], lines[(1,)]["exit_code"]) == ("error", "host_oom", 205)
-    assert "killed by SIGKILL while memory ran out (the host's available memory fell to" in lines[(1,)]["reason"]
-    assert (lines[(2,)]["status"], lines[(2,)]["reason"]) == (
-        "skipped",
-        "oom at per_device_train_batch_size=1 (host_oom)",
-    )
-    rows = {r["per_device_train_batch_size"]: r for r in report_rows(out)}
-    assert (rows["1"]["error_category"], rows["1"]["error_rank"], rows["1"]["failed_ranks"]) == ("host_oom", "1", "0 1")
 
 
 def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
@@ -549,25 +568,3 @@ def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, a
         bench_sweep.main(str(spec), str(tmp_path / "sweep"))
     assert str(refused.value) == reason or str(refused.value).startswith(reason), refused.value
     assert not (tmp_path / "sweep").exists()
-
-
-@pytest.mark.slow
-def test_a_point_predicted_above_the_device_budget_is_never_started_and_counts_as_an_oom(tiny_model, tmp_path):
-    """With --device_memory_gb every point is estimated first: batch size 64 (predicted far above 0.1 GB) ends
-    predicted_oom with its estimate, no process started (no log, no dump), and 128 is skipped as after an OOM; 1
-    runs."""
-    base = sweep_point_flags(tiny_model, max_seq_length=128, peft_method="lora")
-    out = tmp_path / "sweep"
-    spec = write_spec(tmp_path / "sweep.yaml", base, {"per_device_train_batch_size": [1, 64, 128]})
-    result = sweep(spec, out, "--device_memory_gb", "0.1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = state_by_axes(out, "per_device_train_batch_size")
-    assert lines[(1,)]["status"] == "ok"
-    predicted = lines[(64,)]
-    assert (predicted["status"], predicted["category"], predicted["attempts"]) == ("predicted_oom",) * 2 + (0,)
-    assert predicted["estimate"]["peak_bytes_per_device"] > 0.1 * 2**30
-    assert predicted["reason"].startswith("predicted ") and predicted["reason"].endswith("GiB per device > 0.10")
-    assert not (out / "points" / f"{predicted['point']}.log").exists()
-    assert not (out / "points" / f"{predicted['point']}.json").exists()
-    assert lines[(128,)]["status"] == "skipped"
-    assert lines[(128,)]["reason"] == "oom at per_device_train_batch_size=64 (predicted_oom)"
