@@ -22,7 +22,15 @@ pytest_plugins = ["tests.helpers.fixtures"]
 
 # Fixtures that run jobs or start servers for several tests. Under pytest-xdist (`make test`: --dist loadgroup) the
 # tests that use one go to one worker, so that it runs once; the other tests spread one by one.
-SHARED_FIXTURES = ("local_grid", "runs_dir", "healthy_jobs", "aim_server", "mlflow_server", "ray_nodes_sweep")
+SHARED_FIXTURES = (
+    "local_grid",
+    "runs_dir",
+    "healthy_jobs",
+    "aim_server",
+    "mlflow_server",
+    "ray_nodes_sweep",
+    "compare_sweeps",
+)
 
 
 @pytest.hookimpl(trylast=True)

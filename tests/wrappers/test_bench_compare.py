@@ -1,8 +1,9 @@
 """wrappers/bench_compare.py: synthetic dumps with known answers (in process) for each way the data can fail to
 support a verdict (values that are not positive numbers, one run a side, identical values, different configurations,
-dumps without a config block, failed runs), the command line's bad input, and real sweeps of the tiny model: a
-candidate slowed by 30 % per step is slower within run (exit 1); identical runs, 2 a side, are
-inconclusive, never slower (exit 0), and say how many runs would decide."""
+dumps without a config block, failed runs), the command line's bad input, and real sweeps of the tiny model (one
+baseline sweep of four repeats, one candidate sweep slowed by 30 % per step, run at the same time): the candidate
+is slower within run than the baseline's first repeat (exit 1); the baseline's repeats, 2 a side, are inconclusive,
+never slower (exit 0), and say how many runs would decide."""
 
 import json
 import math
@@ -253,7 +254,7 @@ def test_an_unknown_flag_is_one_line_and_exit_1(tmp_path):
 # ---- two real sweeps ----
 
 
-def write_sweep_spec(path: Path, model: str, repeats: int = 1, batch_sizes: tuple[int, ...] = (2, 4), **extra) -> Path:
+def write_sweep_spec(path: Path, model: str, repeats: int = 1, batch_sizes: tuple[int, ...] = (2,), **extra) -> Path:
     base = {
         "model_name_or_path": model,
         "training_data_path": SAMPLE_TRAIN_PATH,
@@ -301,21 +302,41 @@ def assert_configs_recorded(directory: Path) -> None:
         assert "config" in json.loads(path.read_text()), f"{path} has no config block"
 
 
+REPEATS = 4  # the baseline sweep's: its even repeats against its odd ones
+
+
+@pytest.fixture(scope="module")
+def compare_sweeps(tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """Two real sweeps of one point (batch size 2, 40 steps, the slowing callback in both), run at the same time: the
+    baseline, four repeats interleaved (its steps slowed by 0 %), and the candidate, one run slowed by 30 % per step.
+    The candidate runs beside the baseline's first repeat, under the same load."""
+    tmp = tmp_path_factory.mktemp("compare-sweeps")
+    spec = {"callbacks": f"{BENCH_CALLBACKS}:SlowStepsByFraction", "max_steps": 40}
+    base = write_sweep_spec(tmp / "base.yaml", tiny_model, repeats=REPEATS, **spec)
+    cand = write_sweep_spec(tmp / "cand.yaml", tiny_model, **spec)
+    run_sweeps((base, tmp / "base", 0.0), (cand, tmp / "cand", 0.3), flags=("--interleave",))
+    for side in ("base", "cand"):
+        assert_configs_recorded(tmp / side)
+    return {"base": tmp / "base", "cand": tmp / "cand"}
+
+
+def repeat_dumps(sweep_dir: Path, repeats: range, into: Path) -> Path:
+    """The dumps of those repeats of a sweep's one point, copied into a directory of their own: one side."""
+    into.mkdir()
+    for repeat in repeats:
+        dumps = list((sweep_dir / "points").glob(f"*_repeat-{repeat}-*.json"))
+        assert len(dumps) == 1, dumps
+        shutil.copy(dumps[0], into / dumps[0].name)
+    return into
+
+
 @pytest.mark.slow
-def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(tiny_model, tmp_path):
-    """Both sides run the same flags (the slowing callback too), one run of one point: inconclusive without
-    --within_run (exit 0), slower with it (exit 1), the row saying the interval is within run. (Several points
-    matched and judged each: the synthetic dumps above.)"""
-    spec = write_sweep_spec(
-        tmp_path / "sweep.yaml",
-        tiny_model,
-        batch_sizes=(2,),
-        callbacks=f"{BENCH_CALLBACKS}:SlowStepsByFraction",
-        max_steps=40,
-    )
-    run_sweeps((spec, tmp_path / "base", 0.0), (spec, tmp_path / "cand", 0.3))
-    assert_configs_recorded(tmp_path / "base")
-    sides = (str(tmp_path / "base"), str(tmp_path / "cand"))
+def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(compare_sweeps, tmp_path):
+    """The same flags on both sides (the slowing callback too), one run of one point a side (the baseline's first
+    repeat, which ran beside the candidate): inconclusive without --within_run (exit 0), slower with it (exit 1), the
+    row saying the interval is within run. (Several points matched and judged each: the synthetic dumps above.)"""
+    base = repeat_dumps(compare_sweeps["base"], range(1), tmp_path / "base")
+    sides = (str(base), str(compare_sweeps["cand"]))
     result = compare_command(*sides, "--output_dir", str(tmp_path / "runs"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert {row["verdict"] for row in read_rows(tmp_path / "runs" / "comparison.csv").values()} == {"inconclusive"}
@@ -328,23 +349,14 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(tiny_mod
 
 
 @pytest.mark.slow
-def test_two_identical_sweeps_with_two_repeats_are_inconclusive_never_slower(tiny_model, tmp_path):
-    """One interleaved sweep of four repeats of one point, split into its even and odd repeats: two sides of identical
-    configuration whose runs alternate in time, so a change of load on the machine falls on both alike. Two runs a
-    side cannot decide one point (the exact test needs 4; that 3 cannot either is test_statistics' smallest exact
-    p-values): inconclusive, exit 0, the runs it needs named, and --strict fails it. (Matching several points, and
-    the same rules on more of them, are proved on synthetic dumps above.)"""
-    repeats = 4
-    spec = write_sweep_spec(tmp_path / "sweep.yaml", tiny_model, repeats=repeats, batch_sizes=(2,))
-    run_sweeps((spec, tmp_path / "sweep", 0.0), flags=("--interleave",))
-    assert_configs_recorded(tmp_path / "sweep")
+def test_two_identical_sweeps_with_two_repeats_are_inconclusive_never_slower(compare_sweeps, tmp_path):
+    """The baseline's interleaved sweep of four repeats of one point, split into its even and odd repeats: two sides
+    of identical configuration whose runs alternate in time, so a change of load on the machine falls on both alike.
+    Two runs a side cannot decide one point (the exact test needs 4; that 3 cannot either is test_statistics'
+    smallest exact p-values): inconclusive, exit 0, the runs it needs named, and --strict fails it. (Matching several
+    points, and the same rules on more of them, are proved on synthetic dumps above.)"""
     for side, parity in (("base", 0), ("cand", 1)):
-        (tmp_path / side).mkdir()
-        for repeat in range(parity, repeats, 2):  # each batch size's dump of that repeat
-            dumps = list((tmp_path / "sweep" / "points").glob(f"*_repeat-{repeat}-*.json"))
-            assert len(dumps) == 1, dumps
-            for dump in dumps:
-                shutil.copy(dump, tmp_path / side / dump.name)
+        repeat_dumps(compare_sweeps["base"], range(parity, REPEATS, 2), tmp_path / side)
     sides = (str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15")
     result = compare_command(*sides, "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
