@@ -19,6 +19,7 @@ from tuning.benchmarking.dump import (
     build_dump,
     rank_report_path,
 )
+from tuning.benchmarking.job import load_callbacks
 from tuning.benchmarking.journal import Journal, journal_path, read_journal
 from tuning.benchmarking.paths import rebuilt_dump_path
 from tuning.benchmarking.rebuild import main as rebuild_main
@@ -424,3 +425,19 @@ def test_a_dump_from_before_segments_still_reads(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(dump))
     (run,) = load([(tmp_path / "old.json", True)])
     assert row(run, [])["resumed_from_step"] is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module:Callback", "--callbacks no_such_module:Callback: cannot load it (No module named"),
+        ("json:NoSuchName", "--callbacks json:NoSuchName: cannot load it (module 'json' has no attribute"),
+        ("collections:OrderedDict", "--callbacks collections:OrderedDict gave a OrderedDict, not a TrainerCallback"),
+    ],
+)
+def test_a_callback_that_cannot_be_loaded_is_a_user_error_naming_it(spec, message):
+    """bench_train loads --callbacks right after its dump is claimed: a bad entry is a UserInputError (a point's
+    user_error, never retried, as tests/wrappers/test_bench_sweep.py's OOM grid shows for such errors)."""
+    with pytest.raises(UserInputError) as refused:
+        load_callbacks(spec)
+    assert str(refused.value).startswith(message), refused.value

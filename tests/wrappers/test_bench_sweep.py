@@ -329,66 +329,58 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
     assert (row["status"], row["error_message"]) == ("error", reason)
 
 
-def test_a_point_that_fails_as_a_user_error_before_its_dump_has_its_message_as_reason(tiny_model, tmp_path):
-    """A bench_train flag value its own check rejects before the dump exists (values the parser rejects are refused
-    before any point runs): no dump, only the TUNING_ERROR line."""
-    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), {"stall_timeout": [-1]})
-    result = sweep(spec, tmp_path / "sweep")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (line,) = state_lines(tmp_path / "sweep")
-    assert (line["status"], line["category"]) == ("error", "user_error")
-    assert line["reason"] == "UserInputError: --stall_timeout must not be negative, got -1.0"
-    (row,) = report_rows(tmp_path / "sweep")
-    assert row["error_message"] == line["reason"]
-
-
 def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
-    """One grid, each row its own story. SweepFaults: batch size 1 fails with a communication error, then passes on
-    its retry; 2 runs out of memory; 64 and 128 are skipped after it, never estimated or started. A callback that
-    does not exist: a user error at 1 and 2, never retried, skipping nothing; so 64 is estimated against
-    --device_memory_gb 0.1 (predicted far above it), ends predicted_oom with its estimate, no process started (no
-    log, no dump), and 128 is skipped as after an OOM. The points estimated below the budget (1, 2) started."""
+    """One grid, each row its own story. With SweepFaults (stall_timeout 0: off): batch size 1 fails with a
+    communication error, then passes on its retry; 2 runs out of memory; 64 and 128 are skipped after it, never
+    estimated or started. With stall_timeout -1, which bench_train's own check rejects before its dump exists (values
+    the parser rejects are refused before any point runs): a user error at 1 and 2, its TUNING_ERROR line's message
+    as the reason, never retried, skipping nothing; so 64 is estimated against --device_memory_gb 0.1 (predicted far
+    above it), ends predicted_oom with its estimate, no process started (no log, no dump), and 128 is skipped as
+    after an OOM. The points estimated below the budget (1, 2) started."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    axes = {
-        "callbacks": [f"{BENCH_CALLBACKS}:SweepFaults", "no_such_module:Callback"],
-        "per_device_train_batch_size": [1, 2, 64, 128],
-    }
-    base = sweep_point_flags(tiny_model, max_seq_length=128, peft_method="lora")
+    axes = {"stall_timeout": [0, -1], "per_device_train_batch_size": [1, 2, 64, 128]}
+    base = sweep_point_flags(
+        tiny_model, max_seq_length=128, peft_method="lora", callbacks=f"{BENCH_CALLBACKS}:SweepFaults"
+    )
     spec = write_spec(tmp_path / "sweep.yaml", base, axes)
     out = tmp_path / "sweep"
     flags = ("--concurrency", "2", "--retries", "1", "--device_memory_gb", "0.1")
     result = sweep(spec, out, *flags, FAULT_MARKER_DIR=str(markers))
     assert result.returncode == 0, result.stderr[-3000:]
     lines = state_by_axes(out, *axes)
-    faults, missing = axes["callbacks"]
+    faults, refused = axes["stall_timeout"]
     outcome = {key: (line["status"], line["category"], line["attempts"]) for key, line in lines.items()}
     assert outcome == {
         (faults, 1): ("ok", None, 2),  # a communication error, then a clean second attempt
         (faults, 2): ("error", "gpu_oom", 1),
         (faults, 64): ("skipped", None, 0),
         (faults, 128): ("skipped", None, 0),
-        (missing, 1): ("error", "user_error", 1),  # never retried
-        (missing, 2): ("error", "user_error", 1),  # a user error skips nothing
-        (missing, 64): ("predicted_oom", "predicted_oom", 0),
-        (missing, 128): ("skipped", None, 0),
+        (refused, 1): ("error", "user_error", 1),  # never retried
+        (refused, 2): ("error", "user_error", 1),  # a user error skips nothing
+        (refused, 64): ("predicted_oom", "predicted_oom", 0),
+        (refused, 128): ("skipped", None, 0),
     }
     for batch in (64, 128):
         assert lines[faults, batch]["reason"] == "oom at per_device_train_batch_size=2 (gpu_oom)"
         assert not list((out / "points").glob(lines[faults, batch]["point"] + "*"))  # never started: a state line only
-    assert attempts_in_log(out, lines[faults, 1]) == 2 and attempts_in_log(out, lines[missing, 1]) == 1
-    predicted = lines[missing, 64]
+    assert attempts_in_log(out, lines[faults, 1]) == 2 and attempts_in_log(out, lines[refused, 1]) == 1
+    for batch in (1, 2):
+        assert lines[refused, batch]["reason"] == "UserInputError: --stall_timeout must not be negative, got -1.0"
+        assert not (out / lines[refused, batch]["metrics_path"]).exists()  # failed before its dump
+    predicted = lines[refused, 64]
     assert predicted["estimate"]["peak_bytes_per_device"] > 0.1 * 2**30
     assert predicted["reason"].startswith("predicted ") and predicted["reason"].endswith("GiB per device > 0.10")
     assert not (out / "points" / f"{predicted['point']}.log").exists()
     assert not (out / "points" / f"{predicted['point']}.json").exists()
-    assert lines[missing, 128]["reason"] == "oom at per_device_train_batch_size=64 (predicted_oom)"
+    assert lines[refused, 128]["reason"] == "oom at per_device_train_batch_size=64 (predicted_oom)"
 
-    rows = {(r["callbacks"], int(r["per_device_train_batch_size"])): r for r in report_rows(out)}
+    rows = {(int(r["stall_timeout"]), int(r["per_device_train_batch_size"])): r for r in report_rows(out)}
     assert set(rows) == set(lines)
     skipped = rows[faults, 64]
     assert (skipped["status"], skipped["error_message"]) == ("skipped", lines[faults, 64]["reason"])
     assert (rows[faults, 2]["status"], rows[faults, 2]["error_category"]) == ("error", "gpu_oom")
+    assert rows[refused, 1]["error_message"] == lines[refused, 1]["reason"]
 
 
 def test_points_of_two_processes_are_judged_by_their_ranks_reports_and_an_oom_of_either_kind_skips_larger_batches(
