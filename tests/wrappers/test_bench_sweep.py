@@ -35,10 +35,11 @@ from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in make test-fast
 
 BENCH_SWEEP = REPO_ROOT / "wrappers" / "bench_sweep.py"
-GRID = {"max_seq_length": [64, 128], "per_device_train_batch_size": [1, 2]}
-POINTS = len(GRID["max_seq_length"]) * len(GRID["per_device_train_batch_size"])
+DATA = "data_config_path"
 BATCH = "per_device_train_batch_size"
-TABLE_COLUMNS = ("run", "max_seq_length", "per_device_train_batch_size", "status", "error_category", "training_steps")
+BATCHES = [1, 2]
+POINTS = 2 * len(BATCHES)  # two data configs
+TABLE_COLUMNS = ("run", DATA, BATCH, "status", "error_category", "training_steps")
 
 
 def write_data_config(path: Path, *datasets: dict) -> str:
@@ -89,84 +90,109 @@ def attempts_in_log(out: Path, line: dict) -> int:
 
 @pytest.fixture(scope="module")
 def local_grid(tiny_model, tmp_path_factory) -> dict:
-    """The 2x2 grid on the local executor (2 points at a time, Aim on, the data a data config given as a base flag),
-    its driver SIGKILLed once two points have finished, then the same command again."""
+    """The 2x2 grid data_config_path (one dataset alone, a mix of two by sampling ratios) x batch size on the local
+    executor (Aim on, --concurrency 2 with one visible device), its driver SIGKILLed once two points have finished,
+    then the same command again."""
     tmp = tmp_path_factory.mktemp("sweep-local")
     out, aim_repo = tmp / "sweep", tmp / "aim"
-    data_config = write_data_config(tmp / "tweets.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
+    more = tmp / "more.jsonl"
+    more.write_text("".join(Path(SAMPLE_TRAIN_PATH).read_text().splitlines(keepends=True)[:32]))
+    alone = write_data_config(tmp / "alone.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
+    mixed = [
+        {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH], "sampling": 0.7},
+        {"name": "more", "data_paths": [str(more)], "sampling": 0.3},
+    ]
+    mix = write_data_config(tmp / "mix.yaml", *mixed)
+    grid = {DATA: [alone, mix], BATCH: BATCHES}
     base = sweep_point_flags(
         tiny_model,
         trackers=["file_logger", "aim"],
         aim_repo=str(aim_repo),
-        data_config_path=data_config,
-        data_cache_dir=str(tmp / "data-cache"),  # the points of one max_seq_length share one processed-data entry
+        data_cache_dir=str(tmp / "data-cache"),  # the points of one data config share one processed-data entry
     )
-    spec = write_spec(tmp / "sweep.yaml", without_training_data(base), GRID)
-    driver = Job(sweep_command(spec, out, "--concurrency", "2"), tmp / "driver-logs")
+    spec = write_spec(tmp / "sweep.yaml", without_training_data(base), grid)
+    # One visible device and --concurrency 2: each point waits for the device instead of starting beside another
+    # (this CPU machine's points ignore the device; what they show is when they ran).
+    one_device = {"CUDA_VISIBLE_DEVICES": "0"}
+    driver = Job(sweep_command(spec, out, "--concurrency", "2"), tmp / "driver-logs", **one_device)
     wait_until(lambda: len(state_lines(out)) >= 2, driver, "two finished points", timeout=600)
     driver.send_signal(signal.SIGKILL)
     driver.finish(timeout=60)
     before = state_lines(out)
-    rerun = sweep(spec, out)
+    rerun = sweep(spec, out, "--concurrency", "2", **one_device)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     return {
         "out": out,
         "aim": aim_repo,
         "spec": spec,
+        "grid": grid,
+        "mixed": mixed,
         "before": before,
         "rerun": rerun,
-        "data_config": data_config,
         "data_cache": tmp / "data-cache",
     }
 
 
 def test_a_grid_leaves_a_dump_a_report_row_and_an_aim_run_per_point(local_grid):
-    out = local_grid["out"]
-    lines = state_by_axes(out, *GRID)
-    assert sorted(lines) == sorted(
-        (seq, batch) for seq in GRID["max_seq_length"] for batch in GRID["per_device_train_batch_size"]
-    )
+    """Each dump names its data config's datasets and ratios and the hash of its file; the points of one data config
+    share one processed-data entry; the report tells the points apart by their axes; Aim finds them by metadata."""
+    out, grid = local_grid["out"], local_grid["grid"]
+    alone, mix = grid[DATA]
+    expected = {alone: [("tweets", None)], mix: [("tweets", 0.7), ("more", 0.3)]}
+    lines = state_by_axes(out, *grid)
+    assert sorted(lines) == sorted((path, batch) for path in grid[DATA] for batch in BATCHES)
     dumps = {}
     for axes, line in lines.items():
         assert (line["status"], line["exit_code"]) == ("ok", 0), line
         dump = json.loads((out / line["metrics_path"]).read_text())
         assert dump["status"] == "ok" and dump["training_steps"] == 2
-        assert dump["metadata"] == {"benchmark": "sweep-test", **dict(zip(GRID, axes, strict=True))}
-        assert dump["data"]["data_config_path"] == local_grid["data_config"]
-        assert [dataset["name"] for dataset in dump["data"]["datasets"]] == ["tweets"]
+        assert datetime.fromisoformat(line["time"]) >= datetime.fromisoformat(dump["stop_time"])  # recorded after
+        assert dump["metadata"] == {"benchmark": "sweep-test", **dict(zip(grid, axes, strict=True))}
+        path = axes[0]
+        assert dump["data"]["data_config_path"] == dump["config"]["data_config_path"] == path
+        assert [(d["name"], d["sampling"]) for d in dump["data"]["datasets"]] == expected[path]
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        assert dump["data"]["data_config_sha256"] == dump["config"]["data_config_sha256"] == digest
         assert dump["data"]["cache"]["status"] in ("hit", "miss") and dump["summary"]["data_preparation_time"] > 0
         dumps[axes] = dump
-    # One entry per max_seq_length, built by one point and read by the others (a rerun point reads it too).
-    keys = {seq: {dumps[seq, batch]["data"]["cache"]["key"] for batch in GRID[BATCH]} for seq in GRID["max_seq_length"]}
-    assert all(len(found) == 1 for found in keys.values()) and len({*keys[64], *keys[128]}) == 2
+    # One entry per data config, built by one point and read by the other (a rerun point reads it too).
+    keys = {path: {dumps[path, batch]["data"]["cache"]["key"] for batch in BATCHES} for path in grid[DATA]}
+    assert all(len(found) == 1 for found in keys.values()) and len({*keys[alone], *keys[mix]}) == 2
     assert sorted(meta.parent.name for meta in local_grid["data_cache"].glob("*/meta.json")) == sorted(
-        {*keys[64], *keys[128]}
+        {*keys[alone], *keys[mix]}
     )
-    for seq in GRID["max_seq_length"]:
-        statuses = [dumps[seq, batch]["data"]["cache"]["status"] for batch in GRID[BATCH]]
+    for path in grid[DATA]:
+        statuses = [dumps[path, batch]["data"]["cache"]["status"] for batch in BATCHES]
         assert statuses.count("hit") >= len(statuses) - 1, statuses
+    # One visible device: each point started once the one before had stopped.
+    spans = sorted(
+        (datetime.fromisoformat(d["start_time"]), datetime.fromisoformat(d["stop_time"])) for d in dumps.values()
+    )
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
 
     rows = report_rows(out)
-    assert list(rows[0])[:4] == ["run", *GRID, "status"]  # the axes are the report's label columns
-    assert sorted((int(r["max_seq_length"]), int(r["per_device_train_batch_size"])) for r in rows) == sorted(lines)
+    assert list(rows[0])[:4] == ["run", *grid, "status"]  # the axes are the report's label columns
+    assert sorted((r[DATA], int(r[BATCH])) for r in rows) == sorted(lines)
     for r in rows:
         assert r["status"] == "ok" and float(r["tokens_per_second"]) > 0 and float(r["data_preparation_time_s"]) > 0
-        assert r["run"] == lines[int(r["max_seq_length"]), int(r["per_device_train_batch_size"])]["point"]
+        assert r["run"] == lines[r[DATA], int(r[BATCH])]["point"]
     shown = markdown_rows((out / "report" / "report.md").read_text(), "Runs")
     assert [row["status"] for row in shown] == ["ok"] * POINTS
 
-    for index, batch in enumerate(GRID["per_device_train_batch_size"]):
+    for index, batch in enumerate(BATCHES):
         query = f"run.experiment_metadata.per_device_train_batch_size == {batch}"
         found = read_runs(local_grid["aim"], query, reindex=index == 0)  # the points have ended: one reindex will do
-        hashes = {run["hash"] for run in found}
-        for seq in GRID["max_seq_length"]:
-            assert dumps[seq, batch]["run_hash"] in hashes
+        by_hash = {run["hash"]: run for run in found}
+        for path in grid[DATA]:
+            run = by_hash[dumps[path, batch]["run_hash"]]
+            assert run["params"]["data"]["data_config_path"] == path  # the data is searchable
         for run in found:
             assert run["params"]["experiment_metadata"]["per_device_train_batch_size"] == batch
-            assert run["params"]["data"]["data_config_path"] == local_grid["data_config"]  # the data is searchable
 
 
 def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_grid):
+    """The points finished before the kill stay as they were, the rest run once by the rerun; then nothing is left to
+    run, until a data config is edited (the same path, other work): its points are ones to run again."""
     out, before = local_grid["out"], local_grid["before"]
     lines = state_lines(out)
     assert 2 <= len(before) < POINTS  # the kill came mid-sweep
@@ -181,74 +207,35 @@ def test_a_rerun_after_a_sigkilled_driver_runs_only_the_missing_points(local_gri
     again = sweep(local_grid["spec"], out, "--dry_run")
     assert again.returncode == 0 and again.stdout.strip().endswith(f"{POINTS} points, 0 to run"), again.stdout
 
-
-def test_a_data_config_axis_gives_each_point_its_datasets_and_ratios_one_gpu_at_a_time(tiny_model, tmp_path):
-    """--data_config_path as an axis: one dataset against a mix of two by sampling ratios. Each dump names its
-    datasets and ratios and the hash of its file; the report tells the points apart; an edited data config makes
-    its point one to run again. The sweep runs with one visible device and --concurrency 2: the second point waits
-    for the device instead of starting with the first one's (this CPU machine's points ignore the device; what they
-    show is when they ran)."""
-    more = tmp_path / "more.jsonl"
-    more.write_text("".join(Path(SAMPLE_TRAIN_PATH).read_text().splitlines(keepends=True)[:32]))
-    alone = write_data_config(tmp_path / "alone.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})
-    mixed = [
-        {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH], "sampling": 0.7},
-        {"name": "more", "data_paths": [str(more)], "sampling": 0.3},
-    ]
-    mix = write_data_config(tmp_path / "mix.yaml", *mixed)
-    spec = write_spec(
-        tmp_path / "sweep.yaml",
-        without_training_data(sweep_point_flags(tiny_model)),
-        {"data_config_path": [alone, mix]},
-    )
-    out = tmp_path / "sweep"
-    result = sweep(spec, out, "--concurrency", "2", CUDA_VISIBLE_DEVICES="0")
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    expected = {alone: [("tweets", None)], mix: [("tweets", 0.7), ("more", 0.3)]}
-    lines = state_by_axes(out, "data_config_path")
-    assert sorted(lines) == sorted((path,) for path in expected)
-    for (path,), line in lines.items():
-        assert line["status"] == "ok", line
-        dump = json.loads((out / line["metrics_path"]).read_text())
-        assert (dump["status"], dump["training_steps"]) == ("ok", 2)
-        assert datetime.fromisoformat(line["time"]) >= datetime.fromisoformat(dump["stop_time"])  # recorded after
-        assert dump["data"]["data_config_path"] == dump["config"]["data_config_path"] == path
-        assert [(d["name"], d["sampling"]) for d in dump["data"]["datasets"]] == expected[path]
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-        assert dump["data"]["data_config_sha256"] == dump["config"]["data_config_sha256"] == digest
-    dumps = [json.loads((out / line["metrics_path"]).read_text()) for line in lines.values()]
-    first, second = sorted(dumps, key=lambda dump: datetime.fromisoformat(dump["start_time"]))
-    assert datetime.fromisoformat(second["start_time"]) >= datetime.fromisoformat(first["stop_time"])
-    rows = {row["data_config_path"]: row for row in report_rows(out)}
-    assert sorted(rows) == sorted(expected)
-    for path, row in rows.items():
-        assert row["status"] == "ok" and row["run"] == lines[path,]["point"]
-
-    mixed[0]["sampling"], mixed[1]["sampling"] = 0.5, 0.5
-    write_data_config(Path(mix), *mixed)  # the same path, other work
-    again = sweep(spec, out, "--dry_run", timeout=60)
-    assert again.returncode == 0 and again.stdout.strip().endswith("2 points, 1 to run"), again.stdout
+    mix = Path(local_grid["grid"][DATA][1])
+    original = mix.read_text()
+    edited = [{**dataset, "sampling": 0.5} for dataset in local_grid["mixed"]]
+    write_data_config(mix, *edited)
+    try:
+        again = sweep(local_grid["spec"], out, "--dry_run", timeout=60)
+    finally:
+        mix.write_text(original)  # the other tests read the dumps of the file as it was
+    assert again.returncode == 0 and again.stdout.strip().endswith(f"{POINTS} points, 2 to run"), again.stdout
 
 
 def test_the_ray_executor_gives_the_same_table_one_point_at_a_time_from_a_shipped_working_dir(
     local_grid, tiny_model, tmp_path
 ):
-    """The grid's first row (its first max_seq_length, every batch size) on a real local Ray instance, its driver
+    """The grid's first row (its first data config, every batch size) on a real local Ray instance, its driver
     outside the checkout it ships (the task finds bench_train.py in the shipped copy): the same rows as the local
     executor's for those points; on a 2-CPU node without GPUs and without --concurrency, one point at a time (each
     starts once the one before has stopped)."""
-    row = {**GRID, "max_seq_length": GRID["max_seq_length"][:1]}
-    spec = write_spec(tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), row)
+    first = local_grid["grid"][DATA][0]
+    row = {DATA: [first], BATCH: BATCHES}
+    spec = write_spec(tmp_path / "sweep.yaml", without_training_data(sweep_point_flags(tiny_model)), row)
     runtime_env = json.dumps({"working_dir": str(REPO_ROOT), "excludes": [".git"]})
     flags = ("--executor", "ray", "--ray_num_cpus", "2", "--ray_runtime_env", runtime_env)
     result = sweep(spec, tmp_path / "sweep", *flags, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    in_row = str(row["max_seq_length"][0])
-    local_rows = [r for r in report_rows(local_grid["out"]) if r["max_seq_length"] == in_row]
+    local_rows = [r for r in report_rows(local_grid["out"]) if r[DATA] == first]
     local = [tuple(r[c] for c in TABLE_COLUMNS) for r in local_rows]
     remote = [tuple(r[c] for c in TABLE_COLUMNS) for r in report_rows(tmp_path / "sweep")]
-    assert len(remote) == len(GRID[BATCH]) >= 2 and remote == local
+    assert len(remote) == len(BATCHES) >= 2 and remote == local
     points = tmp_path / "sweep" / "points"
     assert len(list(points.glob("*.json"))) == len(remote)  # the dumps, written by the driver from the tasks' returns
     assert not list(points.glob("*/"))  # the points' output dirs stayed on the node (scratch, removed)
