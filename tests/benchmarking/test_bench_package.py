@@ -433,6 +433,8 @@ def test_a_dump_from_before_segments_still_reads(tmp_path):
         ("no_such_module:Callback", "--callbacks no_such_module:Callback: cannot load it (No module named"),
         ("json:NoSuchName", "--callbacks json:NoSuchName: cannot load it (module 'json' has no attribute"),
         ("collections:OrderedDict", "--callbacks collections:OrderedDict gave a OrderedDict, not a TrainerCallback"),
+        ("json:dumps", "--callbacks json:dumps cannot be called without arguments (missing a required argument"),
+        ("json:__doc__", "--callbacks json:__doc__ cannot be called without arguments ("),
     ],
 )
 def test_a_callback_that_cannot_be_loaded_is_a_user_error_naming_it(spec, message):

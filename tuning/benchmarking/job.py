@@ -10,6 +10,7 @@ import dataclasses
 import faulthandler
 import fcntl
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -162,6 +163,12 @@ def load_callbacks(spec: str | None) -> list[TrainerCallback]:
             factory = getattr(importlib.import_module(module_name), name)
         except (ImportError, AttributeError, ValueError) as exc:
             raise UserInputError(f"--callbacks {entry}: cannot load it ({exc})") from exc
+        try:
+            inspect.signature(factory).bind()
+        except TypeError as exc:  # not callable, or it needs arguments: the entry is wrong, not the callback
+            raise UserInputError(f"--callbacks {entry} cannot be called without arguments ({exc})") from exc
+        except ValueError:  # a builtin without a signature: its call says what is wrong
+            pass
         callback = factory()
         if not isinstance(callback, TrainerCallback):
             raise UserInputError(f"--callbacks {entry} gave a {type(callback).__name__}, not a TrainerCallback")
