@@ -43,10 +43,14 @@ def test_start_helpers_starts_the_helpers_the_command_line_asks_for(argv, helper
     tracker adopted them."""
     code = textwrap.dedent(
         f"""
+        import time
         import psutil
         from tuning.trackers import start_helpers
         start_helpers({argv!r})
         for child in psutil.Process().children():
+            deadline = time.monotonic() + 30
+            while len(child.cmdline()) < 4 and time.monotonic() < deadline:  # forked, not yet exec'd: our cmdline
+                time.sleep(0.05)
             print(child.pid, child.cmdline()[3].split(":")[0].rsplit(".", 1)[1])
         """
     )
