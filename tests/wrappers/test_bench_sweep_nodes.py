@@ -67,6 +67,11 @@ def sweep_command(spec: Path, out: Path, address: str) -> list[str]:
     return [*command, "--ray_address", address, "--placement_timeout", str(PLACEMENT_TIMEOUT)]
 
 
+def rerun_plan(points: list[sweep.Point], out: Path) -> list[str]:
+    """What the same command would run next in ``out``, as --dry_run prints it."""
+    return sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
+
+
 def cluster_state(address: str, names: set[str]) -> tuple[dict, set[str]]:
     """The cluster's placement groups named ``names`` (a point's group bears its id), removed ones included, and the
     ids of its live nodes."""
@@ -92,8 +97,8 @@ def ray_nodes_sweep(ray_cluster, tiny_model, tmp_path_factory) -> dict:
     out = tmp / "sweep"
     result = run_python(*sweep_command(spec, out, ray_cluster["address"]), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    points = sweep.grid(sweep.load_spec(str(spec)))  # the rerun's plan, as --dry_run prints it
-    plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
+    points = sweep.grid(sweep.load_spec(str(spec)))
+    plan = rerun_plan(points, out)
     groups, nodes = cluster_state(ray_cluster["address"], {point.id for point in points})
     lines = [json.loads(line) for line in (out / "sweep_state.jsonl").read_text().splitlines()]
     return {
@@ -190,5 +195,5 @@ def test_a_sigterm_to_the_driver_stops_a_point_on_two_nodes_whole_and_leaves_it_
     assert not (out / "sweep_state.jsonl").exists() or not (out / "sweep_state.jsonl").read_text().strip()
     groups, _ = cluster_state(ray_cluster["address"], {point.id})
     assert [group["state"] for group in groups.values()] == ["REMOVED"]
-    plan = sweep.Sweep(points, out, 1, None, BENCH_SWEEP.with_name("bench_train.py")).plan(rerun_failed=False)
+    plan = rerun_plan(points, out)
     assert plan[-1] == "1 points, 1 to run", plan  # the same command runs it again
