@@ -14,7 +14,10 @@ def prologue(argv: list[str], script: str | None = None) -> "EarlyHelpers":
     ``sys.path`` and the signal handlers (``tuning.utils.prologue``), then the helper processes of the trackers
     ``argv`` asks for (Aim, MLflow), which import their libraries while this process imports torch, not beside the
     first training steps. Returned, for the script to hand to the trackers it builds
-    (``build_trackers(..., early_helpers)``), which adopt them."""
+    (``build_trackers(..., early_helpers)``), which adopt them. The garbage collector is paused until the script's
+    ``train()`` begins (``tuning.utils.prologue.pause_collector``): a script that calls this trains with
+    ``tuning.train``."""
+    ground.pause_collector()
     ground.prologue(argv, script)
     from tuning.trackers import start_helpers  # after the script's folder is off the path
 

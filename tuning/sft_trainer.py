@@ -104,6 +104,7 @@ from tuning.utils.config_utils import get_json_config, json_object
 from tuning.utils.data_type_utils import get_torch_dtype
 from tuning.utils.error_logging import TrainingInterrupted, UserInputError, run_with_error_reporting
 from tuning.utils.graceful_stop import GracefulStopCallback
+from tuning.utils.prologue import resume_collector
 from tuning.utils.sharded_state import ShardedTrainingState, check_resume_layout
 from tuning.utils.tokens_per_second import TokensPerSecondCallback
 
@@ -602,6 +603,7 @@ def train(
     their callbacks are installed after ``additional_callbacks`` (a callback already among those is not added again).
     Trackers built here are closed with the failure as their outcome when this raises; the caller closes its own.
     """
+    resume_collector()  # paused by a training script's prologue for its imports
     if callbacks is not None and additional_callbacks is not None:
         raise UserInputError("give additional_callbacks or callbacks (the same argument), not both")
     additional_callbacks = list((callbacks if additional_callbacks is None else additional_callbacks) or [])

@@ -1,18 +1,27 @@
-"""tuning.utils.prologue's exit (and the wrappers' fire_flags'): after every exit handler the objects still alive are
-frozen, so that Python's final garbage collections do not walk them. Real processes, with and without it."""
+"""The prologue's garbage-collector policy. At exit (and at the wrappers' fire_flags'), after every exit handler, the
+objects still alive are frozen, so that Python's final garbage collections do not walk them: real processes, with
+and without it. For the heavy imports, the collector is paused until ``train()`` begins."""
+
+import gc
 
 import pytest
 
-from tests.helpers.training import run_python
+from tests.helpers.training import make_args, run_python
+from tuning.sft_trainer import train
+from tuning.utils.error_logging import UserInputError
+from tuning.utils.prologue import pause_collector
 
 SCRIPT = """
 import atexit
 import sys
 
-if sys.argv[1] == "prologue":
-    from tuning.utils.prologue import prologue
+if sys.argv[1] == "prologue":  # a training script's: tuning.prologue's, which runs tuning.utils.prologue's
+    import gc
+
+    from tuning.prologue import prologue
 
     prologue([])
+    sys.stdout.write(f"collector on for the imports: {gc.isenabled()}\\n")
 
 
 class Cycle:
@@ -36,10 +45,30 @@ if sys.argv[1] == "fire_flags":  # a wrapper's entry: bench_sweep's, bench_compa
 
 @pytest.mark.parametrize(
     ("first", "printed"),
-    [("prologue", "exit handler\n"), ("fire_flags", "exit handler\n"), ("none", "exit handler\nfinalized\n")],
+    [
+        ("prologue", "collector on for the imports: False\nexit handler\n"),
+        ("fire_flags", "exit handler\n"),
+        ("none", "exit handler\nfinalized\n"),
+    ],
 )
 def test_the_exit_handlers_run_and_the_final_collection_skips_what_is_still_alive(tmp_path, first, printed):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     result = run_python(str(script), first, timeout=60)
     assert (result.returncode, result.stdout) == (0, printed), result.stderr
+
+
+def test_train_turns_the_collector_the_prologue_paused_back_on_with_what_the_imports_built_frozen(tmp_path):
+    """``train()``'s first act: where the prologue paused the collector, it freezes what is alive (the imports'
+    objects, which the training's collections then skip) and turns the collector back on; without the prologue (a
+    program calling ``train()`` itself) the collector stays as it was. A ``train()`` refused at once shows it."""
+    args = make_args("unused-model", str(tmp_path), "unused.jsonl")
+    frozen = gc.get_freeze_count()
+    with pytest.raises(UserInputError, match="not both"):
+        train(*args, callbacks=[], additional_callbacks=[])
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    pause_collector()
+    assert not gc.isenabled()
+    with pytest.raises(UserInputError, match="not both"):
+        train(*args, callbacks=[], additional_callbacks=[])
+    assert gc.isenabled() and gc.get_freeze_count() > frozen
