@@ -6,9 +6,13 @@ checkpoint) reads only its files; a job with ``--save_model_dir`` saves there at
 
 import sys
 
-import torch.distributed as dist
+from tuning.utils.prologue import pause_collector
 
-from tuning import sft_trainer
+pause_collector()  # as a training script's prologue does, until the first train() begins
+
+import torch.distributed as dist  # noqa: E402
+
+from tuning import sft_trainer  # noqa: E402
 
 SEPARATOR = "--then"
 

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers.training import make_args, run_python
 from tuning.sft_trainer import train
 from tuning.utils.error_logging import UserInputError
-from tuning.utils.prologue import pause_collector
+from tuning.utils.prologue import collector_paused, pause_collector
 
 SCRIPT = """
 import atexit
@@ -72,3 +72,19 @@ def test_train_turns_the_collector_the_prologue_paused_back_on_with_what_the_imp
     with pytest.raises(UserInputError, match="not both"):
         train(*args, callbacks=[], additional_callbacks=[])
     assert gc.isenabled() and gc.get_freeze_count() > frozen
+
+
+def test_a_block_of_heavy_imports_runs_with_the_collector_paused_and_ends_with_a_freeze():
+    """``collector_paused`` (a sweep's driver loading bench_train's parser): off inside, frozen and back on after;
+    inside a pause already under way it leaves the pause to its owner."""
+    frozen = gc.get_freeze_count()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() > frozen
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

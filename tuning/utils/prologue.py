@@ -4,6 +4,7 @@ runs this and then starts the trackers' helper processes (a floor above the trac
 this one directly keeps its signal handling, and its trackers start their helpers when they are built."""
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
@@ -32,6 +33,22 @@ def resume_collector() -> None:
         _collector_paused = False
         gc.freeze()
         gc.enable()
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """``pause_collector`` and ``resume_collector`` around a block of heavy imports, for a process that is not a
+    training script (a sweep's driver reading bench_train's parser): the same freeze at its end. Inside a pause
+    already under way, nothing of its own."""
+    pausing = gc.isenabled()
+    if pausing:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pausing:
+            gc.freeze()
+            gc.enable()
 
 
 def prologue(argv: list[str], script: str | None = None) -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from tuning.benchmarking import report
 from tuning.benchmarking.configuration import file_sha256
+from tuning.utils.prologue import collector_paused
 
 SPEC_KEYS = ("base", "axes", "metadata")
 REPEATS_KEY = "repeats"  # optional: every point runs this many times, metadata "repeat" 0, 1, ... telling them apart
@@ -194,10 +195,12 @@ def flag_tokens(flags: dict[str, Any]) -> list[str]:
 
 @functools.cache
 def load_bench_train(bench_train: Path) -> Any:
-    """bench_train's module, for its parser: run once per sweep, for the flags' check and the memory estimates."""
+    """bench_train's module, for its parser: run once per sweep, for the flags' check and the memory estimates. Its
+    imports (torch, transformers) run with the garbage collector paused, as a training script's do."""
     module_spec = importlib.util.spec_from_file_location("bench_sweep_point_flags", bench_train)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    with collector_paused():
+        module_spec.loader.exec_module(module)
     return module
 
 
