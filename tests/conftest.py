@@ -2,10 +2,14 @@
 fixtures of tests/helpers/fixtures.py, and a note on unmarked tests that take seconds. Shared helpers live in
 tests/helpers/."""
 
-import gc
 import os
 
 import pytest
+
+from tuning.utils.prologue import pause_collector, resume_collector
+
+# Collecting imports torch, transformers and peft: with the collector paused, as in a training script's prologue.
+pause_collector()
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -33,12 +37,17 @@ SHARED_FIXTURES = (
 )
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Collected, the libraries are imported: their hundreds of thousands of objects are moved out of the garbage
-    collector's sight (``gc.freeze``), so that each full collection (accelerate runs one at every ``train()``'s end,
-    the collector on its own now and then) walks only what the tests made since."""
-    gc.freeze()
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """Collected (or, in pytest-xdist's controller, which collects nothing, past collection), the libraries are
+    imported: their hundreds of thousands of objects are moved out of the garbage collector's sight (``gc.freeze``)
+    and the collector is back on (``resume_collector``, what ``train()`` does after a script's prologue), so that each
+    full collection (accelerate runs one at every ``train()``'s end, the collector on its own now and then) walks only
+    what the tests made since."""
+    try:
+        return (yield)
+    finally:
+        resume_collector()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
