@@ -34,6 +34,7 @@ SHARED_FIXTURES = (
     "mlflow_server",
     "ray_nodes_sweep",
     "compare_sweeps",
+    "sigtermed_sft_trainer",
 )
 
 

@@ -11,14 +11,11 @@ import psutil
 import pytest
 from transformers import TrainerCallback
 
+from tests.helpers.data_files import data_caches
 from tests.helpers.training import SFT_TRAINER, Job, cli_args, run_sft_trainer, wait_for_steps
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.data.cache import OWNER_FILE, PREFIX, new_cache_dir, remove_orphaned_caches
 from tuning.sft_trainer import train
-
-
-def caches(root: Path) -> list[Path]:
-    return sorted(root.glob(f"{PREFIX}*"))
 
 
 def dead_process() -> tuple[int, float]:
@@ -63,7 +60,7 @@ class FailAtTrainBegin(TrainerCallback):
         self.caches_seen: list[Path] = []
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.caches_seen = caches(self.cache_root)
+        self.caches_seen = data_caches(self.cache_root)
         raise RuntimeError("failing on purpose")
 
 
@@ -77,40 +74,33 @@ def test_train_removes_its_cache_when_it_returns_and_when_it_raises(tiny_model, 
     )
     train_args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=1, save_strategy="no", report_to="none")
     train(model_args, data_args, train_args, tracker_configs=None, trackers=[])
-    assert root.is_dir() and caches(root) == []
+    assert root.is_dir() and data_caches(root) == []
     failing = FailAtTrainBegin(root)
     again = TrainingArguments(output_dir=str(tmp_path / "again"), max_steps=1, save_strategy="no", report_to="none")
     with pytest.raises(RuntimeError, match="failing on purpose"):  # elsewhere: "out" holds a finished job
         train(model_args, data_args, again, callbacks=[failing], trackers=[])
-    assert len(failing.caches_seen) == 1 and caches(root) == []
-
-
-def start_long_run(tiny_model: str, tmp_path: Path, cache_root: Path) -> Job:
-    """A CLI run long enough to be signalled while it trains, tokenising into ``cache_root``."""
-    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=100_000)
-    return Job([SFT_TRAINER, *args], HF_DATASETS_CACHE=str(cache_root), TERMINATION_LOG_FILE=str(tmp_path / "term"))
+    assert len(failing.caches_seen) == 1 and data_caches(root) == []
 
 
 @pytest.mark.slow
-def test_sigterm_mid_training_leaves_no_cache(tiny_model, tmp_path):
-    root = tmp_path / "datasets-cache"
-    job = start_long_run(tiny_model, tmp_path, root)
-    wait_for_steps(tmp_path / "out" / "training_logs.jsonl", 1, job)
-    assert len(caches(root)) == 1
-    job.send_signal(signal.SIGTERM)
-    stderr = job.finish(timeout=120)
-    assert job.returncode == 143, stderr[-3000:]
-    assert caches(root) == []
+def test_sigterm_mid_training_leaves_no_cache(sigtermed_sft_trainer):
+    """The job SIGTERMed after its first logged step (the shared fixture; its exit status and reports:
+    test_error_logging_e2e.py::test_sigterm_stops_at_a_step_boundary_and_exits_143)."""
+    job = sigtermed_sft_trainer
+    assert len(job.caches_while_training) == 1
+    assert job.returncode == 143, job.stderr[-3000:]
+    assert data_caches(job.data_cache) == []
 
 
 @pytest.mark.slow
 def test_the_next_run_removes_the_cache_of_a_sigkilled_run(tiny_model, tmp_path):
     root = tmp_path / "datasets-cache"
-    job = start_long_run(tiny_model, tmp_path, root)
+    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=100_000)
+    job = Job([SFT_TRAINER, *args], HF_DATASETS_CACHE=str(root), TERMINATION_LOG_FILE=str(tmp_path / "term"))
     wait_for_steps(tmp_path / "out" / "training_logs.jsonl", 1, job, signal.SIGKILL)
     job.finish(timeout=60)
-    [left_behind] = caches(root)
+    [left_behind] = data_caches(root)
     assert (left_behind / OWNER_FILE).exists()
     result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "next")), HF_DATASETS_CACHE=str(root))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert caches(root) == []
+    assert data_caches(root) == []

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from tuning.config.configs import DataArguments, TrainingArguments
+from tuning.data.cache import PREFIX
 from tuning.data.setup_dataprocessor import prepare_training_datasets
 
 CHAT_TEMPLATE = (
@@ -14,6 +15,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 GOOD = {"input": "What is 2 plus 2?", "output": "Four."}
+
+
+def data_caches(root: Path) -> list[Path]:
+    """The tokenised-data caches (``tuning.data.cache``) under ``root``, a run's HF_DATASETS_CACHE."""
+    return sorted(root.glob(f"{PREFIX}*"))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:

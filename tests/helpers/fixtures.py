@@ -1,5 +1,10 @@
 """Fixtures every test module may use (registered by tests/conftest.py): the tiny local Llama, built once per
-session, and the shipped sample data; and, for every test, no stop signal left noted by an earlier one."""
+session, and the shipped sample data; for every test, no stop signal left noted by an earlier one; and jobs whose
+outcome several test modules check (each listed in tests/conftest.py's SHARED_FIXTURES, so that it runs once)."""
+
+import dataclasses
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +39,35 @@ def sample_train() -> str:
 @pytest.fixture(scope="session")
 def sample_validation() -> str:
     return SAMPLE_VALIDATION_PATH
+
+
+@dataclasses.dataclass
+class SigtermedJob:
+    """What a ``python tuning/sft_trainer.py`` job SIGTERMed after its first logged step left behind."""
+
+    returncode: int
+    stderr: str
+    termination_log: Path
+    training_logs: Path
+    data_cache: Path  # its HF_DATASETS_CACHE, where the job tokenised its data
+    caches_while_training: list[Path]  # the tokenised-data caches there when the signal was sent
+
+
+@pytest.fixture(scope="session")
+def sigtermed_sft_trainer(tiny_model, tmp_path_factory) -> SigtermedJob:
+    """One CLI job long enough to be signalled while it trains (100 000 steps), tokenising into a directory of its
+    own, SIGTERMed once a step is logged, for the tests of how such a job ends (its exit status and error reports:
+    tests/utils/test_error_logging_e2e.py; its data caches: tests/data/test_data_cache.py)."""
+    from tests.helpers.data_files import data_caches  # here: the plugin itself loads before the libraries are needed
+    from tests.helpers.training import SFT_TRAINER, Job, cli_args, wait_for_steps
+
+    tmp = tmp_path_factory.mktemp("sigtermed-sft-trainer")
+    cache_root, log = tmp / "datasets-cache", tmp / "termination-log"
+    args = cli_args(tiny_model, str(tmp / "out"), max_steps=100_000)
+    job = Job([SFT_TRAINER, *args], tmp / "logs", HF_DATASETS_CACHE=str(cache_root), TERMINATION_LOG_FILE=str(log))
+    training_logs = tmp / "out" / "training_logs.jsonl"
+    wait_for_steps(training_logs, 1, job)
+    caches_while_training = data_caches(cache_root)
+    job.send_signal(signal.SIGTERM)
+    stderr = job.finish(timeout=120)
+    return SigtermedJob(job.returncode, stderr, log, training_logs, cache_root, caches_while_training)

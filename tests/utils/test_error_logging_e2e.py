@@ -4,7 +4,6 @@ tests/test_launch.py, a SIGTERM to one rank in tests/wrappers/test_bench_train.p
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,12 @@ import pytest
 
 from tests.helpers.training import (
     SFT_TRAINER,
-    Job,
     cli_args,
     logged_steps,
     markers,
     run_python,
     run_sft_trainer,
     termination_lines,
-    wait_for_steps,
 )
 from tuning.utils.error_logging import TERMINATION_LOG_MAX_BYTES
 
@@ -167,16 +164,13 @@ def test_real_host_oom_in_a_training_step(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_at_a_step_boundary_and_exits_143(tiny_model, tmp_path):
-    log = tmp_path / "termination-log"
-    args = cli_args(tiny_model, str(tmp_path), max_steps=100_000)
-    process = Job([SFT_TRAINER, *args], tmp_path / "logs", TERMINATION_LOG_FILE=str(log))
-    training_logs = tmp_path / "training_logs.jsonl"
-    wait_for_steps(training_logs, 1, process, signal.SIGTERM)
-    stderr = process.finish(timeout=60)
-    assert process.returncode == 143, stderr[-3000:]
-    assert termination_lines(log) == ["interrupted: TrainingInterrupted: training stopped by SIGTERM"]
-    [(category, rank, step, code)] = markers(stderr)
+def test_sigterm_stops_at_a_step_boundary_and_exits_143(sigtermed_sft_trainer):
+    """The job SIGTERMed after its first logged step (the shared fixture; its data caches:
+    test_data_cache.py::test_sigterm_mid_training_leaves_no_cache)."""
+    job = sigtermed_sft_trainer
+    assert job.returncode == 143, job.stderr[-3000:]
+    assert termination_lines(job.termination_log) == ["interrupted: TrainingInterrupted: training stopped by SIGTERM"]
+    [(category, rank, step, code)] = markers(job.stderr)
     assert (category, rank, code) == ("interrupted", "0", "143")
-    assert logged_steps(training_logs)[-1] == int(step)  # every step up to the stop was logged and flushed
+    assert logged_steps(job.training_logs)[-1] == int(step)  # every step up to the stop was logged and flushed
     assert int(step) < 100_000
