@@ -1,4 +1,6 @@
-"""Tokenised-data caches: removed however a run ends, after a kill by the next run (real processes and signals)."""
+"""Tokenised-data caches: removed however a run ends, after a kill by the next run (real processes and signals). A
+SIGKILLed run's cache, left behind and removed by the next run: tests/wrappers/test_bench_train.py's SIGKILL and
+restart (test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump_and_a_restart_shows_the_gap_and_the_lost_steps)."""
 
 import json
 import signal
@@ -12,7 +14,6 @@ import pytest
 from transformers import TrainerCallback
 
 from tests.helpers.data_files import data_caches
-from tests.helpers.training import SFT_TRAINER, Job, cli_args, run_sft_trainer, wait_for_steps
 from tuning.config.configs import DataArguments, ModelArguments, TrainingArguments
 from tuning.data.cache import OWNER_FILE, PREFIX, new_cache_dir, remove_orphaned_caches
 from tuning.sft_trainer import train
@@ -90,17 +91,3 @@ def test_sigterm_mid_training_leaves_no_cache(sigtermed_sft_trainer):
     assert len(job.caches_while_training) == 1
     assert job.returncode == 143, job.stderr[-3000:]
     assert data_caches(job.data_cache) == []
-
-
-@pytest.mark.slow
-def test_the_next_run_removes_the_cache_of_a_sigkilled_run(tiny_model, tmp_path):
-    root = tmp_path / "datasets-cache"
-    args = cli_args(tiny_model, str(tmp_path / "out"), max_steps=100_000)
-    job = Job([SFT_TRAINER, *args], HF_DATASETS_CACHE=str(root), TERMINATION_LOG_FILE=str(tmp_path / "term"))
-    wait_for_steps(tmp_path / "out" / "training_logs.jsonl", 1, job, signal.SIGKILL)
-    job.finish(timeout=60)
-    [left_behind] = data_caches(root)
-    assert (left_behind / OWNER_FILE).exists()
-    result = run_sft_trainer(cli_args(tiny_model, str(tmp_path / "next")), HF_DATASETS_CACHE=str(root))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert data_caches(root) == []

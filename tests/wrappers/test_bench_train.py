@@ -29,7 +29,7 @@ from tests.helpers.bench import (
     series,
     start_bench,
 )
-from tests.helpers.data_files import write_config
+from tests.helpers.data_files import data_caches, write_config
 from tests.helpers.file_reads import FileReads
 from tests.helpers.flops import LORA_WEIGHTS, attention_flops, tiny_llama_matmul_weights
 from tests.helpers.mlflow import MlflowServer
@@ -55,6 +55,7 @@ from tuning.benchmarking.dump import (
     utc_iso,
 )
 from tuning.benchmarking.journal import read_journal
+from tuning.data.cache import OWNER_FILE
 from tuning.sft_trainer import get_parser
 from tuning.trackers.aimstack_tracker import DEGRADED_WARNING as AIM_WARNING
 from tuning.trackers.aimstack_tracker import RUN_HASH_FILENAME
@@ -289,8 +290,11 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump_and_a_restart_shows_
     went: the first segment ends at its last journal record; the restart's start is dated no earlier than its launch
     less its clock's precision, so the gap is the real one (0 with a note where the two are closer than that
     precision, never negative); the steps trained again are goodput's repeated steps; the unfinished folder is
-    removed once a newer checkpoint is complete."""
+    removed once a newer checkpoint is complete. The killed run's tokenised-data cache (tuning.data.cache) is left
+    behind, its owner file naming the dead process, and the restart, the next run on that HF_DATASETS_CACHE, removes
+    it."""
     journal = tmp_path / "bench.journal.jsonl"
+    data_cache = {"HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
     args = bench_args(
         tiny_model,
         tmp_path,
@@ -299,9 +303,11 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump_and_a_restart_shows_
         save_steps=2,
         callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
-    process = start_bench(args)
+    process = start_bench(args, **data_cache)
     wait_for_steps(journal, 5, process, signal.SIGKILL)
     process.communicate(timeout=30)
+    [left_behind] = data_caches(tmp_path / "datasets-cache")
+    assert (left_behind / OWNER_FILE).exists()
     killed_journal = Path(shutil.copy(journal, tmp_path / "killed.journal.jsonl"))
     newest, _ = newest_complete_checkpoint(str(tmp_path))
     (Path(newest) / STATUS_FILE).write_text(json.dumps({"complete": False}))
@@ -310,9 +316,10 @@ def test_sigkill_leaves_a_journal_that_rebuilds_into_a_dump_and_a_restart_shows_
     resumed_from = newest_complete_checkpoint(str(tmp_path))[0]
     assert not (tmp_path / "bench.json").exists()
     launched = time.time()
-    returncode, _, stderr = run_bench([*args, "--resume_from_checkpoint"])
+    returncode, _, stderr = run_bench([*args, "--resume_from_checkpoint"], **data_cache)
     assert returncode == 0, stderr[-3000:]
     assert f"resuming from {Path(resumed_from).name}" in stderr
+    assert data_caches(tmp_path / "datasets-cache") == []
     assert not (tmp_path / "checkpoint-9").exists() and checkpoint_problem(str(newest)) is None
 
     logged = logged_steps(killed_journal)
