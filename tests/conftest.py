@@ -35,6 +35,7 @@ SHARED_FIXTURES = (
     "ray_nodes_sweep",
     "compare_sweeps",
     "sigtermed_sft_trainer",
+    "sigtermed_twice",
 )
 
 

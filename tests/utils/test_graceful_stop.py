@@ -43,48 +43,48 @@ def test_second_sigint_falls_back_to_keyboard_interrupt(tmp_path):
         signal.signal(signal.SIGINT, before)
 
 
-SECOND_SIGTERM_SCRIPT = """
-import pathlib, signal, sys
-from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
-from tuning.utils.graceful_stop import GracefulStopCallback
-callbacks = [SignalAtStep(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
-tiny_trainer(pathlib.Path(sys.argv[1]), callbacks).train()
-print("survived")
-"""
-
-
-SIGTERM_WHILE_REPORTING_SCRIPT = """
+# Two runs in one process, in the order a process can survive them: a SIGTERM after the agreed stop (as torchrun sends
+# it to every worker once one has exited) must not cut the error report short; then, handlers restored to those found
+# at train begin, a fresh callback's second SIGTERM falls back to the default action, which ends the process.
+SIGTERM_AFTER_THE_STOP_THEN_A_SECOND_SIGTERM_SCRIPT = """
 import os, pathlib, signal, sys
 from tests.helpers.graceful_stop import SignalAtStep, tiny_trainer
 from tuning.utils.graceful_stop import GracefulStopCallback
+tmp = pathlib.Path(sys.argv[1])
 stop = GracefulStopCallback()
-trainer = tiny_trainer(pathlib.Path(sys.argv[1]), [SignalAtStep(2, signal.SIGTERM), stop])
+trainer = tiny_trainer(tmp / "reporting", [SignalAtStep(2, signal.SIGTERM), stop])
 trainer.train()
 os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends it to every worker once one has exited
 print("survived", trainer.state.global_step, flush=True)
 stop.restore_signal_handlers()
-print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+callbacks = [SignalAtStep(2, signal.SIGTERM, signal.SIGTERM), GracefulStopCallback()]
+tiny_trainer(tmp / "second", callbacks).train()
+print("survived the second SIGTERM")
 """
 
 
-def _run_signal_script(script: str, tmp_path) -> subprocess.CompletedProcess:
-    """Run ``script`` in its own Python process: a signal that kills it must not kill pytest."""
-    return run_python("-c", script, str(tmp_path), timeout=180)
+@pytest.fixture(scope="module")
+def sigtermed_twice(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The script above in its own Python process: a signal that kills it must not kill pytest."""
+    tmp = tmp_path_factory.mktemp("sigtermed-twice")
+    return run_python("-c", SIGTERM_AFTER_THE_STOP_THEN_A_SECOND_SIGTERM_SCRIPT, str(tmp), timeout=180)
 
 
 @pytest.mark.slow
-def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(tmp_path):
-    result = _run_signal_script(SIGTERM_WHILE_REPORTING_SCRIPT, tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    ours = [line for line in result.stdout.splitlines() if line.startswith(("survived", "restored"))]
-    assert ours == ["survived 2", "restored True"]
+def test_sigterm_after_the_agreed_stop_does_not_cut_the_report_short(sigtermed_twice):
+    """The lines printed after that SIGTERM: the process lived on, its handlers then put back (how the process ends,
+    in the second run: the next test's)."""
+    ours = [line for line in sigtermed_twice.stdout.splitlines() if line.startswith(("survived", "restored"))]
+    assert ours[:2] == ["survived 2", "restored True"], sigtermed_twice.stderr[-2000:]
 
 
 @pytest.mark.slow
-def test_second_sigterm_falls_back_to_the_default_action(tmp_path):
-    result = _run_signal_script(SECOND_SIGTERM_SCRIPT, tmp_path)
-    assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
-    assert "survived" not in result.stdout
+def test_second_sigterm_falls_back_to_the_default_action(sigtermed_twice):
+    """After the first run's lines (the test above), the second run's second SIGTERM ended the process."""
+    ours = [line for line in sigtermed_twice.stdout.splitlines() if line.startswith(("survived", "restored"))]
+    assert ours == ["survived 2", "restored True"], sigtermed_twice.stderr[-2000:]
+    assert sigtermed_twice.returncode == -signal.SIGTERM, sigtermed_twice.stderr[-2000:]
 
 
 def test_agreement_decides_once_every_joined_callback_has_voted():
