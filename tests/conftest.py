@@ -28,7 +28,7 @@ pytest_plugins = ["tests.helpers.fixtures"]
 # tests that use one go to one worker, so that it runs once; the other tests spread one by one.
 SHARED_FIXTURES = (
     "local_grid",
-    "runs_dir",
+    "bench_runs",
     "healthy_jobs",
     "aim_server",
     "mlflow_server",

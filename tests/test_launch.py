@@ -23,6 +23,7 @@ from tests.helpers.training import (
     free_port,
     markers,
     run_python,
+    start_launch,
     termination_lines,
     two_ranks,
     wait_for_steps,
@@ -35,11 +36,6 @@ pytestmark = pytest.mark.slow  # subprocesses, servers, torchrun ranks: not in m
 
 MANIFEST = REPO_ROOT / "docs" / "kubernetes" / "job.yaml"
 COLLECTIVE_FAULT = REPO_ROOT / "tests" / "helpers" / "collective_fault.py"
-
-
-def start_launch(args: list[str], tmp_path: Path, **env: str) -> Job:
-    """``python -m tuning.launch ARGS``; the pod's termination log in ``tmp_path/termination-log``."""
-    return Job(["-m", "tuning.launch", *args], tmp_path, TERMINATION_LOG_FILE=str(tmp_path / "termination-log"), **env)
 
 
 def slow_bench_args(model: str, tmp_path: Path) -> list[str]:
@@ -111,31 +107,25 @@ def test_bad_launcher_arguments_are_a_user_error_before_any_worker_starts(args, 
     assert "Traceback" not in stderr and "torch/distributed" not in stderr
 
 
-def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(tiny_model, tmp_path):
-    args = bench_args(
-        tiny_model,
-        tmp_path,
-        max_steps=6,
-        per_device_train_batch_size=2,
-        tracker="none",
-        callbacks=f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank",
-    )
-    launcher = start_launch(two_ranks(BENCH_TRAIN, args), tmp_path)
-    stderr = launcher.finish()
-    assert launcher.returncode == 204, stderr[-3000:]
-    first, second = check_pod_log(tmp_path)
+def test_gpu_oom_on_rank_1_is_the_pods_exit_code_and_first_line(bench_runs):
+    """bench_runs' ranks-b2: bench_train on 2 ranks under tuning.launch, as a pod runs it (batch size 2, 6 steps),
+    rank 1 out of memory at step 2. (The same job's files are the report's 2-rank run in
+    tests/wrappers/test_bench_report.py.)"""
+    runs_dir, stderr = bench_runs.dir, bench_runs.stderr["ranks-b2"]
+    assert bench_runs.returncodes["ranks-b2"] == 204, stderr[-3000:]
+    first, second = check_pod_log(bench_runs.logs["ranks-b2"])
     assert first.startswith("gpu_oom: rank 1: OutOfMemoryError: CUDA out of memory")
     # What rank 0 saw depends on timing: its lost peer (communication) or the agent's SIGTERM (interrupted).
     assert second.startswith(("communication: rank 0: ", "interrupted: rank 0: "))
     # Each rank's own report: rank 1's error report and TUNING_ERROR line, rank 0's dump with its own, truthful error.
     assert "TUNING_ERROR category=gpu_oom rank=1 step=2 exit_code=204" in stderr
-    report = json.loads((tmp_path / "bench.json.rank1.error.json").read_text())
+    report = json.loads((runs_dir / "ranks-b2.json.rank1.error.json").read_text())
     assert report["category"] == "gpu_oom" and report["rank"] == 1 and report["global_step"] == 2
     assert "injected by the test" in report["message"] and report["world_size"] == 2
-    dump = read_dump(tmp_path / "bench.json")
+    dump = read_dump(runs_dir / "ranks-b2.json")
     assert dump["error"]["rank"] == 0 and dump["error"]["category"] in ("communication", "interrupted")
     assert dump["status"] == ("interrupted" if dump["error"]["category"] == "interrupted" else "error")
-    assert not (tmp_path / "bench.json.rank0.error.json").exists()
+    assert not (runs_dir / "ranks-b2.json.rank0.error.json").exists()
 
 
 def test_rank_killed_by_sigkill_is_the_root_cause(tiny_model, tmp_path):

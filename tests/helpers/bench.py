@@ -1,15 +1,30 @@
-"""bench_train for tests: the flags of a short benchmark run, the run as a job, its dump and its rebuilt journal."""
+"""bench_train for tests: the flags of a short benchmark run, the run as a job, its dump and its rebuilt journal; a
+directory of real runs with every ending a report reads (``BenchRuns``)."""
 
 import csv
 import itertools
 import json
 import math
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.training import BENCH_TRAIN, RESPONSE_TEMPLATE, TORCHRUN, Job, cli_args, run_python, two_ranks
+from tests.helpers.training import (
+    BENCH_CALLBACKS,
+    BENCH_TRAIN,
+    RESPONSE_TEMPLATE,
+    TORCHRUN,
+    Job,
+    cli_args,
+    run_python,
+    start_launch,
+    two_ranks,
+    wait_for_steps,
+)
 from tuning.benchmarking.dump import STEP_PART_SERIES, STEP_TIME
+from tuning.benchmarking.journal import journal_path
 from tuning.benchmarking.schema import validate_dump
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
@@ -109,3 +124,79 @@ def markdown_rows(text: str, section: str) -> list[dict[str, str]]:
     table = itertools.takewhile(lambda line: line.startswith("|"), after)
     headers, *rows = ([cell.strip() for cell in line.strip("|").split(" | ")] for line in table)
     return [dict(zip(headers, cells, strict=True)) for cells in rows[1:]]
+
+
+# The runs of ``BenchRuns``: name → (metadata, extra bench_train flags, on 2 ranks under tuning.launch). Output dirs
+# land beside the dumps on purpose: the report must ignore the model files it finds there.
+BENCH_RUNS = {
+    "ok-a2": ({"model": "a", "batch_size": 2}, {"per_device_train_batch_size": 2}, False),
+    "ok-a4": ({"model": "a", "batch_size": 4}, {}, False),
+    "stopped-b4": (
+        {"model": "b", "batch_size": 4},
+        {"max_steps": 500, "stop_after_seconds": 2, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
+        False,
+    ),
+    "oom-a8": (
+        {"model": "a", "batch_size": 8},
+        {"per_device_train_batch_size": 8, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
+        False,
+    ),
+    "killed-b8": (
+        {"model": "b", "batch_size": 8},
+        {"per_device_train_batch_size": 8, "max_steps": 500, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
+        False,
+    ),
+    # Started as a pod starts it (tuning.launch, a termination log): tests/test_launch.py reads its exit code, pod
+    # log and stderr, the report tests its files.
+    "ranks-b2": (
+        {"model": "b", "batch_size": 2},
+        {"per_device_train_batch_size": 2, "max_steps": 6, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
+        True,
+    ),
+}
+BENCH_RUNS_EXPECTED = {  # name → (status, root-cause category, root-cause rank), as the report reads them
+    "ok-a2": ("ok", "", ""),
+    "ok-a4": ("ok", "", ""),
+    "stopped-b4": ("stopped", "", ""),
+    "oom-a8": ("error", "gpu_oom", "0"),
+    "killed-b8": ("killed", "", ""),
+    "ranks-b2": ("error", "gpu_oom", "1"),
+}
+
+
+@dataclass(frozen=True)
+class BenchRuns:
+    """The finished runs of ``BENCH_RUNS``: dumps, journals and rank reports in ``dir`` (``NAME.json``...); each
+    run's exit code, stderr, and its logs' directory (stdout, stderr, and the launched run's ``termination-log``)."""
+
+    dir: Path
+    returncodes: dict[str, int]
+    stderr: dict[str, str]
+    logs: dict[str, Path]
+
+
+def make_bench_runs(model: str, runs_dir: Path) -> BenchRuns:
+    """Every run of ``BENCH_RUNS`` at the same time; killed-b8 SIGKILLed after 2 steps. Each run that should end
+    well did, and each that should fail did."""
+    jobs = {}
+    for name, (metadata, extra, launched) in BENCH_RUNS.items():
+        flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, "memory_estimate": False}
+        args = cli_args(
+            model,
+            str(runs_dir / name),
+            metrics_path=runs_dir / f"{name}.json",
+            metadata=json.dumps(metadata),
+            **{**flags, **extra},
+        )
+        log_dir = runs_dir.with_name(f"{runs_dir.name}-logs") / name
+        if launched:
+            jobs[name] = start_launch(two_ranks(BENCH_TRAIN, args), log_dir)
+        else:
+            jobs[name] = start_bench(args, log_dir=log_dir)
+    wait_for_steps(Path(journal_path(str(runs_dir / "killed-b8.json"))), 2, jobs["killed-b8"], signal.SIGKILL, 300)
+    stderr = {name: job.finish(timeout=300) for name, job in jobs.items()}
+    for name, job in jobs.items():
+        ends_well = BENCH_RUNS_EXPECTED[name][0] in ("ok", "stopped")
+        assert (job.returncode == 0) == ends_well, f"{name}: {stderr[name][-3000:]}"
+    returncodes = {name: job.returncode for name, job in jobs.items()}
+    return BenchRuns(runs_dir, returncodes, stderr, {name: job.log_dir for name, job in jobs.items()})

@@ -1,15 +1,20 @@
 """Fixtures every test module may use (registered by tests/conftest.py): the tiny local Llama, built once per
 session, and the shipped sample data; for every test, no stop signal left noted by an earlier one; and jobs whose
-outcome several test modules check (each listed in tests/conftest.py's SHARED_FIXTURES, so that it runs once)."""
+outcome several test modules check (each listed in tests/conftest.py's SHARED_FIXTURES, so that it runs once): a
+SIGTERMed sft_trainer job, and a directory of real bench_train runs."""
 
 import dataclasses
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tuning.utils.error_logging import record_stop_signal
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH, SAMPLE_VALIDATION_PATH, build_tiny_model, build_tiny_moe
+
+if TYPE_CHECKING:
+    from tests.helpers.bench import BenchRuns
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +76,12 @@ def sigtermed_sft_trainer(tiny_model, tmp_path_factory) -> SigtermedJob:
     job.send_signal(signal.SIGTERM)
     stderr = job.finish(timeout=120)
     return SigtermedJob(job.returncode, stderr, log, training_logs, cache_root, caches_while_training)
+
+
+@pytest.fixture(scope="session")
+def bench_runs(tiny_model, tmp_path_factory) -> "BenchRuns":
+    """The runs of tests/helpers/bench.py's ``BENCH_RUNS``, made once per session, all at the same time: what
+    wrappers/bench_report reads, and a 2-rank job under tuning.launch whose rank 1 runs out of memory."""
+    from tests.helpers.bench import make_bench_runs  # here: loading this module (every pytest run) stays light
+
+    return make_bench_runs(tiny_model, tmp_path_factory.mktemp("bench-runs"))

@@ -151,6 +151,12 @@ def two_ranks(script: Path | str, args: list[str]) -> list[str]:
     return ["--nproc_per_node=2", f"--master_port={free_port()}", str(script), *args]
 
 
+def start_launch(args: list[str], log_dir: Path, **env: str) -> "Job":
+    """``python -m tuning.launch ARGS`` as a pod runs it: its output and the pod's termination log
+    (``log_dir/termination-log``) in ``log_dir``."""
+    return Job(["-m", "tuning.launch", *args], log_dir, TERMINATION_LOG_FILE=str(log_dir / "termination-log"), **env)
+
+
 class Job(subprocess.Popen):
     """``python ARGV`` started in the checkout with the child jobs' environment (``env`` added). Its output goes to
     pipes, or with ``log_dir`` to ``log_dir/stdout`` and ``log_dir/stderr``, which never fill up while nobody reads."""

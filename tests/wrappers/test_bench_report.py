@@ -1,11 +1,11 @@
 """wrappers/bench_report.py on the files of real bench_train runs of the tiny model: ok, stopped, OOM-injected,
-SIGKILLed, and a 2-rank torchrun job whose last rank runs out of memory. The runs are made once per session, all
-at the same time; faults come in through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
+SIGKILLed, and a 2-rank job under tuning.launch whose last rank runs out of memory. The runs are made once per
+session, all at the same time (the ``bench_runs`` fixture, which tests/test_launch.py reads too); faults come in
+through bench_train's ``--callbacks`` (tests/helpers/bench_callbacks.py)."""
 
 import csv
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 from pathlib import Path
@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 from matplotlib.colors import to_rgba
 
-from tests.helpers.bench import csv_by, markdown_rows, rebuild, start_bench
+from tests.helpers.bench import BENCH_RUNS, BENCH_RUNS_EXPECTED, csv_by, markdown_rows, rebuild
 from tests.helpers.dumps import mlperf_runs, write_dump
-from tests.helpers.training import (
-    BENCH_CALLBACKS,
-    REPO_ROOT,
-    Job,
-    cli_args,
-    load_script,
-    run_python,
-    wait_for_steps,
-)
+from tests.helpers.training import REPO_ROOT, load_script, run_python
 from tuning.benchmarking.goodput import PARTS as GOODPUT_PARTS
-from tuning.benchmarking.journal import journal_path
 from tuning.benchmarking.report import (
     NODE_COLUMNS,
     PointRuns,
@@ -41,63 +32,13 @@ from tuning.benchmarking.report import (
 BENCH_REPORT = REPO_ROOT / "wrappers" / "bench_report.py"
 BATCH_SIZE = "per_device_train_batch_size"
 
-# name → (metadata, extra bench_train flags, torchrun); output dirs land beside the dumps on purpose: the report
-# must ignore the model files it finds there.
-RUNS = {
-    "ok-a2": ({"model": "a", "batch_size": 2}, {"per_device_train_batch_size": 2}, False),
-    "ok-a4": ({"model": "a", "batch_size": 4}, {}, False),
-    "stopped-b4": (
-        {"model": "b", "batch_size": 4},
-        {"max_steps": 500, "stop_after_seconds": 2, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
-        False,
-    ),
-    "oom-a8": (
-        {"model": "a", "batch_size": 8},
-        {"per_device_train_batch_size": 8, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
-        False,
-    ),
-    "killed-b8": (
-        {"model": "b", "batch_size": 8},
-        {"per_device_train_batch_size": 8, "max_steps": 500, "callbacks": f"{BENCH_CALLBACKS}:SlowSteps"},
-        False,
-    ),
-    "ranks-b2": (
-        {"model": "b", "batch_size": 2},
-        {"per_device_train_batch_size": 2, "max_steps": 6, "callbacks": f"{BENCH_CALLBACKS}:OutOfMemoryOnLastRank"},
-        True,
-    ),
-}
-EXPECTED = {  # name → (status, root-cause category, root-cause rank)
-    "ok-a2": ("ok", "", ""),
-    "ok-a4": ("ok", "", ""),
-    "stopped-b4": ("stopped", "", ""),
-    "oom-a8": ("error", "gpu_oom", "0"),
-    "killed-b8": ("killed", "", ""),
-    "ranks-b2": ("error", "gpu_oom", "1"),
-}
+RUNS, EXPECTED = BENCH_RUNS, BENCH_RUNS_EXPECTED
 
 
-def start(name: str, model: str, runs_dir: Path) -> Job:
-    metadata, extra, torchrun = RUNS[name]
-    flags = {"max_steps": 3, "skip_warmup_steps": 1, "system_metrics_interval": 0.2, "memory_estimate": False, **extra}
-    args = cli_args(
-        model, str(runs_dir / name), metrics_path=runs_dir / f"{name}.json", metadata=json.dumps(metadata), **flags
-    )
-    return start_bench(args, torchrun, log_dir=runs_dir.with_name(f"{runs_dir.name}-logs") / name)
-
-
-@pytest.fixture(scope="session")
-def runs_dir(tiny_model, tmp_path_factory) -> Path:
+@pytest.fixture(scope="module")
+def runs_dir(bench_runs) -> Path:
     """One directory with the dumps, journals and rank reports of every run in RUNS."""
-    runs_dir = tmp_path_factory.mktemp("bench-runs")
-    processes = {name: start(name, tiny_model, runs_dir) for name in RUNS}
-    killed = processes["killed-b8"]
-    journal = Path(journal_path(str(runs_dir / "killed-b8.json")))
-    wait_for_steps(journal, 2, killed, signal.SIGKILL, timeout=300)
-    for name, process in processes.items():
-        stderr = process.finish(timeout=300)
-        assert (process.returncode == 0) == (EXPECTED[name][0] in ("ok", "stopped")), f"{name}: {stderr[-3000:]}"
-    return runs_dir
+    return bench_runs.dir
 
 
 @pytest.fixture(scope="module")
