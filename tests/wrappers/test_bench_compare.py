@@ -268,6 +268,7 @@ def write_sweep_spec(path: Path, model: str, repeats: int = 1, batch_sizes: tupl
         "use_flash_attn": False,
         "skip_warmup_steps": 2,
         "system_metrics_interval": 0,
+        "memory_estimate": False,  # the comparison reads no estimate: tracing the model would cost a second a run
         **extra,
     }
     axes = {"per_device_train_batch_size": list(batch_sizes)}
@@ -331,14 +332,17 @@ def repeat_dumps(sweep_dir: Path, repeats: range, into: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(compare_sweeps, tmp_path):
+def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(
+    compare_sweeps, bench_compare, tmp_path, capsys
+):
     """The same flags on both sides (the slowing callback too), one run of one point a side (the baseline's first
-    repeat, which ran beside the candidate): inconclusive without --within_run (exit 0), slower with it (exit 1), the
-    row saying the interval is within run. (Several points matched and judged each: the synthetic dumps above.)"""
+    repeat, which ran beside the candidate): inconclusive without --within_run (exit 0), slower with it (exit 1, from
+    the command line: the exit code a shell sees), the row saying the interval is within run. (Several points matched
+    and judged each: the synthetic dumps above.)"""
     base = repeat_dumps(compare_sweeps["base"], range(1), tmp_path / "base")
     sides = (str(base), str(compare_sweeps["cand"]))
-    result = compare_command(*sides, "--output_dir", str(tmp_path / "runs"))
-    assert result.returncode == 0, result.stdout + result.stderr
+    code = bench_compare.main(*sides, output_dir=str(tmp_path / "runs"))
+    assert code == 0, capsys.readouterr().out
     assert {row["verdict"] for row in read_rows(tmp_path / "runs" / "comparison.csv").values()} == {"inconclusive"}
     result = compare_command(*sides, "--within_run", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1, result.stdout + result.stderr
@@ -349,7 +353,9 @@ def test_a_candidate_slowed_by_30_percent_per_step_is_slower_within_run(compare_
 
 
 @pytest.mark.slow
-def test_two_identical_sweeps_with_two_repeats_are_inconclusive_never_slower(compare_sweeps, tmp_path):
+def test_two_identical_sweeps_with_two_repeats_are_inconclusive_never_slower(
+    compare_sweeps, bench_compare, tmp_path, capsys
+):
     """The baseline's interleaved sweep of four repeats of one point, split into its even and odd repeats: two sides
     of identical configuration whose runs alternate in time, so a change of load on the machine falls on both alike.
     Two runs a side cannot decide one point (the exact test needs 4; that 3 cannot either is test_statistics'
@@ -357,16 +363,17 @@ def test_two_identical_sweeps_with_two_repeats_are_inconclusive_never_slower(com
     points, and the same rules on more of them, are proved on synthetic dumps above.)"""
     for side, parity in (("base", 0), ("cand", 1)):
         repeat_dumps(compare_sweeps["base"], range(parity, REPEATS, 2), tmp_path / side)
-    sides = (str(tmp_path / "base"), str(tmp_path / "cand"), "--threshold", "0.15")
-    result = compare_command(*sides, "--output_dir", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stdout + result.stderr
+    sides = (str(tmp_path / "base"), str(tmp_path / "cand"))
+    code = bench_compare.main(*sides, threshold=0.15, output_dir=str(tmp_path / "out"))
+    out = capsys.readouterr().out
+    assert code == 0, out
     rows = read_rows(tmp_path / "out" / "comparison.csv")
-    assert len(rows) == 1 and {row["verdict"] for row in rows.values()} == {"inconclusive"}, result.stdout
+    assert len(rows) == 1 and {row["verdict"] for row in rows.values()} == {"inconclusive"}, out
     assert {
         (row["baseline_runs"], row["candidate_runs"], row["interval"], row["min_runs"]) for row in rows.values()
     } == {("2", "2", "over runs", "4")}
     assert all("the test needs 4 a side to decide" in row["note"] for row in rows.values())
-    assert compare_command(*sides, "--strict", "--output_dir", str(tmp_path / "strict")).returncode == 3
+    assert bench_compare.main(*sides, threshold=0.15, strict=True, output_dir=str(tmp_path / "strict")) == 3
 
 
 def learning_runs(path: Path, seconds: float, index: int, steps: int = 4, losses: list[float] | None = None) -> None:
