@@ -308,11 +308,11 @@ REPEATS = 4  # the baseline sweep's: its even repeats against its odd ones
 
 @pytest.fixture(scope="module")
 def compare_sweeps(tiny_model, tmp_path_factory) -> dict[str, Path]:
-    """Two real sweeps of one point (batch size 2, 40 steps, the slowing callback in both), run at the same time: the
+    """Two real sweeps of one point (batch size 2, 80 steps, the slowing callback in both), run at the same time: the
     baseline, four repeats interleaved (its steps slowed by 0 %), and the candidate, one run slowed by 30 % per step.
     The candidate runs beside the baseline's first repeat, under the same load."""
     tmp = tmp_path_factory.mktemp("compare-sweeps")
-    spec = {"callbacks": f"{BENCH_CALLBACKS}:SlowStepsByFraction", "max_steps": 40}
+    spec = {"callbacks": f"{BENCH_CALLBACKS}:SlowStepsByFraction", "max_steps": 80}
     base = write_sweep_spec(tmp / "base.yaml", tiny_model, repeats=REPEATS, **spec)
     cand = write_sweep_spec(tmp / "cand.yaml", tiny_model, **spec)
     run_sweeps((base, tmp / "base", 0.0), (cand, tmp / "cand", 0.3), flags=("--interleave",))

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from tuning.utils.prologue import collector_paused
+
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 2.0
 # After a failed call, how long the server must keep accepting connections for the call's own error to be the
@@ -151,7 +153,8 @@ def main() -> None:
     backend_path, address = sys.argv[1:3]
     connection = Client(address, family="AF_UNIX")
     try:
-        backend = pkgutil.resolve_name(backend_path)()
+        with collector_paused():  # the tracking library's imports, as a training script's
+            backend = pkgutil.resolve_name(backend_path)()
     except Exception as exc:  # reported as the failure of whatever the parent asks first
         connection.send({"ack": 0, "failed": repr(exc)})
         os._exit(0)
