@@ -1,5 +1,6 @@
 """The ground-floor part of a training script's first lines, run before it imports torch: the script's own folder off
-``sys.path`` and the SIGTERM/Ctrl-C handlers. Imports nothing heavy. Scripts call ``tuning.prologue.prologue``, which
+``sys.path`` and the SIGTERM/Ctrl-C handlers; the garbage collector's policy for the heavy imports that follow
+(``pause_collector``) and for the exit. Imports nothing heavy. Scripts call ``tuning.prologue.prologue``, which
 runs this and then starts the trackers' helper processes (a floor above the trackers); a script that still calls
 this one directly keeps its signal handling, and its trackers start their helpers when they are built."""
 
@@ -8,14 +9,16 @@ import contextlib
 import gc
 import os
 import sys
+from collections.abc import Iterator
 
 _collector_paused = False
 
 
 def pause_collector() -> None:
     """Turn Python's cyclic garbage collector off for the heavy imports that follow (torch, transformers, peft, TRL):
-    they build about a million objects, which the collections that allocation counts trigger walk again and again
-    (about a fifth of a job's start-up CPU). ``resume_collector``, which ``train()`` calls first, turns it back on."""
+    they build about a million objects, which the collections that allocation counts trigger would walk again and
+    again, a large share of a job's start-up CPU. ``resume_collector``, which ``train()`` calls first, turns it back
+    on."""
     global _collector_paused
     if gc.isenabled():
         gc.disable()
@@ -36,7 +39,7 @@ def resume_collector() -> None:
 
 
 @contextlib.contextmanager
-def collector_paused():
+def collector_paused() -> Iterator[None]:
     """``pause_collector`` and ``resume_collector`` around a block of heavy imports, for a process that is not a
     training script (a sweep's driver reading bench_train's parser): the same freeze at its end. Inside a pause
     already under way, nothing of its own."""
