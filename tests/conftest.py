@@ -54,10 +54,14 @@ def pytest_collection(session: pytest.Session):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests sharing a fixture of SHARED_FIXTURES go to one worker; and the slow tests (processes, servers) are
+    handed out first, in their files' order, so that the suite ends on the in-process tests, which the workers share
+    out evenly, not on one worker's sweep while the other waits."""
     for item in items:
         shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # A test not marked slow that takes seconds pushes `make test-fast` past its inner-loop budget: the summary names it
