@@ -3,6 +3,7 @@ through bench_train's --callbacks, real signals; and SIGTERM/SIGINT from the fir
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -161,7 +162,9 @@ def test_two_nodes_on_loopback_each_pod_reports_the_root_cause_its_node_saw(tmp_
     (node_1_line,) = check_pod_log(tmp_path / "node1")
     assert node_1_line.startswith("user_error: rank 1: node 1 (") and "the data of node 1 is not what" in node_1_line
     (node_0_line,) = check_pod_log(tmp_path / "node0")
-    assert node_0_line.startswith("communication: rank 0: node 0 (") and "Connection closed by peer" in node_0_line
+    # gloo words the lost peer as "closed" or "reset", depending on which read first finds the socket gone.
+    assert node_0_line.startswith("communication: rank 0: node 0 (")
+    assert re.search(r"Connection (closed|reset) by peer", node_0_line), node_0_line
 
 
 def test_a_node_that_never_joins_ends_the_job_within_the_rendezvous_timeout(tmp_path):
