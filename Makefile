@@ -4,15 +4,17 @@ PY := $(VENV)/bin/python
 DEMO := demo_output
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
+# A module's bytecode is written the first time something imports it, even where the environment says not to (a
+# bytecode-less venv would compile torch and transformers again in every process): the venv's files that nothing
+# imports, most of them, are never compiled.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(VENV)/.installed: requirements.txt setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch pinned, so that the CPU build on this disk is used instead of a multi-GB CUDA download. The bytecode is
-	# compiled afterwards on every core (pip compiles one file at a time); compileall's complaints about the few
-	# library files written for other Pythons (pip skips those too) are left out.
+	# torch pinned, so that the CPU build on this disk is used instead of a multi-GB CUDA download. No bytecode at
+	# install (PYTHONDONTWRITEBYTECODE above).
 	$(PY) -m pip install --quiet --no-compile torch==2.13.0 -e '.[dev]'
-	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $@
 
 .PHONY: venv demo test test-fast lint gpu-check gpu-wheels gpu-rehearsal
