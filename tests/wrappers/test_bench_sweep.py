@@ -319,11 +319,11 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
 def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
     """One grid, each row its own story. With SweepFaults (stall_timeout 0: off): batch size 1 fails with a
     communication error, then passes on its retry; 2 runs out of memory; 64 and 128 are skipped after it, never
-    estimated or started. With stall_timeout -1, which bench_train's own check rejects before its dump exists (values
-    the parser rejects are refused before any point runs): a user error at 1 and 2, its TUNING_ERROR line's message
-    as the reason, never retried, skipping nothing; so 64 is estimated against --device_memory_gb 0.1 (predicted far
-    above it), ends predicted_oom with its estimate, no process started (no log, no dump), and 128 is skipped as
-    after an OOM. The points estimated below the budget (1, 2) started."""
+    started (their estimates, made before the sweep, unused). With stall_timeout -1, which bench_train's own check
+    rejects before its dump exists (values the parser rejects are refused before any point runs): a user error at 1
+    and 2, its TUNING_ERROR line's message as the reason, never retried, skipping nothing; so 64, estimated against
+    --device_memory_gb 0.1 (predicted far above it), ends predicted_oom with its estimate, no process started (no
+    log, no dump), and 128 is skipped as after an OOM. The points estimated below the budget (1, 2) started."""
     markers = tmp_path / "markers"
     markers.mkdir()
     axes = {"stall_timeout": [0, -1], "per_device_train_batch_size": [1, 2, 64, 128]}

@@ -233,16 +233,23 @@ def predicted_ooms(points: list[Point], device_memory_gb: float | None, bench_tr
     """Each point's predicted peak memory per device (``tuning.benchmarking.memory``, config only, on its
     nproc_per_node devices on each of its nnodes), before any point starts; those above ``device_memory_gb``
     (default: the visible GPU's memory; without a budget, on a CPU, nothing is estimated) get ``predicted_oom`` and
-    are never started. Returns point id → its state line's outcome, for the points predicted not to fit."""
+    are never started. Points that differ only by seed (a sweep's repeats) share one estimate: a seed draws other
+    numbers into tensors of the same sizes. Returns point id → its state line's outcome, for the points predicted not
+    to fit."""
     from tuning.benchmarking import memory
 
     budget = memory.gib_to_bytes(device_memory_gb) if device_memory_gb else memory.visible_device_memory()
     if budget is None:
         return {}
-    module, outcomes = load_bench_train(bench_train), {}
+    module, outcomes, estimates = load_bench_train(bench_train), {}, {}
     for point in points:
-        _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(parser_flags(point)))
-        estimate = memory.estimate_memory(args, devices=point.nproc * point.nnodes)
+        flags = parser_flags(point)
+        devices = point.nproc * point.nnodes
+        key = json.dumps([{k: v for k, v in flags.items() if k != SEED}, devices], sort_keys=True, default=str)
+        if key not in estimates:
+            _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(flags))
+            estimates[key] = memory.estimate_memory(args, devices=devices)
+        estimate = estimates[key]
         print(f"{point.label}: {memory.format_estimate(estimate).splitlines()[0]}", file=sys.stderr)
         if memory.fits(estimate, budget) is False:
             reason = f"predicted {estimate['peak_bytes_per_device'] / 2**30:.2f} GiB per device > {budget / 2**30:.2f}"
