@@ -60,8 +60,13 @@ def _short(value: Any) -> str:
     return os.path.basename(text.rstrip("/")) or text
 
 
+def _canonical(value: Any) -> str:
+    """One text per value, whatever its keys' order: what tells flags and axis values apart."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _hash(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:8]
 
 
 def point_id(axes: dict[str, Any]) -> str:
@@ -129,7 +134,7 @@ def spec_problems(spec: Any) -> Iterator[str]:
     for axis, values in axes.items():
         if not isinstance(values, list) or not values:
             yield f"axis {axis} must be a non-empty list of values"
-        if len({json.dumps(value, sort_keys=True, default=str) for value in values}) != len(values):
+        if len({_canonical(value) for value in values}) != len(values):
             yield f"axis {axis} repeats a value"
     for key in SWEEP_OWNED_FLAGS:
         if key in base or key in axes:
@@ -220,7 +225,7 @@ def check_point_flags(points: list[Point], bench_train: Path) -> None:
     checked = set()
     for point in points:
         flags = parser_flags(point)
-        if (key := json.dumps(flags, sort_keys=True, default=str)) in checked:
+        if (key := _canonical(flags)) in checked:
             continue
         checked.add(key)
         try:
@@ -245,7 +250,7 @@ def predicted_ooms(points: list[Point], device_memory_gb: float | None, bench_tr
     for point in points:
         flags = parser_flags(point)
         devices = point.nproc * point.nnodes
-        key = json.dumps([{k: v for k, v in flags.items() if k != SEED}, devices], sort_keys=True, default=str)
+        key = _canonical([{k: v for k, v in flags.items() if k != SEED}, devices])
         if key not in estimates:
             _, args = module.benchmarking.parse_command_line(module.BenchmarkFlags, flag_tokens(flags))
             estimates[key] = memory.estimate_memory(args, devices=devices)
