@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.aim import existing_repo
 from tests.helpers.training import REPO_ROOT, RESPONSE_TEMPLATE, run_python
 from tuning.utils.tiny_model import SAMPLE_TRAIN_PATH
 
@@ -51,7 +52,7 @@ def test_ado_style_wrapper_trains_with_its_own_aim_callback(tiny_moe, tmp_path):
     )
     info_path = tmp_path / "aim_info.json"
     result = run_wrapper(
-        ["--aim_repo", str(tmp_path / "aim"), "--info_path", str(info_path), *ADO_EXTRAS],
+        ["--aim_repo", str(existing_repo(tmp_path / "aim")), "--info_path", str(info_path), *ADO_EXTRAS],
         SFT_TRAINER_CONFIG_JSON_ENV_VAR=base64.b64encode(json.dumps(config).encode()).decode(),
         TERMINATION_LOG_FILE=str(tmp_path / "termination-log"),
     )

@@ -17,6 +17,7 @@ from transformers import (
     TrainingArguments,
 )
 
+from tests.helpers.aim import existing_repo
 from tests.helpers.training import RESPONSE_TEMPLATE, cli_args, make_args, run_main
 from tuning import sft_trainer
 from tuning.config.acceleration_configs import AttentionAndDistributedPackingConfig, FastMoeConfig
@@ -347,7 +348,8 @@ def test_train_writes_training_logs_with_the_default_tracker_configs(tiny_model,
 def test_train_with_aim_keeps_the_file_logger(tiny_model, sample_train, tmp_path):
     output_dir = tmp_path / "out"
     model_args, data_args, train_args = make_args(tiny_model, str(output_dir), sample_train, trackers=["aim"])
-    configs = TrackerConfigFactory(aim_config=AimConfig(experiment="unit_test", aim_repo=str(tmp_path / "aim")))
+    aim_config = AimConfig(experiment="unit_test", aim_repo=str(existing_repo(tmp_path / "aim")))
+    configs = TrackerConfigFactory(aim_config=aim_config)
     sft_trainer.train(model_args, data_args, train_args, tracker_configs=configs, exp_metadata={"dead": "beef"})
     assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2]
     assert json.loads((output_dir / "aim_tracker.json").read_text())["run_hash"]
@@ -417,7 +419,7 @@ def test_train_rejects_bad_settings_with_upstreams_messages(change, message, tin
 @pytest.mark.slow  # Aim's helper process
 def test_cli_tracker_aim_also_writes_training_logs(tiny_model, tmp_path, monkeypatch, capfd):
     output_dir = tmp_path / "out"
-    args = cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(tmp_path / "aim"))
+    args = cli_args(tiny_model, str(output_dir), tracker="aim", aim_repo=str(existing_repo(tmp_path / "aim")))
     exit_code, stderr = run_main(args, monkeypatch, capfd)
     assert exit_code == 0, stderr[-3000:]
     assert [r["data"]["step"] for r in training_logs(output_dir) if r["name"] == "training_loss"] == [1, 2, 3]

@@ -1,8 +1,12 @@
 """Real Aim for tests: an ``aim server`` on 127.0.0.1 and reads of a local repo."""
 
+import atexit
+import functools
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.helpers.server import ServerProcess
@@ -13,13 +17,13 @@ METADATA_QUERY = 'run.experiment_metadata.dataset_id == "my-amazing-dataset"'
 
 
 class AimServer(ServerProcess):
-    """A real ``aim server`` on 127.0.0.1 (it forks uvicorn, which owns the socket)."""
+    """A real ``aim server`` on 127.0.0.1 (it forks uvicorn, which owns the socket), serving an existing repo."""
 
     name = "aim server"
 
     def __init__(self, repo: Path, startup_timeout: float = 90.0):
         self.repo = repo
-        repo.mkdir(parents=True, exist_ok=True)
+        existing_repo(repo)
 
         def command(port: int) -> list[str]:
             return [AIM_CLI, "server", "-y", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
@@ -28,13 +32,38 @@ class AimServer(ServerProcess):
         self.url = f"aim://127.0.0.1:{self.port}"
 
 
+@functools.cache
+def _initialized_repo() -> Path:
+    """One repo made by ``aim init`` per test process (Aim runs its database migrations in a subprocess of its own
+    when it creates a repo), removed when the process ends."""
+    folder = Path(tempfile.mkdtemp(prefix="aim-init-"))
+    atexit.register(shutil.rmtree, folder, True)
+    subprocess.run([AIM_CLI, "init", "--repo", str(folder)], check=True, capture_output=True)
+    return folder
+
+
+def existing_repo(path: Path) -> Path:
+    """An Aim repo at ``path`` as ``aim init`` leaves it, copied: runs land in a repo that exists already, as a team's
+    do. Creating a new repo is proved on its own (tests/trackers/test_aim_tracker.py's ``new`` repos)."""
+    shutil.copytree(_initialized_repo(), path, dirs_exist_ok=True)
+    return path
+
+
+def reindex_repo(repo: Path) -> None:
+    """``aim storage --repo REPO reindex -y``, Aim's own command, run in this process: its import is paid once per test
+    process instead of once per read."""
+    from aim.cli.cli import cli_entry_point
+
+    cli_entry_point.main(["storage", "--repo", str(repo), "reindex", "-y"], standalone_mode=False)
+
+
 def read_runs(repo: Path, query: str = "True", reindex: bool = True) -> list[dict]:
     """Runs matching ``query`` in a local repo, after rebuilding its index (SDK reads see nothing otherwise; a caller
     querying a repo nothing writes to any more passes ``reindex=False`` after its first query)."""
     from aim import Repo
 
     if reindex:
-        subprocess.run([AIM_CLI, "storage", "--repo", str(repo), "reindex", "-y"], check=True, capture_output=True)
+        reindex_repo(repo)
     runs = []
     for found in Repo(str(repo)).query_runs(query, report_mode=0).iter_runs():
         run = found.run

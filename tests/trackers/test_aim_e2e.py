@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, existing_repo, read_runs, series
 from tests.helpers.training import (
     REPO_ROOT,
     SEED_COMMAND,
@@ -71,7 +71,7 @@ def healthy_jobs(tiny_model, tmp_path_factory):
     warnings = {}
     try:
         flags = {
-            "local": {"aim_repo": str(root / "local-repo")},
+            "local": {"aim_repo": str(existing_repo(root / "local-repo"))},
             "remote": {"aim_remote_server_ip": "127.0.0.1", "aim_remote_server_port": str(server.port)},
             "never": {"aim_url": f"aim://127.0.0.1:{free_port()}"},
         }
@@ -120,7 +120,7 @@ def test_server_that_never_existed_costs_one_warning(healthy_jobs):
 def test_seed_torchrun_command_makes_exactly_one_aim_run(tiny_model, sample_train, tmp_path):
     """The design notes' command with Aim added: one Aim run, and the same training and files as without it (the
     file logger stays on: rank 0's records; the processed-data cache: rank 0 builds the entry, rank 1 reads it)."""
-    repo, output_dir, cache = tmp_path / "aim", tmp_path / "out", tmp_path / "data-cache"
+    repo, output_dir, cache = existing_repo(tmp_path / "aim"), tmp_path / "out", tmp_path / "data-cache"
     command = SEED_COMMAND.format(port=free_port(), model=tiny_model, data=sample_train, output=output_dir)
     command += f"--tracker aim --aim_repo {repo} --experiment sft-llama7b-test --exp_metadata '{METADATA_FLAG}'"
     env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.aim import AIM_CLI, METADATA, METADATA_QUERY, AimServer, read_runs, series
+from tests.helpers.aim import METADATA, METADATA_QUERY, AimServer, existing_repo, read_runs, series
 from tests.helpers.trackers import MIRRORED_POINTS, degraded_warnings, drive
 from tests.helpers.training import REPO_ROOT, free_port, run_python, subprocess_env, wait_for_exit, wait_until
 from tuning.config.tracker_configs import AimConfig, TrackerConfigFactory
@@ -150,7 +150,7 @@ def test_a_helper_started_early_is_adopted_by_the_tracker_and_writes_its_run(tmp
         print(SafeAimCallback(sys.argv[1] + "-never-opened").transport.process.pid)
         """
     )
-    result = run_python("-c", code, str(tmp_path / "repo"), str(tmp_path / "out"), timeout=300)
+    result = run_python("-c", code, str(existing_repo(tmp_path / "repo")), str(tmp_path / "out"), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     adopted, children, run_hash, degraded, never_opened = result.stdout.split()
     assert (adopted, children, degraded) == ("True", "0", "None")  # closed: the helper that wrote the run is gone
@@ -224,7 +224,7 @@ class BenchCallback(SafeAimCallback):
 
 
 def test_subclass_adds_data_through_the_safe_api(tmp_path):
-    callback = BenchCallback(str(tmp_path / "repo"), experiment="bench")
+    callback = BenchCallback(str(existing_repo(tmp_path / "repo")), experiment="bench")
     drive(callback, tmp_path / "out", steps=3)
     (run,) = read_runs(tmp_path / "repo", 'run.benchmark.name == "bench-1"')
     assert run["hash"] == callback.run_hash
@@ -247,9 +247,7 @@ def test_unwritable_repo_degrades_once_and_training_goes_on(tmp_path, caplog):
 def test_locked_repo_degrades_within_the_timeout(tmp_path, caplog):
     from filelock import SoftFileLock
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run([AIM_CLI, "init", "--repo", str(repo)], check=True, capture_output=True)
+    repo = existing_repo(tmp_path / "repo")
     callback = SafeAimCallback(str(repo), timeout=2)
     assert callback.ready.wait(120)  # the bound is on Aim's progress, counted once the helper has imported Aim
     # Another live process (this one) holds the repo's lock, as a concurrent writer would: Aim waits 5 minutes.
@@ -395,7 +393,7 @@ def test_server_killed_mid_run_costs_a_warning_not_the_job(tmp_path):
 
 def test_crashed_training_still_closes_the_run_at_exit(tmp_path):
     # Three quick steps: the run may still be in creation when training dies; exit waits for it, within bounds.
-    report = run_driver(tmp_path, {"aim_repo": str(tmp_path / "repo")}, steps=3, crash=True)
+    report = run_driver(tmp_path, {"aim_repo": str(existing_repo(tmp_path / "repo"))}, steps=3, crash=True)
     assert report["degraded_reason"] is None and report["exit_s"] < 30
     (run,) = read_runs(tmp_path / "repo")
     assert {"run_hash": run["hash"]} == json.loads((tmp_path / "out" / RUN_HASH_FILENAME).read_text())

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from transformers import TrainerCallback
 
-from tests.helpers.aim import read_runs
+from tests.helpers.aim import existing_repo, read_runs
 from tests.helpers.aim import series as aim_series
 from tests.helpers.bench import bench_args, read_dump, series
 from tests.helpers.mlflow import METADATA, METADATA_FILTER, MlflowServer, history, search
@@ -202,7 +202,7 @@ def test_killed_training_process_leaves_closed_runs(tmp_path):
         time.sleep(600)
         """
     )
-    store, repo = tmp_path / "mlruns", tmp_path / "aim"
+    store, repo = tmp_path / "mlruns", existing_repo(tmp_path / "aim")
     argv = [sys.executable, "-c", code, str(store), str(repo)]
     child = subprocess.Popen(argv, env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -362,9 +362,10 @@ def assert_runs_ended(workdir: Path, status: str) -> None:
 
 
 def both_trackers(workdir: Path) -> list[str]:
-    """Flags for MLflow and Aim runs in ``workdir``, opened at once (the metadata is set before the model loads)."""
+    """Flags for MLflow and Aim runs in ``workdir`` (its Aim repo made), opened at once (the metadata is set before
+    the model loads)."""
     args = ["--trackers", "mlflow", "aim", "--mlflow_tracking_uri", str(workdir / "mlflow")]
-    return [*args, "--aim_repo", str(workdir / "aim"), "--exp_metadata", METADATA_FLAG]
+    return [*args, "--aim_repo", str(existing_repo(workdir / "aim")), "--exp_metadata", METADATA_FLAG]
 
 
 def test_runs_of_a_user_error_and_an_interrupted_job_end_with_the_jobs_outcome(
@@ -466,7 +467,8 @@ def test_bench_train_whose_mlflow_config_is_bad_ends_the_aim_run_it_opened_as_fa
     """bench_train opens each run as it builds its tracker: one that cannot be built fails the job, and the run
     opened before it ends as FAILED, not FINISHED at exit."""
     args = bench_args(tiny_model, tmp_path)
-    args += ["--trackers", "aim", "mlflow", "--aim_repo", str(tmp_path / "aim"), "--mlflow_close_timeout", "0"]
+    args += ["--trackers", "aim", "mlflow", "--aim_repo", str(existing_repo(tmp_path / "aim"))]
+    args += ["--mlflow_close_timeout", "0"]
     capfd.readouterr()
     returncode = bench_train.main(args)
     stderr = capfd.readouterr().err

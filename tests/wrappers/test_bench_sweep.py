@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.aim import read_runs
+from tests.helpers.aim import existing_repo, read_runs
 from tests.helpers.bench import markdown_rows, sweep_point_flags
 from tests.helpers.training import (
     BENCH_CALLBACKS,
@@ -94,7 +94,7 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     executor (Aim on, --concurrency 2 with one visible device), its driver SIGKILLed once two points have finished,
     then the same command again."""
     tmp = tmp_path_factory.mktemp("sweep-local")
-    out, aim_repo = tmp / "sweep", tmp / "aim"
+    out, aim_repo = tmp / "sweep", existing_repo(tmp / "aim")
     more = tmp / "more.jsonl"
     more.write_text("".join(Path(SAMPLE_TRAIN_PATH).read_text().splitlines(keepends=True)[:32]))
     alone = write_data_config(tmp / "alone.yaml", {"name": "tweets", "data_paths": [SAMPLE_TRAIN_PATH]})

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.aim import AimServer, read_runs
+from tests.helpers.aim import AimServer, existing_repo, read_runs
 from tests.helpers.bench import (
     assert_parts_sum_to_step_times,
     bench_args,
@@ -100,7 +100,7 @@ def small_filesystem(tmp_path):
 def test_aim_run_with_metadata_file(bench_train, tiny_model, tmp_path, capfd):
     metadata_file = tmp_path / "meta.yaml"
     metadata_file.write_text("model: tiny-llama\nbatch_size: 4\nhardware:\n  accelerator: cpu\n  cores: 2\n")
-    aim_repo = tmp_path / "aim"
+    aim_repo = existing_repo(tmp_path / "aim")
     args = bench_args(
         tiny_model,
         tmp_path / "out",
@@ -370,7 +370,7 @@ def test_sigkilled_aim_run_rebuilds_with_its_run_hash(tiny_model, tmp_path):
         tmp_path,
         max_steps=1000,
         tracker="aim",
-        aim_repo=tmp_path / "aim",
+        aim_repo=existing_repo(tmp_path / "aim"),
         callbacks=f"{BENCH_CALLBACKS}:SlowSteps",
     )
     process = start_bench(args)
