@@ -1,6 +1,7 @@
 """wrappers/bench_sweep.py for real: grids of bench_train runs of the tiny model through the local executor and a
 real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected through bench_train's --callbacks
-(tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata."""
+(tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata. The grids that tell how
+points end run their driver's recipe in this process (``sweep_here``); their points are processes as always."""
 
 import csv
 import fcntl
@@ -26,7 +27,9 @@ from tests.helpers.training import (
     BENCH_CALLBACKS,
     REPO_ROOT,
     Job,
+    load_script,
     run_python,
+    subprocess_env,
     wait_until,
 )
 from tuning.benchmarking.sweep import ray_executor
@@ -66,6 +69,28 @@ def sweep(
     spec: Path, out: Path, *flags: str, timeout: float = 900, cwd: Path = REPO_ROOT, **env: str
 ) -> subprocess.CompletedProcess:
     return run_python(*sweep_command(spec, out, *flags), timeout=timeout, cwd=cwd, **env)
+
+
+@pytest.fixture(scope="module")
+def bench_sweep():
+    """The script as a module, for sweeps whose driver runs in this process."""
+    return load_script(BENCH_SWEEP)
+
+
+def sweep_here(bench_sweep, monkeypatch, spec: Path, out: Path, env: dict[str, str] | None = None, **flags) -> int:
+    """The sweep's recipe (bench_sweep's ``main``, ``flags`` as fire hands them over) in this process, with a child
+    job's environment (``env`` added): only its points are processes, so the driver's imports are not paid again. The
+    exit code; the stop signals' handlers it set are put back. The command line around ``main`` (fire, a driver
+    killed or stopped by a signal) is proved by the sweeps run as commands: ``local_grid`` and the Ray sweeps."""
+    for name, value in subprocess_env(**(env or {})).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(REPO_ROOT)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return bench_sweep.main(str(spec), str(out), **flags)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def state_lines(out: Path) -> list[dict]:
@@ -303,12 +328,13 @@ def test_scratch_directories_nothing_holds_are_removed_by_the_next_point(tmp_pat
         os.close(held)
 
 
-def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(tiny_model, tmp_path):
+def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(
+    bench_sweep, monkeypatch, tiny_model, tmp_path
+):
     spec = write_spec(
         tmp_path / "sweep.yaml", sweep_point_flags(tiny_model), {"callbacks": [f"{BENCH_CALLBACKS}:ExitsWithoutReport"]}
     )
-    result = sweep(spec, tmp_path / "sweep")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert sweep_here(bench_sweep, monkeypatch, spec, tmp_path / "sweep") == 0
     (line,) = state_lines(tmp_path / "sweep")
     reason = "exited 3 without an error report; its log ends: fatal: the device went away (injected)"
     assert (line["status"], line["category"], line["reason"]) == ("error", None, reason)
@@ -316,7 +342,9 @@ def test_a_point_that_dies_without_a_report_is_an_error_with_its_last_log_line(t
     assert (row["status"], row["error_message"]) == ("error", reason)
 
 
-def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failures_are_retried(tiny_model, tmp_path):
+def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failures_are_retried(
+    bench_sweep, monkeypatch, tiny_model, tmp_path
+):
     """One grid, each row its own story. With SweepFaults (stall_timeout 0: off): batch size 1 fails with a
     communication error, then passes on its retry; 2 runs out of memory; 64 and 128 are skipped after it, never
     started (their estimates, made before the sweep, unused). With stall_timeout -1, which bench_train's own check
@@ -332,9 +360,8 @@ def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failur
     )
     spec = write_spec(tmp_path / "sweep.yaml", base, axes)
     out = tmp_path / "sweep"
-    flags = ("--concurrency", "2", "--retries", "1", "--device_memory_gb", "0.1")
-    result = sweep(spec, out, *flags, FAULT_MARKER_DIR=str(markers))
-    assert result.returncode == 0, result.stderr[-3000:]
+    flags = {"concurrency": 2, "retries": 1, "device_memory_gb": 0.1}
+    assert sweep_here(bench_sweep, monkeypatch, spec, out, {"FAULT_MARKER_DIR": str(markers)}, **flags) == 0
     lines = state_by_axes(out, *axes)
     faults, refused = axes["stall_timeout"]
     outcome = {key: (line["status"], line["category"], line["attempts"]) for key, line in lines.items()}
@@ -371,7 +398,7 @@ def test_oom_and_predicted_oom_skip_larger_batch_sizes_and_only_transient_failur
 
 
 def test_points_of_two_processes_are_judged_by_their_ranks_reports_and_an_oom_of_either_kind_skips_larger_batches(
-    tiny_model, tmp_path
+    bench_sweep, monkeypatch, tiny_model, tmp_path
 ):
     """Run under tuning.launch, with every level of available memory counting as low (100 %). Rank 1 out of GPU
     memory: the point exits with its root cause's code, and the category (gpu_oom, not host_oom: its report says
@@ -381,8 +408,8 @@ def test_points_of_two_processes_are_judged_by_their_ranks_reports_and_an_oom_of
     axes = {"callbacks": [oom, kill], "per_device_train_batch_size": [1, 2]}
     base = sweep_point_flags(tiny_model, max_steps=3, nproc_per_node=2)
     out = tmp_path / "sweep"
-    result = sweep(write_spec(tmp_path / "sweep.yaml", base, axes), out, TUNING_HOST_OOM_AVAILABLE_PERCENT="100")
-    assert result.returncode == 0, result.stderr[-3000:]
+    spec, low_memory = write_spec(tmp_path / "sweep.yaml", base, axes), {"TUNING_HOST_OOM_AVAILABLE_PERCENT": "100"}
+    assert sweep_here(bench_sweep, monkeypatch, spec, out, low_memory) == 0
     lines = state_by_axes(out, *axes)
     assert (lines[oom, 1]["status"], lines[oom, 1]["category"], lines[oom, 1]["exit_code"]) == ("error", "gpu_oom", 204)
     assert (lines[oom, 2]["status"], lines[oom, 2]["reason"]) == (
@@ -408,14 +435,15 @@ def test_points_of_two_processes_are_judged_by_their_ranks_reports_and_an_oom_of
     )
 
 
-def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(tiny_model, tmp_path):
+def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_retried(
+    bench_sweep, monkeypatch, tiny_model, tmp_path
+):
     """Rank 1 SIGKILLed, rank 0 then loses its peer: the launcher's root cause (termination log) names rank 1,
     not rank 0's communication error, which the sweep would retry as transient."""
     base = sweep_point_flags(tiny_model, max_steps=3, callbacks=f"{BENCH_CALLBACKS}:SigkillOnLastRankInStep3")
     out = tmp_path / "sweep"
     spec = write_spec(tmp_path / "sweep.yaml", base, {"nproc_per_node": [2]})
-    result = sweep(spec, out, "--retries", "1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert sweep_here(bench_sweep, monkeypatch, spec, out, retries=1) == 0
     (line,) = state_lines(out)
     assert (line["status"], line["category"], line["exit_code"], line["attempts"]) == (
         "interrupted",
@@ -428,14 +456,14 @@ def test_a_sigkilled_rank_is_the_root_cause_over_its_peers_error_and_is_never_re
     assert (row["error_category"], row["error_rank"]) == ("interrupted", "1")
 
 
-def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(tiny_model, tmp_path):
+def test_a_point_past_its_timeout_is_stopped_and_recorded_as_timeout(bench_sweep, monkeypatch, tiny_model, tmp_path):
     base = sweep_point_flags(
         tiny_model, max_steps=1000, callbacks=f"{BENCH_CALLBACKS}:SlowSteps"
     )  # 300 s of steps at least
     out = tmp_path / "sweep"
     # Whether the point is still importing or already training when its time is up, it is stopped the same way.
-    result = sweep(write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]}), out, "--point_timeout", "3")
-    assert result.returncode == 0, result.stderr[-3000:]
+    spec = write_spec(tmp_path / "sweep.yaml", base, {"max_seq_length": [64]})
+    assert sweep_here(bench_sweep, monkeypatch, spec, out, point_timeout=3) == 0
     (line,) = state_lines(out)
     assert (line["status"], line["reason"], line["attempts"]) == ("timeout", "ran past --point_timeout 3s", 1)
     assert line["exit_code"] != 0
