@@ -61,12 +61,13 @@ def test_the_exit_handlers_run_and_the_final_collection_skips_what_is_still_aliv
 def test_train_turns_the_collector_the_prologue_paused_back_on_with_what_the_imports_built_frozen(tmp_path):
     """``train()``'s first act: where the prologue paused the collector, it freezes what is alive (the imports'
     objects, which the training's collections then skip) and turns the collector back on; without the prologue (a
-    program calling ``train()`` itself) the collector stays as it was. A ``train()`` refused at once shows it."""
+    program calling ``train()`` itself) the collector stays as it was. A ``train()`` refused at once shows it. (A
+    frozen object that dies meanwhile lowers the count: nothing frozen is the count not rising.)"""
     args = make_args("unused-model", str(tmp_path), "unused.jsonl")
     frozen = gc.get_freeze_count()
     with pytest.raises(UserInputError, match="not both"):
         train(*args, callbacks=[], additional_callbacks=[])
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
     pause_collector()
     assert not gc.isenabled()
     with pytest.raises(UserInputError, match="not both"):
