@@ -1,12 +1,11 @@
 """wrappers/bench_sweep.py for real: grids of bench_train runs of the tiny model through the local executor and a
 real local Ray instance (2 CPUs), a real SIGKILL of the driver, faults injected through bench_train's --callbacks
-(tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata. The grids that tell how
-points end run their driver's recipe in this process (``sweep_here``); their points are processes as always."""
+(tests/helpers/bench_callbacks.py), a local Aim repo queried by the points' axis metadata. Where a driver's command
+line is not what a test proves, its recipe runs in this process (``sweep_here``); points are processes as always."""
 
 import csv
 import fcntl
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -114,10 +113,10 @@ def attempts_in_log(out: Path, line: dict) -> int:
 
 
 @pytest.fixture(scope="module")
-def local_grid(tiny_model, tmp_path_factory) -> dict:
+def local_grid(bench_sweep, tiny_model, tmp_path_factory) -> dict:
     """The 2x2 grid data_config_path (one dataset alone, a mix of two by sampling ratios) x batch size on the local
     executor (Aim on, --concurrency 2 with one visible device), its driver SIGKILLed once two points have finished,
-    then the same command again."""
+    then the same flags again (the recipe in this process: the command line is the killed driver's)."""
     tmp = tmp_path_factory.mktemp("sweep-local")
     out, aim_repo = tmp / "sweep", existing_repo(tmp / "aim")
     more = tmp / "more.jsonl"
@@ -144,8 +143,8 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
     driver.send_signal(signal.SIGKILL)
     driver.finish(timeout=60)
     before = state_lines(out)
-    rerun = sweep(spec, out, "--concurrency", "2", **one_device)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as patch:
+        assert sweep_here(bench_sweep, patch, spec, out, one_device, concurrency=2) == 0
     return {
         "out": out,
         "aim": aim_repo,
@@ -153,7 +152,6 @@ def local_grid(tiny_model, tmp_path_factory) -> dict:
         "grid": grid,
         "mixed": mixed,
         "before": before,
-        "rerun": rerun,
         "data_cache": tmp / "data-cache",
     }
 
@@ -545,13 +543,10 @@ def test_interleave_runs_the_repeats_in_rounds(tmp_path):
         ({"multipack": [16]}, "point multipack=16: --multipack 16: multipack sampling is not supported"),
     ],
 )
-def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(tmp_path, axes, reason):
+def test_a_bad_point_fails_the_sweep_before_any_point_runs_naming_it(bench_sweep, tmp_path, axes, reason):
     """Every point's flags are parsed as bench_train parses them before the first one runs (in-process: the parse is
     the driver's own; nothing is started, nothing written)."""
     spec = write_spec(tmp_path / "sweep.yaml", {"max_steps": 1}, axes)
-    module_spec = importlib.util.spec_from_file_location("bench_sweep_under_test", BENCH_SWEEP)
-    bench_sweep = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(bench_sweep)
     with pytest.raises(SystemExit) as refused:
         bench_sweep.main(str(spec), str(tmp_path / "sweep"))
     assert str(refused.value) == reason or str(refused.value).startswith(reason), refused.value
