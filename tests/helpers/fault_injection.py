@@ -12,13 +12,17 @@ import os
 import resource
 import sys
 
-import torch
-from transformers import TrainerCallback
+from tuning.utils.prologue import pause_collector
 
-from tuning.sft_trainer import get_parser, parse_arguments, train
-from tuning.utils.error_logging import run_with_error_reporting
-from tuning.utils.file_utils import write_json_atomic
-from tuning.utils.graceful_stop import GracefulStopCallback
+pause_collector()  # as sft_trainer.py's prologue does, until train() begins
+
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+from tuning.sft_trainer import get_parser, parse_arguments, train  # noqa: E402
+from tuning.utils.error_logging import run_with_error_reporting  # noqa: E402
+from tuning.utils.file_utils import write_json_atomic  # noqa: E402
+from tuning.utils.graceful_stop import GracefulStopCallback  # noqa: E402
 
 # Room for the incidental allocations between steps; one step of the e2e test's batch needs far more.
 HOST_OOM_HEADROOM_BYTES = 32 << 20
