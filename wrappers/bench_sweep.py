@@ -101,16 +101,17 @@ def main(*args: Any, **kwargs: Any) -> int:
     sweep.check_point_flags(points, BENCH_TRAIN)
     # 5. Every point's peak memory per device estimated: those above the budget end as predicted_oom, unstarted.
     predicted = sweep.predicted_ooms(points, flags.device_memory_gb, BENCH_TRAIN) if flags.predict_memory else {}
-    # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor.
-    run.claim(str(flags.spec))
+    # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor,
+    #    and run every point not finished yet; the bar's last line holds the counts of done, failed and skipped
+    #    points. The directory and the signals are given back once the points have ended.
     ray_options = (flags.ray_address, flags.ray_num_cpus, flags.ray_runtime_env, flags.placement_timeout)
-    executor = run.start_executor(flags.executor, flags.concurrency, *ray_options)
-    # 7. Run every point not finished yet; the bar's last line holds the counts of done, failed and skipped points.
-    run.run(executor, flags.rerun_failed, predicted)
+    with run.claimed(str(flags.spec)):
+        executor = run.start_executor(flags.executor, flags.concurrency, *ray_options)
+        run.run(executor, flags.rerun_failed, predicted)
     if (signum := run.interrupted_by) is not None:
         print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
         return 128 + signum
-    # 8. The report over every point: DIR/report.
+    # 7. The report over every point: DIR/report.
     run.write_report()
     return 0
 

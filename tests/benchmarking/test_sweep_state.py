@@ -1,6 +1,10 @@
 """tuning.benchmarking.sweep.state in process: what the driver writes into a point's files between its runs."""
 
+import contextlib
+import fcntl
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -33,3 +37,34 @@ def test_nnodes_is_a_count_and_a_point_across_nodes_needs_the_ray_executor(tmp_p
     assert (one.nnodes, one.nproc, two.nnodes, two.nproc) == (1, 2, 2, 2) and "nnodes" not in two.flags
     with pytest.raises(SystemExit, match=r"^point nnodes=2 spans 2 nodes; run it with --executor ray$"):
         LocalExecutor([one, two], tmp_path, "bench_train.py", None, None)
+
+
+def test_a_sweep_gives_its_directory_and_the_stop_signals_back_however_it_ends(tmp_path):
+    """Inside ``claimed`` the one-driver lock and SIGINT/SIGTERM are the sweep's; after it they are given back, the
+    block returned or raised, so that a program running sweeps in its own process can run the same directory again
+    (a second claim would otherwise wait forever on its own first) and keeps its own handlers."""
+    (point,) = grid({"base": {}, "axes": {"max_steps": [1]}, "metadata": {}, "repeats": 1})
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("axes: {max_steps: [1]}\n")
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def lock_is_free() -> bool:
+        descriptor = os.open(tmp_path / "sweep" / "sweep.lock", os.O_RDWR)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(descriptor)
+
+    for ending in ("returns", "raises"):
+        sweep = Sweep([point], tmp_path / "sweep", retries=0, point_timeout=None, bench_train=Path("bench_train.py"))
+        with contextlib.suppress(RuntimeError), sweep.claimed(str(spec)):
+            assert not lock_is_free()
+            sweep.start_executor("local", None)  # takes the signals again, as it does after ray.init()
+            assert all(signal.getsignal(signum) == sweep.on_signal for signum in before)
+            if ending == "raises":
+                raise RuntimeError(ending)
+        assert lock_is_free(), ending
+        assert {signum: signal.getsignal(signum) for signum in before} == before, ending

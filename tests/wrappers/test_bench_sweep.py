@@ -79,17 +79,13 @@ def bench_sweep():
 def sweep_here(bench_sweep, monkeypatch, spec: Path, out: Path, env: dict[str, str] | None = None, **flags) -> int:
     """The sweep's recipe (bench_sweep's ``main``, ``flags`` as fire hands them over) in this process, with a child
     job's environment (``env`` added): only its points are processes, so the driver's imports are not paid again. The
-    exit code; the stop signals' handlers it set are put back. The command line around ``main`` (fire, a driver
-    killed or stopped by a signal) is proved by the sweeps run as commands: ``local_grid`` and the Ray sweeps."""
+    exit code; the sweep gives the stop signals and its lock back when it ends (test_sweep_state). The command line
+    around ``main`` (fire, a driver killed or stopped by a signal) is proved by the sweeps run as commands:
+    ``local_grid``'s first driver and the Ray sweeps."""
     for name, value in subprocess_env(**(env or {})).items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(REPO_ROOT)
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return bench_sweep.main(str(spec), str(out), **flags)
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+    return bench_sweep.main(str(spec), str(out), **flags)
 
 
 def state_lines(out: Path) -> list[dict]:

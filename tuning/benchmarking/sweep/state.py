@@ -4,6 +4,7 @@ first, an OOM skipping the larger ones), retries of transient failures, the stop
 the report at the end. Docs: docs/sweeps.md.
 """
 
+import contextlib
 import fcntl
 import glob
 import importlib.util
@@ -13,6 +14,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ class Sweep:
         self.state_path = output_dir / report.SWEEP_STATE
         self.lock_fd = -1
         self.interrupted_by: int | None = None
+        self.previous_handlers: dict[int, Any] = {}  # the stop signals' handlers before the sweep took them
 
     def run_paths(self, point: Point) -> RunPaths:
         """The files of the point's run (its dump, log, journal, reports...)."""
@@ -173,7 +176,7 @@ class Sweep:
     def handle_stop_signals(self) -> None:
         """SIGINT and SIGTERM stop the sweep: running points stopped, finished ones recorded, exit 128+signal."""
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.on_signal)
+            self.previous_handlers.setdefault(signum, signal.signal(signum, self.on_signal))
 
     def lock(self) -> None:
         """One driver per sweep directory. The points inherit the lock, so a rerun after a SIGKILLed driver waits
@@ -204,6 +207,26 @@ class Sweep:
         shutil.copyfile(spec, self.dir / "sweep.yaml")
         self.lock()
         self.handle_stop_signals()
+
+    def release(self) -> None:
+        """The sweep directory given back: the one-driver lock released and the stop signals' earlier handlers back,
+        so that a program running sweeps in its own process can run the next one (the same directory again
+        included) and be interrupted as before."""
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
+        self.previous_handlers = {}
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+    @contextlib.contextmanager
+    def claimed(self, spec: str) -> Iterator[None]:
+        """``claim`` for the block, ``release`` after it, however it ends."""
+        self.claim(spec)
+        try:
+            yield
+        finally:
+            self.release()
 
     def start_executor(
         self,
