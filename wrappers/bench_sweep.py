@@ -101,19 +101,19 @@ def main(*args: Any, **kwargs: Any) -> int:
     sweep.check_point_flags(points, BENCH_TRAIN)
     # 5. Every point's peak memory per device estimated: those above the budget end as predicted_oom, unstarted.
     predicted = sweep.predicted_ooms(points, flags.device_memory_gb, BENCH_TRAIN) if flags.predict_memory else {}
-    # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep), start the executor,
-    #    and run every point not finished yet; the bar's last line holds the counts of done, failed and skipped
-    #    points. The directory and the signals are given back once the points have ended.
+    # 6. Claim the sweep directory (one driver at a time; SIGINT and SIGTERM stop the sweep; both given back at the
+    #    end of the block), start the executor, and run every point not finished yet; the bar's last line holds the
+    #    counts of done, failed and skipped points.
     ray_options = (flags.ray_address, flags.ray_num_cpus, flags.ray_runtime_env, flags.placement_timeout)
     with run.claimed(str(flags.spec)):
         executor = run.start_executor(flags.executor, flags.concurrency, *ray_options)
         run.run(executor, flags.rerun_failed, predicted)
-    if (signum := run.interrupted_by) is not None:
-        print(f"bench_sweep: stopped by signal {signum}; rerun the same command to finish", file=sys.stderr)
-        return 128 + signum
-    # 7. The report over every point: DIR/report.
-    run.write_report()
-    return 0
+        # 7. The report over every point (DIR/report), unless a signal stopped the sweep.
+        if run.interrupted_by is None:
+            run.write_report()
+            return 0
+    print(f"bench_sweep: stopped by signal {run.interrupted_by}; rerun the same command to finish", file=sys.stderr)
+    return 128 + run.interrupted_by
 
 
 if __name__ == "__main__":
